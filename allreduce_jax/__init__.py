@@ -1,0 +1,12 @@
+"""allreduce_jax: hand-written all-reduce algorithms for JAX, verified against XLA's.
+
+Nothing here touches a device at import time.
+"""
+
+from allreduce_jax._api import ALGORITHMS, all_reduce
+from allreduce_jax._ops import OPS
+from allreduce_jax.fusion import all_reduce_tree, plan_buckets
+
+__version__ = "0.1.0"
+
+__all__ = ["ALGORITHMS", "OPS", "all_reduce", "all_reduce_tree", "plan_buckets"]

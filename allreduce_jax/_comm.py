@@ -1,0 +1,68 @@
+"""Small helpers shared by the algorithm modules: axes, permutations, padding."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+AxisName = str | tuple[str, ...]
+
+
+def axes_tuple(axis_name: AxisName) -> tuple[str, ...]:
+  """``'x'`` -> ``('x',)``; a tuple of names is returned unchanged."""
+  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+
+
+def size(axis_name: AxisName) -> int:
+  """Number of participants along ``axis_name`` (product over a tuple), static."""
+  return int(lax.axis_size(axes_tuple(axis_name)))
+
+
+def index(axis_name: AxisName) -> jax.Array:
+  """This participant's linear index along ``axis_name`` (traced int32)."""
+  return lax.axis_index(axes_tuple(axis_name))
+
+
+def make_varying(x: jax.Array, axis_name: AxisName) -> jax.Array:
+  """Marks ``x`` as varying over ``axis_name`` (no data movement).
+
+  Typed shard_map tracks which mesh axes a value varies over; a ppermute result is
+  always varying, so the input is made varying too before the two are mixed.
+  A no-op when shard_map runs with ``check_vma=False``.
+  """
+  aval = jax.typeof(x)
+  mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.10
+  varying = mat.varying if mat is not None else getattr(aval, "vma", frozenset())
+  missing = tuple(a for a in axes_tuple(axis_name) if a not in varying)
+  if not missing:
+    return x
+  if hasattr(lax, "pcast"):
+    return lax.pcast(x, missing, to="varying")
+  return lax.pvary(x, missing)  # jax < 0.8
+
+
+def send(x: jax.Array, axis_name: AxisName, pairs: Sequence[tuple[int, int]]) -> jax.Array:
+  """One message step: ``x`` travels along each ``(source, target)`` pair.
+
+  Participants that receive nothing get zeros (``lax.ppermute`` semantics).
+  """
+  return lax.ppermute(x, axes_tuple(axis_name), perm=list(pairs))
+
+
+def shift_pairs(p: int, d: int) -> list[tuple[int, int]]:
+  """Every participant ``j`` sends to ``(j + d) mod p``: one hop around a ring."""
+  return [(j, (j + d) % p) for j in range(p)]
+
+
+def pad_to_multiple(flat: jax.Array, m: int) -> jax.Array:
+  """Zero-pads a 1-D array to a length that is a multiple of ``m``."""
+  extra = (-flat.shape[0]) % m
+  return jnp.pad(flat, (0, extra)) if extra else flat
+
+
+def chunk(flat: jax.Array, k: jax.Array, c: int) -> jax.Array:
+  """The ``k``-th block of ``c`` elements of ``flat`` (``k`` may be traced)."""
+  return lax.dynamic_slice_in_dim(flat, k * c, c)

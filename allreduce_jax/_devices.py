@@ -1,0 +1,50 @@
+"""Device set-up shared by the subcommands: emulated CPU devices and sub-meshes."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh
+
+
+def use_cpu_devices(n: int) -> None:
+  """Asks for ``n`` emulated CPU devices. Must run before the first JAX computation.
+
+  On GPU/TPU, or when a backend is already running with at least ``n`` devices, this
+  changes nothing. Raises ``ValueError`` if fewer than ``n`` devices can be had.
+  """
+  if n < 1:
+    raise ValueError(f"--devices must be at least 1, got {n}.")
+  try:
+    jax.config.update("jax_num_cpu_devices", n)
+  except RuntimeError:
+    pass  # backend already initialized (e.g. by jax.distributed): check below
+  have = len(jax.devices())
+  if have < n:
+    raise ValueError(
+      f"--devices {n} asked for {n} devices but only {have} are available on"
+      f" {jax.default_backend()}."
+    )
+
+
+def submesh(shape: tuple[int, ...], axis_names: tuple[str, ...]) -> Mesh:
+  """A mesh over the first ``prod(shape)`` devices, with Explicit axes.
+
+  Inputs must be ``device_put`` to a ``NamedSharding`` of this mesh before use.
+  """
+  p = int(np.prod(shape))
+  devices = jax.devices()
+  if p > len(devices):
+    raise ValueError(f"a mesh of shape {shape} needs {p} devices; {len(devices)} available.")
+  return Mesh(
+    np.asarray(devices[:p]).reshape(shape),
+    axis_names,
+    axis_types=(AxisType.Explicit,) * len(shape),
+  )
+
+
+def factor_2d(p: int) -> tuple[int, int]:
+  """``p = outer * inner`` with ``outer`` the smallest factor > 1 not above
+  sqrt(p) (1 for primes): 8 -> (2, 4), 4 -> (2, 2), 6 -> (2, 3), 5 -> (1, 5)."""
+  outer = next((d for d in range(2, int(p**0.5) + 1) if p % d == 0), 1)
+  return outer, p // outer

@@ -1,0 +1,67 @@
+"""The ``allreduce-jax`` command line.
+
+Each subcommand lives in its own module, which provides ``configure(parser)`` (adds
+its options) and ``run(args) -> int`` (the exit status). Modules are imported only
+when their subcommand runs, so ``allreduce-jax --help`` starts no JAX backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+# subcommand -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+  "verify": ("allreduce_jax.verify", "check every algorithm against XLA's collectives"),
+  "bench": ("allreduce_jax.bench", "nccl-tests-style bandwidth sweep (algbw/busbw)"),
+  "fusion": ("allreduce_jax.fusion_bench", "per-leaf vs bucketed all-reduce of a pytree"),
+  "scaling": ("allreduce_jax.scaling", "predicted all-reduce time up to thousands of nodes"),
+  "train": ("allreduce_jax.training.cli", "data-parallel training: sync vs async SGD"),
+  "report": ("allreduce_jax.report", "run everything and write results/report/REPORT.md"),
+  "launch": ("allreduce_jax.launch", "run a subcommand on n local jax.distributed processes"),
+}
+
+
+def _installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # its parent package is not there
+    return False
+
+
+def _available() -> dict[str, tuple[str, str]]:
+  return {name: spec for name, spec in COMMANDS.items() if _installed(spec[0])}
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+    prog="allreduce-jax",
+    description="See, measure and reuse all-reduce in JAX.",
+  )
+  sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+  for name, (_, help_text) in _available().items():
+    sub.add_parser(name, help=help_text, description=help_text, add_help=False)
+  return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  parser = build_parser()
+  if not argv or argv[0].startswith("-"):
+    parser.parse_args(argv)  # prints help / usage errors
+    return 2
+  name = argv[0]
+  if name not in _available():
+    parser.parse_args(argv)  # "invalid choice" with the list of commands
+    return 2
+  module = importlib.import_module(COMMANDS[name][0])
+  sub = argparse.ArgumentParser(prog=f"allreduce-jax {name}", description=COMMANDS[name][1])
+  module.configure(sub)
+  args = sub.parse_args(argv[1:])
+  return int(module.run(args) or 0)
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -1,0 +1,10 @@
+"""Test setup: 8 emulated CPU devices, fixed before any JAX backend starts."""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_numpy_dtype_promotion", "strict")
