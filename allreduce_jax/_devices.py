@@ -48,3 +48,25 @@ def factor_2d(p: int) -> tuple[int, int]:
   sqrt(p) (1 for primes): 8 -> (2, 4), 4 -> (2, 2), 6 -> (2, 3), 5 -> (1, 5)."""
   outer = next((d for d in range(2, int(p**0.5) + 1) if p % d == 0), 1)
   return outer, p // outer
+
+
+def put(global_shape, dtype, sharding, block) -> jax.Array:
+  """Builds a global array from per-shard host data, process by process.
+
+  ``block(index)`` returns the host data of the slice ``index`` (a tuple of slices
+  into the global shape). Each process only builds and transfers the shards of its
+  own devices, so the same code runs in one process or across ``jax.distributed``
+  processes, and the global array is never materialized on one host.
+  """
+  return jax.make_array_from_callback(
+    tuple(global_shape), sharding, lambda index: np.asarray(block(index), dtype=dtype)
+  )
+
+
+def fetch(x: jax.Array) -> np.ndarray:
+  """The whole value of ``x`` on this host (gathered across processes if needed)."""
+  if x.is_fully_addressable:
+    return np.asarray(jax.device_get(x))
+  from jax.experimental import multihost_utils
+
+  return np.asarray(multihost_utils.process_allgather(x, tiled=True))
