@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import jax
@@ -44,12 +45,31 @@ def make_varying(x: jax.Array, axis_name: AxisName) -> jax.Array:
   return lax.pvary(x, missing)  # jax < 0.8
 
 
+# Trace-time message log used by ``allreduce_jax.trace`` to draw an algorithm's real
+# schedule; None (the default) records nothing.
+_message_log: list | None = None
+
+
+@contextlib.contextmanager
+def recording_messages():
+  """While active, every :func:`send` traced appends ``(axis_name, pairs, received)``."""
+  global _message_log
+  previous, _message_log = _message_log, []
+  try:
+    yield _message_log
+  finally:
+    _message_log = previous
+
+
 def send(x: jax.Array, axis_name: AxisName, pairs: Sequence[tuple[int, int]]) -> jax.Array:
   """One message step: ``x`` travels along each ``(source, target)`` pair.
 
   Participants that receive nothing get zeros (``lax.ppermute`` semantics).
   """
-  return lax.ppermute(x, axes_tuple(axis_name), perm=list(pairs))
+  received = lax.ppermute(x, axes_tuple(axis_name), perm=list(pairs))
+  if _message_log is not None:
+    _message_log.append((axis_name, list(pairs), received))
+  return received
 
 
 def shift_pairs(p: int, d: int) -> list[tuple[int, int]]:

@@ -1,0 +1,143 @@
+"""Every algorithm against XLA's collectives: ops × dtypes × participant counts × shapes.
+
+Inputs and comparison rules live in ``allreduce_jax.verify`` (the same code behind
+``allreduce-jax verify``): bit-exact on verifiable and integer inputs, 2 ulp for
+``mean``, the summation bound for random floats, and identical replicas always.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from allreduce_jax import ALGORITHMS, all_reduce, verify
+from allreduce_jax._devices import submesh
+
+PARTICIPANTS = (1, 2, 3, 4, 5, 8)
+SHAPES = ((), (1,), (13,), (3, 7))  # 0-d, one element, prime length, 2-D
+
+
+def _failures(rows):
+  return [r for r in rows if not r.passed]
+
+
+@pytest.mark.parametrize("p", PARTICIPANTS)
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_matches_lax_collective(algorithm, p):
+  rows = verify.run_case(algorithm, p, shapes=SHAPES)
+  # Every op x dtype x kind x shape was compared (integer mean and integer specials
+  # are not defined).
+  assert len(rows) == len(SHAPES) * (4 * 3 * 3 + 3 * 2)
+  assert not _failures(rows), "\n".join(map(str, _failures(rows)))
+  assert all(r.bit_exact for r in rows if r.kind == "verifiable" or r.dtype == "int32")
+
+
+def test_verifiable_inputs_are_exact_in_bfloat16():
+  # The premise of bit-exact comparison: no partial sum of the inputs rounds.
+  x = verify.verifiable_input(8, (97,), "float32")
+  assert np.abs(x).max() <= 15 and np.abs(np.cumsum(x, axis=0)).max() < 2**8
+  assert np.array_equal(x, verify.verifiable_input(8, (97,), "bfloat16").astype(np.float32))
+
+
+def test_rank_coding_exposes_a_misrouted_chunk():
+  # A ring that forgets the rotation (everyone reduces chunk 0's schedule) must fail.
+  def wrong_ring(flat, axis_name, combine):
+    from allreduce_jax import _comm
+
+    p = _comm.size(axis_name)
+    rolled = jnp.roll(flat, 1)  # one element off
+    return ALGORITHMS["ring"](rolled, axis_name, combine) if p > 1 else flat
+
+  ALGORITHMS["broken"] = wrong_ring
+  try:
+    rows = verify.run_case("broken", 4, ops=("sum",), dtypes=("float32",), shapes=((13,),))
+  finally:
+    del ALGORITHMS["broken"]
+  assert _failures(rows)
+
+
+@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "hierarchical"])
+def test_tuple_axis_names_reduce_over_the_product(algorithm):
+  mesh = submesh((2, 4), ("a", "b"))
+  x = verify.verifiable_input(8, (2, 5), "float32")
+  xs = jax.device_put(x, NamedSharding(mesh, P(("a", "b"))))
+  for axes, expected in (
+    (("a", "b"), x.sum(0)),
+    (("b", "a"), x.sum(0)),
+    ("b", x.reshape(2, 4, 2, 5).sum(1).repeat(4, axis=0).reshape(8, 2, 5)[0]),
+  ):
+    f = jax.jit(
+      jax.shard_map(
+        lambda b, axes=axes: all_reduce(b[0], axes, "sum", algorithm)[None],
+        mesh=mesh,
+        in_specs=P(("a", "b")),
+        out_specs=P(("a", "b")),
+      )
+    )
+    got = np.asarray(f(xs))
+    ref = x.reshape(2, 4, 2, 5).sum(1) if axes == "b" else None
+    for k in range(8):
+      want = ref[k // 4] if axes == "b" else expected
+      np.testing.assert_array_equal(got[k], want, err_msg=f"{algorithm} {axes} participant {k}")
+
+
+@pytest.mark.parametrize("shape", [(2, 4), (4, 2), (1, 8), (8, 1)])
+def test_hierarchical_on_every_2d_factorization(shape):
+  mesh = submesh(shape, ("outer", "inner"))
+  x = verify.verifiable_input(8, (11,), "float32")
+  xs = jax.device_put(x, NamedSharding(mesh, P(("outer", "inner"))))
+  f = jax.jit(
+    jax.shard_map(
+      lambda b: all_reduce(b[0], ("outer", "inner"), "max", "hierarchical")[None],
+      mesh=mesh,
+      in_specs=P(("outer", "inner")),
+      out_specs=P(("outer", "inner")),
+    )
+  )
+  got = np.asarray(f(xs))
+  for k in range(8):
+    np.testing.assert_array_equal(got[k], x.max(0))
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_gradient_equals_gradient_through_psum(algorithm):
+  if algorithm == "hierarchical":
+    mesh, axis = submesh((2, 4), ("o", "i")), ("o", "i")
+  else:
+    mesh, axis = submesh((8,), ("i",)), "i"
+  x = jnp.asarray(verify.random_input(8, (6,), "float32", seed=3))
+  w = jnp.asarray(verify.random_input(8, (6,), "float32", seed=4))  # per-participant weights
+  sharding = NamedSharding(mesh, P(axis))
+  x, w = jax.device_put(x, sharding), jax.device_put(w, sharding)
+
+  def loss(x, algo):
+    y = jax.shard_map(
+      lambda b: all_reduce(b[0], axis, "sum", algo)[None],
+      mesh=mesh,
+      in_specs=P(axis),
+      out_specs=P(axis),
+    )(x)
+    return jnp.sum(jnp.sin(y) * w)  # cotangents differ per participant
+
+  with jax.set_mesh(mesh):
+    g = jax.jit(jax.grad(loss), static_argnums=1)(x, algorithm)
+    g_ref = jax.jit(jax.grad(loss), static_argnums=1)(x, "psum")
+  np.testing.assert_allclose(np.asarray(g), np.asarray(g_ref), rtol=1e-5, atol=1e-5)
+
+
+def test_results_keep_shape_and_dtype_and_work_with_check_vma_false():
+  mesh = submesh((4,), ("i",))
+  x = jax.device_put(jnp.ones((4, 2, 3), jnp.bfloat16), NamedSharding(mesh, P("i")))
+  for algorithm in ALGORITHMS:
+    f = jax.shard_map(
+      lambda b, a=algorithm: all_reduce(b, "i", "mean", a),
+      mesh=mesh,
+      in_specs=P("i"),
+      out_specs=P(),
+      check_vma=False,
+    )
+    y = jax.jit(f)(x)
+    assert y.shape == (1, 2, 3) and y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(y, np.float32), 1.0)

@@ -1,0 +1,51 @@
+"""The verify command end to end: table, exit status, bad arguments."""
+
+import jax.numpy as jnp
+import pytest
+
+from allreduce_jax import ALGORITHMS, cli
+
+
+def test_verify_passes_and_prints_table(capsys, tmp_path):
+  out = tmp_path / "verify.jsonl"
+  rc = cli.main([
+    "verify", "--algorithms", "ring,tree", "--participants", "3",
+    "--dtypes", "float32,int32", "--out", str(out),
+  ])  # fmt: skip
+  text = capsys.readouterr().out
+  assert rc == 0
+  assert "max|err| vs lax" in text and "bit-exact" in text
+  assert text.count("PASS") == 2 * 7 and "FAIL" not in text
+  assert "14 passed, 0 failed" in text
+  assert len(out.read_text().splitlines()) > 14
+
+
+def test_verify_exits_nonzero_on_a_wrong_algorithm(capsys, monkeypatch):
+  tree = ALGORITHMS["tree"]
+
+  def off_by_one(flat, axis_name, combine):
+    return tree(flat, axis_name, combine) + jnp.ones((), flat.dtype)
+
+  monkeypatch.setitem(ALGORITHMS, "tree", off_by_one)
+  rc = cli.main(["verify", "--algorithms", "tree", "--participants", "2", "--dtypes", "float32"])
+  assert rc == 1
+  assert "FAIL" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (["verify", "--algorithms", "bogus"], "--algorithms: unknown 'bogus'"),
+    (["verify", "--participants", "9"], "--participants: 9 is outside"),
+    (["verify", "--ops", "prod"], "--ops: unknown 'prod'"),
+  ],
+)
+def test_verify_bad_arguments(argv, message):
+  with pytest.raises(SystemExit, match=message):
+    cli.main(argv)
+
+
+def test_unknown_command_is_a_usage_error(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["frobnicate"])
+  assert "invalid choice" in capsys.readouterr().err

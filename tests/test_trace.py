@@ -1,0 +1,47 @@
+"""The step-by-step trace is decoded from the real execution; check it against the
+schedule each algorithm promises."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from allreduce_jax import ALGORITHMS, cost_model, trace
+from allreduce_jax._devices import factor_2d
+
+CUSTOM = [a for a in ALGORITHMS if a not in ("psum", "auto")]
+
+
+@pytest.mark.parametrize("p", [4, 5])
+@pytest.mark.parametrize("algorithm", CUSTOM)
+def test_trace_ends_with_everyone_knowing_everything(algorithm, p):
+  frames = trace.run_trace(algorithm, p)
+  inner = factor_2d(p)[1] if algorithm == "hierarchical" else None
+  assert len(frames) - 1 == cost_model.schedule(algorithm, p, 4 * p, inner).permutes
+  assert frames[0].counts.tolist() == np.ones((p, p), int).tolist()
+  assert frames[-1].known.all()
+  # Knowledge only grows.
+  for a, b in itertools.pairwise(frames):
+    assert np.all(b.known >= a.known)
+
+
+def test_ring_reduce_scatter_leaves_chunk_i_on_participant_i():
+  p = 4
+  frames = trace.run_trace("ring", p)
+  after_rs = frames[p - 1].counts  # after p-1 steps
+  assert np.array_equal(np.diag(after_rs), np.full(p, p))
+  assert (after_rs[~np.eye(p, dtype=bool)] < p).all()
+
+
+def test_naive_funnels_everything_through_the_root():
+  p = 4
+  frames = trace.run_trace("naive", p)
+  for f in frames[1:p]:
+    assert all(t == 0 for _, t in f.pairs)
+  assert frames[p - 1].counts[0].tolist() == [p] * p
+  assert (frames[p - 1].counts[1:] == 1).all()
+
+
+def test_bad_sizes():
+  with pytest.raises(ValueError, match="p=40"):
+    trace.run_trace("ring", 40)
