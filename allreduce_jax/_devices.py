@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
@@ -11,10 +13,24 @@ def use_cpu_devices(n: int) -> None:
   """Asks for ``n`` emulated CPU devices. Must run before the first JAX computation.
 
   On GPU/TPU, or when a backend is already running with at least ``n`` devices, this
-  changes nothing. Raises ``ValueError`` if fewer than ``n`` devices can be had.
+  changes nothing. Raises ``ValueError`` if fewer than ``n`` devices can be had. In a
+  ``jax.distributed`` run the devices are fixed per process by whoever started it,
+  so ``n`` is ignored (with a note on stderr if it differs from the global count).
   """
   if n < 1:
     raise ValueError(f"--devices must be at least 1, got {n}.")
+  if jax.distributed.is_initialized():
+    # A multi-process run: the launcher (or cluster) fixed the devices of every
+    # process; asking for more here would change this process's count only.
+    have = jax.device_count()
+    if n != have and jax.process_index() == 0:
+      print(
+        f"# --devices {n} ignored: this jax.distributed run has {have} devices"
+        f" ({jax.process_count()} processes × {jax.local_device_count()} local)",
+        file=sys.stderr,
+        flush=True,
+      )
+    return
   try:
     jax.config.update("jax_num_cpu_devices", n)
   except RuntimeError:
@@ -40,6 +56,25 @@ def submesh(shape: tuple[int, ...], axis_names: tuple[str, ...]) -> Mesh:
     np.asarray(devices[:p]).reshape(shape),
     axis_names,
     axis_types=(AxisType.Explicit,) * len(shape),
+  )
+
+
+def process_mesh(axis_names: tuple[str, str] = ("outer", "inner")) -> Mesh:
+  """A 2-D mesh with one axis per process level: ``outer`` = processes (hosts),
+  ``inner`` = each process's local devices. Row ``r`` holds process ``r``'s devices,
+  so collectives along ``inner`` stay inside a process and ``outer`` crosses them.
+  """
+  nproc, local = jax.process_count(), jax.local_device_count()
+  devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+  if len(devices) != nproc * local:
+    raise ValueError(
+      f"a process mesh needs the same device count in every process; got {len(devices)}"
+      f" devices over {nproc} processes with {local} local devices here."
+    )
+  return Mesh(
+    np.asarray(devices, dtype=object).reshape(nproc, local),
+    axis_names,
+    axis_types=(AxisType.Explicit,) * 2,
   )
 
 

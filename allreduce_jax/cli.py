@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
   sub = argparse.ArgumentParser(prog=f"allreduce-jax {name}", description=COMMANDS[name][1])
   module.configure(sub)
   args = sub.parse_args(argv[1:])
+  if name != "launch":  # join a jax.distributed run if the environment sets one up
+    from allreduce_jax import distributed
+
+    distributed.main_guard()
   return int(module.run(args) or 0)
 
 

@@ -149,6 +149,13 @@ def _compare(x: np.ndarray, got: np.ndarray, ref: np.ndarray, op: str, kind: str
 
 
 def _mesh_and_axis(algorithm: str, p: int):
+  if algorithm == "hierarchical" and jax.process_count() > 1:
+    # One mesh axis per process level: outer = processes, inner = local devices.
+    if p != jax.device_count():
+      raise ValueError(
+        f"across processes hierarchical needs all {jax.device_count()} devices, got p={p}."
+      )
+    return _devices.process_mesh(("outer", "inner")), ("outer", "inner")
   if algorithm == "hierarchical":
     return _devices.submesh(_devices.factor_2d(p), ("outer", "inner")), ("outer", "inner")
   return _devices.submesh((p,), ("i",)), "i"
@@ -259,6 +266,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--dtypes", type=_csv, default=list(DTYPES), help=f"default: {','.join(DTYPES)}"
   )
+  parser.add_argument(
+    "--kinds", type=_csv, default=list(KINDS), help=f"input kinds (default: {','.join(KINDS)})"
+  )
+  parser.add_argument(
+    "--shapes",
+    type=_csv,
+    default=None,
+    help="per-participant block shapes like 13,3x7 ('scalar' for 0-d; default: scalar,1,13,3x7)",
+  )
   parser.add_argument("--out", default=None, help="also write every compared case as JSON Lines")
 
 
@@ -276,6 +292,19 @@ def run(args: argparse.Namespace) -> int:
       jnp.dtype(d)
     except TypeError:
       raise SystemExit(f"--dtypes: unknown dtype {d!r}") from None
+  for k in args.kinds:
+    if k not in KINDS:
+      raise SystemExit(f"--kinds: unknown {k!r}; expected some of {', '.join(KINDS)}")
+  shapes = SHAPES
+  if args.shapes:
+    try:
+      shapes = tuple(
+        () if s == "scalar" else tuple(int(d) for d in s.split("x")) for s in args.shapes
+      )
+    except ValueError:
+      raise SystemExit(f"--shapes: expected e.g. scalar,13,3x7; got {args.shapes}") from None
+    if any(d < 1 for shape in shapes for d in shape):
+      raise SystemExit(f"--shapes: dimensions must be positive; got {args.shapes}")
   try:
     ps = [int(v) for v in args.participants] if args.participants else [len(jax.devices())]
   except ValueError:
@@ -283,6 +312,11 @@ def run(args: argparse.Namespace) -> int:
   for p in ps:
     if not 1 <= p <= len(jax.devices()):
       raise SystemExit(f"--participants: {p} is outside 1..{len(jax.devices())} devices")
+    if jax.process_count() > 1 and p != jax.device_count():
+      raise SystemExit(
+        f"--participants: {p}; across {jax.process_count()} processes every one of the"
+        f" {jax.device_count()} devices takes part"
+      )
   print(
     f"# verify: jax {jax.__version__}, backend {jax.default_backend()},"
     f" {len(jax.devices())} devices, {jax.process_count()} process(es)",
@@ -292,7 +326,14 @@ def run(args: argparse.Namespace) -> int:
   t0 = time.perf_counter()
   for algorithm in algorithms:
     for p in ps:
-      rows += run_case(algorithm, p, ops=tuple(args.ops), dtypes=tuple(args.dtypes))
+      rows += run_case(
+        algorithm,
+        p,
+        ops=tuple(args.ops),
+        dtypes=tuple(args.dtypes),
+        kinds=tuple(args.kinds),
+        shapes=shapes,
+      )
   table = summarize(rows)
   print(format_table(table))
   failed = [t for t in table if not t["passed"]]
@@ -300,7 +341,7 @@ def run(args: argparse.Namespace) -> int:
     f"# {len(table) - len(failed)} passed, {len(failed)} failed"
     f" ({len(rows)} cases compared in {time.perf_counter() - t0:.1f} s)"
   )
-  if args.out:
+  if args.out and jax.process_index() == 0:  # every process holds the same rows
     import json
     from pathlib import Path
 

@@ -1,0 +1,418 @@
+"""``allreduce-jax launch``: run a subcommand on n local ``jax.distributed`` processes.
+
+    allreduce-jax launch -n 4 [--local-devices 2] [--coordinator 127.0.0.1:PORT] \\
+        [--timeout SECONDS] [--log-dir DIR] [--output 0|all|none] -- verify ...
+
+Starts n processes on this machine, each with ``--local-devices`` emulated CPU
+devices (p = n × local devices), joined into one JAX runtime through a coordinator
+on process 0 (loopback, a free port unless ``--coordinator`` names one; gloo moves
+the data between processes). The command after ``--`` is an ``allreduce-jax``
+subcommand (``verify``, ``bench``, ``train``...) or any program that calls
+:func:`allreduce_jax.distributed.initialize_from_env` itself.
+
+The launcher watches its children. When one exits with an error or is killed, it
+stops the others and exits non-zero naming that process; ``--timeout`` ends a run
+whose participants are alive but stuck (a JAX multi-host failure mode, jax#38503).
+Each child runs in its own process group and dies with the launcher (Linux
+``PR_SET_PDEATHSIG``), so none outlives a success, a failure or Ctrl-C. Every
+process's output goes to ``DIR/process-R.log``; process 0's is also shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from allreduce_jax import distributed
+
+POLL_S = 0.05
+
+
+class LaunchError(Exception):
+  """A launch that cannot start (bad arguments, port in use...)."""
+
+
+def parse_coordinator(text: str) -> tuple[str, int]:
+  """``HOST:PORT`` -> ``(host, port)``; ``ValueError`` naming ``--coordinator``."""
+  host, sep, port = text.rpartition(":")
+  if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    raise ValueError(f"--coordinator {text!r}: expected HOST:PORT with a port in 1..65535.")
+  return host.strip("[]"), int(port)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+  """A TCP port that is free on ``host`` right now."""
+  with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+    s.bind((host, 0))
+    return s.getsockname()[1]
+
+
+def check_port(host: str, port: int) -> None:
+  """Raises ``LaunchError`` if the coordinator could not listen on ``host:port``."""
+  with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      s.bind((host, port))
+    except OSError as e:
+      if e.errno == errno.EADDRINUSE:
+        raise LaunchError(
+          f"--coordinator {host}:{port}: port {port} is already in use on this machine;"
+          " pick another port or omit --coordinator to get a free one."
+        ) from None
+      raise LaunchError(
+        f"--coordinator {host}:{port}: cannot listen there ({e.strerror}); the local"
+        " launcher runs the coordinator on this machine, e.g. 127.0.0.1."
+      ) from None
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+  """Linux: the child gets SIGKILL when the launcher dies, even by SIGKILL."""
+  with contextlib.suppress(Exception):
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _status(rc: int) -> str:
+  if rc < 0:
+    try:
+      return f"was killed by {signal.Signals(-rc).name}"
+    except ValueError:
+      return f"was killed by signal {-rc}"
+  return f"exited with status {rc}"
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+  try:
+    text = path.read_bytes()[-8192:].decode("utf-8", "replace")
+  except OSError:
+    return ""
+  return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class _Child:
+  rank: int
+  proc: subprocess.Popen
+  log: Path
+  offset: int = 0
+  partial: bytes = b""
+  rc: int | None = None
+  ended: float | None = None
+  shown: bool = field(default=False)
+
+
+def _command_argv(command: list[str]) -> list[str]:
+  from allreduce_jax.cli import COMMANDS
+
+  if command and command[0] == "--":
+    command = command[1:]
+  if not command:
+    raise LaunchError(
+      "give the command to run after '--', e.g. 'allreduce-jax launch -n 2 -- verify'."
+    )
+  if command[0] == "launch":
+    raise LaunchError("'launch -- launch' is not supported: give a subcommand such as verify.")
+  if command[0] in COMMANDS:
+    return [sys.executable, "-m", "allreduce_jax", *command]
+  return command
+
+
+def _child_env(rank: int, n: int, address: str, local_devices: int, platform: str, init_s: int):
+  env = {k: v for k, v in os.environ.items() if k not in distributed.LAUNCHER_VARS}
+  env.pop(distributed.ENV_MODE, None)
+  env.update(
+    {
+      distributed.ENV_COORDINATOR: address,
+      distributed.ENV_COORDINATOR_BIND: address,
+      distributed.ENV_NUM_PROCESSES: str(n),
+      distributed.ENV_PROCESS_ID: str(rank),
+      distributed.ENV_INIT_TIMEOUT: str(init_s),
+      "PYTHONUNBUFFERED": "1",
+    }
+  )
+  if platform == "cpu":
+    env["JAX_PLATFORMS"] = "cpu"
+    env[distributed.ENV_LOCAL_DEVICES] = str(local_devices)
+  else:  # one process per group of local_devices accelerators
+    env["JAX_PLATFORMS"] = "cuda"
+    ids = range(rank * local_devices, (rank + 1) * local_devices)
+    env[distributed.ENV_LOCAL_DEVICE_IDS] = ",".join(map(str, ids))
+  return env
+
+
+class _Terminated(Exception):
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
+def _raise_terminated(signum, frame):
+  raise _Terminated(signum)
+
+
+def launch(
+  command: list[str],
+  num_processes: int,
+  *,
+  local_devices: int = 1,
+  coordinator: str | None = None,
+  timeout: float | None = None,
+  log_dir: str | os.PathLike | None = None,
+  output: str = "0",
+  platform: str = "cpu",
+  init_timeout: int = 120,
+  stop_grace: float = 3.0,
+  out=None,
+  err=None,
+) -> int:
+  """Runs ``command`` in ``num_processes`` local processes joined by ``jax.distributed``.
+
+  Returns 0 if every process exited with status 0; otherwise the failed process's
+  status (128 + signal if it was killed), 124 on ``timeout``, 130/143 if the
+  launcher was interrupted/terminated. Raises ``LaunchError`` for a launch that
+  cannot start, with the offending option in the message.
+  """
+  out = out or sys.stdout
+  err = err or sys.stderr
+  if num_processes < 1:
+    raise LaunchError(f"-n/--num-processes must be at least 1, got {num_processes}.")
+  if local_devices < 1:
+    raise LaunchError(f"--local-devices must be at least 1, got {local_devices}.")
+  if timeout is not None and timeout <= 0:
+    raise LaunchError(f"--timeout must be positive, got {timeout}.")
+  if platform not in ("cpu", "gpu"):
+    raise LaunchError(f"--platform must be cpu or gpu, got {platform!r}.")
+  if output not in ("all", "none") and not (output.isdigit() and int(output) < num_processes):
+    raise LaunchError(
+      f"--output must be all, none or a rank in 0..{num_processes - 1}, got {output!r}."
+    )
+  argv = _command_argv(list(command))
+  if coordinator is None:
+    host = "127.0.0.1"
+    port = free_port(host)
+  else:
+    try:
+      host, port = parse_coordinator(coordinator)
+    except ValueError as e:
+      raise LaunchError(str(e)) from None
+    check_port(host, port)
+  address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+  logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="allreduce-jax-launch-"))
+  logs.mkdir(parents=True, exist_ok=True)
+  shown = set(range(num_processes)) if output == "all" else set()
+  if output.isdigit():
+    shown = {int(output)}
+
+  print(
+    f"# launch: {num_processes} process(es) × {local_devices} local {platform} device(s),"
+    f" coordinator {address}, logs in {logs}",
+    file=err,
+    flush=True,
+  )
+  children: list[_Child] = []
+  old_handlers = {}
+  for s in (signal.SIGTERM, signal.SIGHUP):
+    with contextlib.suppress(ValueError):  # not the main thread: leave handlers alone
+      old_handlers[s] = signal.signal(s, _raise_terminated)
+  t0 = time.monotonic()
+  failure: str | None = None
+  code = 0
+  try:
+    for rank in range(num_processes):
+      log = logs / f"process-{rank}.log"
+      with open(log, "wb") as f:
+        try:
+          proc = subprocess.Popen(
+            argv,
+            env=_child_env(rank, num_processes, address, local_devices, platform, init_timeout),
+            stdin=subprocess.DEVNULL,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, killed as a whole
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+          )
+        except OSError as e:
+          raise LaunchError(f"cannot start {argv[0]!r}: {e.strerror}") from None
+      children.append(_Child(rank, proc, log, shown=rank in shown))
+    (logs / "pids.json").write_text(json.dumps({c.rank: c.proc.pid for c in children}))
+
+    while True:
+      _stream(children, out, prefix=output == "all")
+      newly = []
+      for c in children:
+        if c.rc is None and (rc := c.proc.poll()) is not None:
+          c.rc, c.ended = rc, time.monotonic() - t0
+          if rc != 0:
+            newly.append(c)
+      if newly:
+        # The first to fail is the likeliest cause; prefer one killed by a signal.
+        first = min(newly, key=lambda c: (c.rc > 0, c.rank))
+        failure = (
+          f"process {first.rank} of {num_processes} (pid {first.proc.pid}) {_status(first.rc)}"
+          f" after {first.ended:.1f} s; stopping the other processes. Its log: {first.log}"
+        )
+        code = first.rc if first.rc > 0 else 128 - first.rc
+        if not first.shown:
+          failure += f"\n--- last lines of process {first.rank} ---\n{_tail(first.log)}"
+        break
+      if all(c.rc == 0 for c in children):
+        break
+      if timeout is not None and time.monotonic() - t0 > timeout:
+        running = [c.rank for c in children if c.rc is None]
+        lines = "\n".join(
+          f"  process {c.rank}: {(_tail(c.log, 1) or '(no output)')[:200]}"
+          for c in children
+          if c.rc is None
+        )
+        failure = (
+          f"--timeout {timeout:g} s reached with process(es) {', '.join(map(str, running))}"
+          " still running (alive but not finishing: a stuck participant blocks every"
+          f" collective, cf. jax#38503); stopping them. Last line of each log:\n{lines}"
+        )
+        code = 124
+        break
+      time.sleep(POLL_S)
+  except KeyboardInterrupt:
+    failure, code = "interrupted (Ctrl-C); stopping all processes.", 130
+  except _Terminated as e:
+    failure = f"got {signal.Signals(e.signum).name}; stopping all processes."
+    code = 128 + e.signum
+  finally:
+    if failure:
+      print(f"launch: {failure}", file=err, flush=True)
+    also = _stop(children, stop_grace)
+    for s, h in old_handlers.items():
+      signal.signal(s, h)
+    _stream(children, out, prefix=output == "all", final=True)
+  if failure:
+    if also:
+      print(f"launch: while stopping: {'; '.join(also)}", file=err, flush=True)
+    return code
+  print(
+    f"# launch: all {num_processes} processes finished OK in {time.monotonic() - t0:.1f} s",
+    file=err,
+    flush=True,
+  )
+  return 0
+
+
+def _stop(children: list[_Child], grace: float) -> list[str]:
+  """SIGTERM to every still-running child's process group, SIGKILL after ``grace``
+  seconds; reaps them all. Returns notes on those that had already failed."""
+  running = [c for c in children if c.proc.poll() is None]
+  for c in running:  # the leader is not reaped yet, so its group id is still ours
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+      os.killpg(c.proc.pid, signal.SIGTERM)
+  deadline = time.monotonic() + grace
+  for c in running:
+    try:
+      c.proc.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(c.proc.pid, signal.SIGKILL)
+      c.proc.wait()
+  notes = []
+  for c in children:
+    if c.rc is None:
+      c.rc = c.proc.returncode
+      if c not in running and c.rc != 0:
+        notes.append(f"process {c.rank} {_status(c.rc)}")
+  return notes
+
+
+def _stream(children: list[_Child], out, prefix: bool, final: bool = False) -> None:
+  """Copies new output of the shown processes' logs to ``out``."""
+  for c in children:
+    if not c.shown:
+      continue
+    try:
+      with open(c.log, "rb") as f:
+        f.seek(c.offset)
+        data = f.read()
+    except OSError:
+      continue
+    c.offset += len(data)
+    if not data and not (final and c.partial):
+      continue
+    if prefix:
+      data = c.partial + data
+      lines = data.split(b"\n")
+      c.partial = b"" if final else lines.pop()
+      text = "".join(f"[{c.rank}] {line.decode('utf-8', 'replace')}\n" for line in lines if line)
+    else:
+      text = data.decode("utf-8", "replace")
+    out.write(text)
+    out.flush()
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+  parser.usage = "%(prog)s -n N [options] -- COMMAND [ARGS...]"
+  parser.add_argument(
+    "-n", "--num-processes", type=int, required=True, help="processes to start on this machine"
+  )
+  parser.add_argument(
+    "--local-devices",
+    type=int,
+    default=1,
+    help="devices per process (emulated CPU devices; GPUs with --platform gpu). Default 1",
+  )
+  parser.add_argument(
+    "--coordinator",
+    default=None,
+    help="HOST:PORT of the coordinator (default: 127.0.0.1 and a free port)",
+  )
+  parser.add_argument(
+    "--timeout",
+    type=float,
+    default=None,
+    help="seconds after which a run still going is stopped (exit 124). Default: none",
+  )
+  parser.add_argument(
+    "--log-dir", default=None, help="per-process logs go here (default: a new temp dir)"
+  )
+  parser.add_argument(
+    "--output",
+    default="0",
+    help="whose output to show: a process rank, 'all' (prefixed) or 'none'. Default 0",
+  )
+  parser.add_argument("--platform", default="cpu", choices=("cpu", "gpu"), help="default cpu")
+  parser.add_argument(
+    "--init-timeout",
+    type=int,
+    default=120,
+    help="seconds the processes wait for each other to connect (default 120)",
+  )
+  parser.add_argument(
+    "command",
+    nargs=argparse.REMAINDER,
+    help="after --: an allreduce-jax subcommand (verify, bench, train...) or a program",
+  )
+
+
+def run(args: argparse.Namespace) -> int:
+  try:
+    return launch(
+      args.command,
+      args.num_processes,
+      local_devices=args.local_devices,
+      coordinator=args.coordinator,
+      timeout=args.timeout,
+      log_dir=args.log_dir,
+      output=args.output,
+      platform=args.platform,
+      init_timeout=args.init_timeout,
+    )
+  except LaunchError as e:
+    print(f"allreduce-jax launch: {e}", file=sys.stderr)
+    return 2
