@@ -69,8 +69,8 @@ def audit(hlo_text: str) -> CommAudit:
   """Parses compiled HLO text (``jit(f).lower(...).compile().as_text()``).
 
   Example:
-    >>> text = '''%cp = f32[4]{0} collective-permute(f32[4]{0} %x), channel_id=1,
-    ...   source_target_pairs={{0,1},{1,0}}'''
+    >>> text = ('%cp = f32[4]{0} collective-permute(f32[4]{0} %x), channel_id=1, '
+    ...         'source_target_pairs={{0,1},{1,0}}')
     >>> a = audit(text)
     >>> a.permutes, a.sent_bytes
     (1, {0: 16, 1: 16})
@@ -100,3 +100,33 @@ def audit(hlo_text: str) -> CommAudit:
 def compiled_text(fn, *args) -> str:
   """HLO text of ``fn`` (a jitted function) compiled for ``args``."""
   return fn.lower(*args).compile().as_text()
+
+
+def audit_all_reduce(algorithm: str, p: int, n: int, dtype="float32") -> CommAudit:
+  """Compiles ``all_reduce`` of ``n`` elements on ``p`` of this process's devices
+  (``hierarchical`` on the 2-D mesh ``factor_2d(p)``) and audits its HLO.
+
+  Example:
+    >>> audit_all_reduce("ring", 4, 1024).max_sent_bytes  # 2·3/4·4096 bytes
+    6144
+  """
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from allreduce_jax._api import all_reduce
+  from allreduce_jax._devices import factor_2d, submesh
+
+  if algorithm == "hierarchical":
+    mesh, axis = submesh(factor_2d(p), ("outer", "inner")), ("outer", "inner")
+  else:
+    mesh, axis = submesh((p,), ("i",)), "i"
+  spec = P(axis)
+  x = jax.ShapeDtypeStruct((p * n,), jnp.dtype(dtype), sharding=NamedSharding(mesh, spec))
+  f = jax.jit(
+    jax.shard_map(
+      lambda b: all_reduce(b, axis, "sum", algorithm), mesh=mesh, in_specs=spec, out_specs=spec
+    )
+  )
+  return audit(compiled_text(f, x))

@@ -1,34 +1,18 @@
 """Structure from the compiled HLO: custom algorithms are collective-permutes only,
 and the bytes they move match the closed-form schedule (DESIGN.md §4)."""
 
-import jax
 import jax.numpy as jnp
 import pytest
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import ALGORITHMS, all_reduce, cost_model, hlo
-from allreduce_jax._devices import factor_2d, submesh
+from allreduce_jax import ALGORITHMS, cost_model, hlo
+from allreduce_jax._devices import factor_2d
 
 N = 16 * 3 * 5 * 7  # float32 elements: divisible by 2p for every p below, so no padding
 
 
 def _audit(algorithm, p, n=N, dtype=jnp.float32):
-  if algorithm == "hierarchical":
-    shape = factor_2d(p)
-    mesh, axis, inner = submesh(shape, ("o", "i")), ("o", "i"), shape[1]
-  else:
-    mesh, axis, inner = submesh((p,), ("i",)), "i", None
-  x = jax.device_put(jnp.zeros((p * n,), dtype), NamedSharding(mesh, P(axis)))
-  f = jax.jit(
-    jax.shard_map(
-      lambda b: all_reduce(b, axis, "sum", algorithm),
-      mesh=mesh,
-      in_specs=P(axis),
-      out_specs=P(axis),
-    )
-  )
-  return hlo.audit(hlo.compiled_text(f, x)), inner
+  inner = factor_2d(p)[1] if algorithm == "hierarchical" else None
+  return hlo.audit_all_reduce(algorithm, p, n, dtype), inner
 
 
 CUSTOM = [a for a in ALGORITHMS if a not in ("psum", "auto")]
