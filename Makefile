@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format lab clean
+.PHONY: demo test lint format lab notebooks clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,17 @@ lint: $(STAMP)
 format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
+
+# JupyterLab with 8 emulated CPU devices; open notebooks/*.py as notebooks (jupytext).
+lab: $(STAMP)
+	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/jupyter lab notebooks/
+
+# Execute every notebook in full mode; executed copies (with outputs) go to results/report/notebooks/.
+notebooks: $(STAMP)
+	mkdir -p results/report/notebooks
+	for nb in notebooks/[0-9][0-9]_*.py; do \
+	  $(BIN)/jupytext --to ipynb --execute "$$nb" -o results/report/notebooks/$$(basename "$$nb" .py).ipynb || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) results/*.smoke* .pytest_cache
