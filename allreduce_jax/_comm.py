@@ -13,8 +13,24 @@ AxisName = str | tuple[str, ...]
 
 
 def axes_tuple(axis_name: AxisName) -> tuple[str, ...]:
-  """``'x'`` -> ``('x',)``; a tuple of names is returned unchanged."""
-  return tuple(axis_name) if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  """``'x'`` -> ``('x',)``; a tuple of names is put in the mesh's axis order.
+
+  ``lax.axis_index(('b', 'a'))`` linearizes in the order given, but ``lax.ppermute``
+  over ``('b', 'a')`` numbers participants in the mesh's order (JAX 0.10), so a
+  schedule built from one and sent with the other would misroute. Using the mesh
+  order for both keeps them consistent; the reduction over the product of the axes
+  does not depend on the order.
+  """
+  if not isinstance(axis_name, (tuple, list)):
+    return (axis_name,)
+  names = tuple(axis_name)
+  try:
+    mesh_order = tuple(jax.sharding.get_abstract_mesh().axis_names)
+  except Exception:  # pragma: no cover - outside a mesh context in older JAX
+    return names
+  if all(a in mesh_order for a in names):
+    return tuple(sorted(names, key=mesh_order.index))
+  return names
 
 
 def size(axis_name: AxisName) -> int:
