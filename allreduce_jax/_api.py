@@ -32,6 +32,23 @@ def xla_psum(flat: jax.Array, axis_name: AxisName, combine) -> jax.Array:
   return XLA_COLLECTIVE[combine](flat, _comm.axes_tuple(axis_name))
 
 
+def auto(flat: jax.Array, axis_name: AxisName, combine) -> jax.Array:
+  """The cost model's choice (NCCL-style argmin) for this participant count and size.
+
+  Picks, at trace time, ``cost_model.choose(p, n_bytes, params)`` among the
+  single-axis hand-written algorithms (never ``hierarchical`` or ``psum``), with the
+  fitted parameters of ``$ALLREDUCE_JAX_COST_PARAMS`` or ``results/cost_params.json``
+  when that file exists (``allreduce-jax bench --fit`` writes it), else
+  ``cost_model.DEFAULT_PARAMS``.
+  """
+  from allreduce_jax import cost_model  # lazy: keeps the import graph acyclic
+
+  p = _comm.size(axis_name)
+  nbytes = flat.shape[0] * flat.dtype.itemsize
+  choice = cost_model.choose(p, nbytes, cost_model.load_default_params())
+  return ALGORITHMS[choice](flat, axis_name, combine)
+
+
 #: name -> per-shard function ``(flat: T[n], axis_name, combine) -> T[n]``.
 ALGORITHMS: dict[str, Callable[..., jax.Array]] = {
   "ring": ring,
@@ -42,16 +59,14 @@ ALGORITHMS: dict[str, Callable[..., jax.Array]] = {
   "naive": naive,
   "hierarchical": hierarchical,
   "psum": xla_psum,
+  "auto": auto,
 }
 
 
 def _check_algorithm(algorithm: str) -> None:
   if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
-    hint = ""
-    if algorithm == "auto":
-      hint = " 'auto' needs the cost model (allreduce_jax.cost_model), not available here."
     raise ValueError(
-      f"algorithm={algorithm!r} is not supported; expected one of {sorted(ALGORITHMS)}.{hint}"
+      f"algorithm={algorithm!r} is not supported; expected one of {sorted(ALGORITHMS)}."
     )
 
 

@@ -128,20 +128,337 @@ def schedule(algorithm: str, p: int, n: float, inner: int | None = None) -> Sche
 
 
 def predict_seconds(
-  algorithm: str, p: int, n: float, params: Params = DEFAULT_PARAMS, inner: int | None = None
+  algorithm: str, p: int, n: float, params=DEFAULT_PARAMS, inner: int | None = None
 ) -> float:
-  """α·steps + β·bytes + γ·reduced bytes, in seconds."""
+  """α·steps + β·bytes + γ·reduced bytes, in seconds.
+
+  ``params`` is a :class:`Params` or a :class:`FittedParams` (its entry for
+  ``algorithm`` is used); ``auto`` is predicted as the algorithm it would pick.
+  """
+  if algorithm == "auto":
+    algorithm = choose(p, n, params)
+  params = resolve(params, algorithm)
   s = schedule(algorithm, p, n, inner)
   return params.alpha * s.steps + params.beta * s.beta_bytes + params.gamma * s.gamma_bytes
 
 
 def predict_us(
-  algorithm: str, p: int, nbytes: float, params: Params | None = None, inner: int | None = None
+  algorithm: str, p: int, nbytes: float, params=None, inner: int | None = None
 ) -> float:
-  """Predicted all-reduce time in µs (default parameters when ``params`` is None)."""
+  """Predicted all-reduce time in µs (:data:`DEFAULT_PARAMS` when ``params`` is None;
+  a :class:`Params` or :class:`FittedParams` otherwise)."""
   return 1e6 * predict_seconds(algorithm, p, nbytes, params or DEFAULT_PARAMS, inner)
 
 
 def lower_bound_seconds(p: int, n: float, params: Params) -> float:
   """max(⌈lg p⌉α, 2(p-1)/p·nβ) (Patarasuk & Yuan 2009)."""
   return max(_lg(p) * params.alpha, 2 * (p - 1) / p * n * params.beta)
+
+
+# ----------------------------------------------------------------------------------------
+# Fitted parameters, presets, two-level machines and the NCCL-style argmin.
+# ----------------------------------------------------------------------------------------
+
+#: Algorithms :func:`choose` (and ``algorithm="auto"``) picks from: the hand-written
+#: single-axis ones. ``hierarchical`` needs two mesh axes and ``psum`` is the reference,
+#: so neither is a candidate for a single axis name.
+AUTO_CANDIDATES: tuple[str, ...] = (
+  "ring",
+  "bidirectional_ring",
+  "tree",
+  "recursive_doubling",
+  "halving_doubling",
+  "naive",
+)
+
+#: Where ``algorithm="auto"`` looks for fitted parameters: the file named by this
+#: environment variable, else :data:`DEFAULT_FIT_PATH` (relative to the working
+#: directory), else :data:`DEFAULT_PARAMS`.
+FIT_ENV_VAR = "ALLREDUCE_JAX_COST_PARAMS"
+DEFAULT_FIT_PATH = "results/cost_params.json"
+
+#: Hardware presets (DESIGN.md §10), per link and direction. α for NVLink is NCCL's
+#: default Simple-protocol ring hop latency on NVLink (3.4 µs, ``src/graph/tuning.cc``);
+#: γ assumes a reduction at ~1 TB/s of HBM bandwidth on GPUs. Override any of them
+#: with measured values (``--inner``/``--outer`` in ``allreduce-jax scaling``).
+PRESETS: dict[str, Params] = {
+  "nvlink4": Params.from_link(latency_us=3.4, bandwidth_gbps=450.0, reduce_gbps=1000.0),
+  "ib_ndr": Params.from_link(latency_us=5.0, bandwidth_gbps=50.0, reduce_gbps=1000.0),
+  "tpu_v5e_ici": Params.from_link(latency_us=1.0, bandwidth_gbps=45.0, reduce_gbps=1000.0),
+  "default": DEFAULT_PARAMS,
+}
+
+
+def params_to_dict(params: Params) -> dict[str, float]:
+  """``{"alpha_us", "beta_ns_per_byte", "gamma_ns_per_byte", "bandwidth_gbps"}``."""
+  return {
+    "alpha_us": params.alpha * 1e6,
+    "beta_ns_per_byte": params.beta * 1e9,
+    "gamma_ns_per_byte": params.gamma * 1e9,
+    "bandwidth_gbps": (1e-9 / params.beta) if params.beta > 0 else math.inf,
+  }
+
+
+def params_from_dict(d: dict[str, float]) -> Params:
+  """Inverse of :func:`params_to_dict`."""
+  return Params(d["alpha_us"] * 1e-6, d["beta_ns_per_byte"] * 1e-9, d["gamma_ns_per_byte"] * 1e-9)
+
+
+@dataclass(frozen=True)
+class FittedParams:
+  """Parameters fitted on one platform: one shared set and, optionally, one per algorithm.
+
+  NCCL keeps a latency and a bandwidth per (algorithm, protocol); likewise a
+  per-algorithm fit absorbs implementation constants (extra copies, rendezvous
+  cost) that one shared (α, β, γ) cannot.
+
+  Attributes:
+    shared: α, β, γ fitted on every algorithm's rows together.
+    per_algorithm: algorithm -> its own α, β, γ.
+    meta: where the fit came from (backend, device count, rows, errors...).
+  """
+
+  shared: Params
+  per_algorithm: dict[str, Params]
+  meta: dict
+
+  def get(self, algorithm: str) -> Params:
+    """The parameters to use for ``algorithm`` (its own fit if any, else shared)."""
+    return self.per_algorithm.get(algorithm, self.shared)
+
+  def to_json(self) -> dict:
+    return {
+      "shared": params_to_dict(self.shared),
+      "per_algorithm": {a: params_to_dict(q) for a, q in self.per_algorithm.items()},
+      "meta": self.meta,
+    }
+
+  @classmethod
+  def from_json(cls, d: dict) -> FittedParams:
+    return cls(
+      params_from_dict(d["shared"]),
+      {a: params_from_dict(q) for a, q in d.get("per_algorithm", {}).items()},
+      d.get("meta", {}),
+    )
+
+
+AnyParams = Params | FittedParams
+
+
+def resolve(params: AnyParams | None, algorithm: str) -> Params:
+  """A plain :class:`Params` for ``algorithm`` from any parameter object (None: defaults)."""
+  if params is None:
+    return DEFAULT_PARAMS
+  if isinstance(params, FittedParams):
+    return params.get(algorithm)
+  return params
+
+
+def save_params(fitted: FittedParams, path) -> None:
+  """Writes ``fitted`` as JSON (directories are created)."""
+  import json
+  from pathlib import Path
+
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(fitted.to_json(), indent=2, sort_keys=True) + "\n")
+
+
+def load_params(path) -> FittedParams:
+  """Reads a file written by :func:`save_params`."""
+  import json
+  from pathlib import Path
+
+  return FittedParams.from_json(json.loads(Path(path).read_text()))
+
+
+def default_fit_path():
+  """The fit file ``auto`` uses: ``$ALLREDUCE_JAX_COST_PARAMS`` or ``results/cost_params.json``."""
+  import os
+  from pathlib import Path
+
+  return Path(os.environ.get(FIT_ENV_VAR) or DEFAULT_FIT_PATH)
+
+
+def load_default_params() -> AnyParams:
+  """Fitted parameters from :func:`default_fit_path` if that file exists and parses,
+  else :data:`DEFAULT_PARAMS`."""
+  path = default_fit_path()
+  try:
+    return load_params(path)
+  except (OSError, ValueError, KeyError, TypeError):
+    return DEFAULT_PARAMS
+
+
+def _features(algorithm: str, p: int, n: float, inner: int | None = None) -> list[float]:
+  s = schedule(algorithm, p, n, inner)
+  return [float(s.steps), float(s.beta_bytes), float(s.gamma_bytes)]
+
+
+def _nnls(a, b):
+  """Non-negative least squares for a handful of columns: the best of the
+  unconstrained solutions on every subset of columns that comes out non-negative."""
+  import itertools
+
+  import numpy as np
+
+  k = a.shape[1]
+  best, best_res = np.zeros(k), float(np.sum(b**2))
+  for r in range(1, k + 1):
+    for cols in itertools.combinations(range(k), r):
+      sub = a[:, cols]
+      if np.linalg.matrix_rank(sub) < r:
+        continue
+      x, *_ = np.linalg.lstsq(sub, b, rcond=None)
+      if np.any(x < 0):
+        continue
+      res = float(np.sum((sub @ x - b) ** 2))
+      if res < best_res:
+        best_res, best = res, np.zeros(k)
+        best[list(cols)] = x
+  return best
+
+
+def fit(rows, relative: bool = True) -> Params:
+  r"""Least-squares fit of α, β, γ to measured times.
+
+  Each row gives ``(algorithm, p, n_bytes, seconds)``; the model is linear in the
+  parameters, :math:`t = α·\mathrm{steps} + β·\mathrm{beta\_bytes} + γ·\mathrm{gamma\_bytes}`
+  with the counts from :func:`schedule`. With ``relative=True`` each equation is
+  divided by its measured time, so a 4 KiB and a 64 MiB row weigh the same (times
+  span orders of magnitude). Parameters are constrained to be non-negative.
+
+  Args:
+    rows: iterable of ``(algorithm, p, n_bytes, seconds)``.
+    relative: minimize relative rather than absolute squared error.
+
+  Returns:
+    The fitted :class:`Params`.
+
+  Example:
+    >>> true = Params(10e-6, 1e-9, 0.5e-9)
+    >>> rows = [(a, 8, n, predict_seconds(a, 8, n, true))
+    ...         for a in ("ring", "recursive_doubling") for n in (1e3, 1e5, 1e7)]
+    >>> q = fit(rows)
+    >>> round(q.alpha * 1e6, 3), round(q.beta * 1e9, 3), round(q.gamma * 1e9, 3)
+    (10.0, 1.0, 0.5)
+  """
+  import numpy as np
+
+  rows = list(rows)
+  if not rows:
+    raise ValueError("fit needs at least one measured row.")
+  a = np.array([_features(alg, p, n) for alg, p, n, _ in rows], dtype=np.float64)
+  t = np.array([sec for *_, sec in rows], dtype=np.float64)
+  if np.any(t <= 0):
+    raise ValueError("fit: measured times must be positive.")
+  w = 1.0 / t if relative else np.ones_like(t)
+  scale = np.maximum(np.max(np.abs(a), axis=0), 1e-300)  # condition the columns
+  x = _nnls(a * w[:, None] / scale, t * w) / scale
+  return Params(float(x[0]), float(x[1]), float(x[2]))
+
+
+def fit_all(rows, per_algorithm: bool = True, meta: dict | None = None) -> FittedParams:
+  """One shared fit over the hand-written algorithms' rows plus (if ``per_algorithm``)
+  one fit per algorithm (``psum`` too: modelled as a ring, its own fit gives XLA's
+  effective α, β, γ; it is left out of the shared fit)."""
+  rows = list(rows)
+  ours = [r for r in rows if r[0] != "psum"]  # XLA's psum is not one of our schedules
+  shared = fit(ours or rows)
+  per: dict[str, Params] = {}
+  if per_algorithm:
+    for alg in sorted({r[0] for r in rows}):
+      mine = [r for r in rows if r[0] == alg]
+      if len({r[2] for r in mine}) >= 2:
+        per[alg] = fit(mine)
+  return FittedParams(shared, per, dict(meta or {}))
+
+
+def choose(
+  p: int,
+  nbytes: float,
+  params: AnyParams | None = None,
+  candidates: tuple[str, ...] = AUTO_CANDIDATES,
+) -> str:
+  """NCCL-style selection: the candidate with the smallest predicted time.
+
+  :math:`\\arg\\min_a\\, α_a·\\mathrm{steps}_a(p) + β_a·\\mathrm{bytes}_a(p, n) + γ_a·\\mathrm{reduced}_a(p, n)`.
+  Ties go to the earlier candidate (ring first).
+
+  Example:
+    >>> choose(8, 1024, Params(100e-6, 1e-9, 0.0))  # latency-bound: fewest steps
+    'recursive_doubling'
+    >>> choose(8, 64 << 20, Params(1e-6, 1e-9, 1e-9))  # bandwidth-bound
+    'bidirectional_ring'
+  """
+  if not candidates:
+    raise ValueError("choose needs at least one candidate algorithm.")
+  times = [predict_seconds(a, p, nbytes, resolve(params, a)) for a in candidates]
+  return candidates[min(range(len(candidates)), key=times.__getitem__)]
+
+
+@dataclass(frozen=True)
+class TwoLevel:
+  """A machine of nodes with ``per_node`` devices: fast links inside a node
+  (``inner``, e.g. NVLink) and slow links between nodes (``outer``, e.g. one
+  InfiniBand NIC per device: ``nics_per_node``)."""
+
+  inner: Params
+  outer: Params
+  per_node: int = 8
+  nics_per_node: int = 8
+
+
+def predict_two_level_seconds(algorithm: str, p: int, n: float, machine: TwoLevel) -> float:
+  r"""Predicted time of ``algorithm`` on ``p`` devices of a two-level machine.
+
+  With a = ``per_node`` devices per node, b = p/a nodes, level 1 = inside a node,
+  level 2 = between nodes (each device has its own NIC when ``nics_per_node = a``):
+
+  - ``hierarchical``: ring reduce-scatter and all-gather inside the node, the 1/a
+    shard all-reduced by a ring across nodes (every device on its own NIC):
+    :math:`2(a-1)α_1 + 2rac{a-1}{a}nβ_1 + rac{a-1}{a}nγ + T_{ring}(b, n/a; α_2, β_2, γ)`.
+  - ``ring`` (NCCL's flat ring, ``src/graph/tuning.cc``): of its 2(p-1) steps,
+    2(b-1) cross a node boundary (α₂), the rest are NVLink hops (α₁); several rings
+    (channels) spread the bytes over every NIC, so each link carries
+    :math:`2rac{p-1}{p}n` at the slower of β₁ and β₂/NICs.
+  - ``halving_doubling`` / ``recursive_doubling`` / ``tree``: XOR/binomial partners
+    at distance ≥ a are in another node: those lg b steps pay α₂ and β₂ (each device
+    through its own NIC), the lg a steps at distance < a pay α₁, β₁.
+
+  Within one node (p ≤ a) every algorithm runs on the inner parameters.
+  """
+  a = machine.per_node
+  if p <= a:
+    return predict_seconds(
+      "ring" if algorithm == "hierarchical" else algorithm, p, n, machine.inner
+    )
+  if p % a:
+    raise ValueError(f"p={p} must be a multiple of per_node={a} on a two-level machine.")
+  b = p // a
+  i, o = machine.inner, machine.outer
+  gamma = max(i.gamma, o.gamma)
+  if algorithm == "hierarchical":
+    t_in = 2 * (a - 1) * i.alpha + 2 * (a - 1) / a * n * i.beta + (a - 1) / a * n * gamma
+    return t_in + predict_seconds("ring", b, n / a, o)
+  if algorithm == "ring":
+    inter = 2 * (b - 1)
+    beta = max(i.beta, o.beta / max(1, machine.nics_per_node))
+    return (
+      (2 * (p - 1) - inter) * i.alpha
+      + inter * o.alpha
+      + 2 * (p - 1) / p * n * beta
+      + (p - 1) / p * n * gamma
+    )
+  la, lb = _lg(a), _lg(b)
+  if algorithm == "halving_doubling":  # masks ≥ a carry n(1 - a/p) in total, < a: n(a-1)/p
+    return (
+      2 * (la * i.alpha + lb * o.alpha)
+      + 2 * (n * (1 - a / p) * o.beta + n * (a - 1) / p * i.beta)
+      + (p - 1) / p * n * gamma
+    )
+  if algorithm == "recursive_doubling":
+    return (la * i.alpha + lb * o.alpha) + n * (la * i.beta + lb * o.beta) + n * (la + lb) * gamma
+  if algorithm == "tree":
+    return 2 * (la * (i.alpha + n * i.beta) + lb * (o.alpha + n * o.beta)) + (la + lb) * n * gamma
+  raise ValueError(f"algorithm={algorithm!r} has no two-level model.")

@@ -1,0 +1,182 @@
+"""Communication audit sweep: permutes and bytes per participant from compiled HLO vs p.
+
+For each p, a fresh subprocess with p emulated CPU devices compiles (never runs)
+every algorithm on a buffer of ``n`` bytes per participant, counts its
+``collective-permute`` ops and the bytes each participant sends
+(:func:`allreduce_jax.hlo.audit`), and compares them with the closed-form
+:func:`allreduce_jax.cost_model.schedule`. It also records the compile time, which
+must not grow badly with p for the unrolled ring (2(p-1) permutes).
+
+Ring's per-participant traffic 2(p-1)/p·n tends to 2n; the naive root's (p-1)·n
+grows linearly: the figure shows both, normalized by n.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ALGORITHMS: tuple[str, ...] = (
+  "ring",
+  "bidirectional_ring",
+  "tree",
+  "recursive_doubling",
+  "halving_doubling",
+  "naive",
+  "hierarchical",
+)
+
+
+def audit_in_process(p: int, nbytes: int, algorithms=ALGORITHMS) -> list[dict]:
+  """Compiles every algorithm on this process's first ``p`` devices; one row each."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import PartitionSpec as P
+
+  from allreduce_jax import _devices, cost_model, hlo
+  from allreduce_jax._api import all_reduce
+
+  count = nbytes // 4
+  rows = []
+  for alg in algorithms:
+    outer, inner = _devices.factor_2d(p)
+    if alg == "hierarchical":
+      if outer == 1:
+        continue
+      mesh, axis = _devices.submesh((outer, inner), ("outer", "inner")), ("outer", "inner")
+    else:
+      mesh, axis = _devices.submesh((p,), ("i",)), "i"
+    fn = jax.jit(
+      jax.shard_map(
+        lambda b, axis=axis, alg=alg: all_reduce(b[0], axis, algorithm=alg)[None],
+        mesh=mesh,
+        in_specs=P(axis),
+        out_specs=P(axis),
+      )
+    )
+    x = jax.ShapeDtypeStruct((p, count), jnp.float32, sharding=jax.NamedSharding(mesh, P(axis)))
+    t0 = time.perf_counter()
+    text = fn.lower(x).compile().as_text()
+    compile_s = time.perf_counter() - t0
+    a = hlo.audit(text)
+    s = cost_model.schedule(alg, p, nbytes, inner=inner if alg == "hierarchical" else None)
+    rows.append(
+      {
+        "algorithm": alg,
+        "p": p,
+        "bytes": nbytes,
+        "permutes": a.permutes,
+        "permutes_model": s.permutes,
+        "max_sent_bytes": a.max_sent_bytes,
+        "max_sent_bytes_model": s.max_sent_bytes,
+        "sent_over_n": a.max_sent_bytes / nbytes,
+        "all_reduce_ops": a.counts["all-reduce"],
+        "match": a.permutes == s.permutes and abs(a.max_sent_bytes - s.max_sent_bytes) <= 4 * p,
+        "compile_s": compile_s,
+        "jax_version": jax.__version__,
+      }
+    )
+  return rows
+
+
+def audit_subprocess(p: int, nbytes: int, algorithms=ALGORITHMS, timeout: float = 600) -> list:
+  """Runs :func:`audit_in_process` in a fresh Python with ``p`` CPU devices."""
+  code = (
+    f"import json, jax; jax.config.update('jax_num_cpu_devices', {p});"
+    "from allreduce_jax.audit import audit_in_process;"
+    f"print(json.dumps(audit_in_process({p}, {nbytes}, {tuple(algorithms)!r})))"
+  )
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  res = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, env=env
+  )
+  if res.returncode:
+    raise RuntimeError(f"audit at p={p} failed:\n{res.stderr[-2000:]}")
+  return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def format_rows(rows: list[dict]) -> str:
+  head = (
+    f"{'algorithm':>18} {'p':>4} {'permutes':>8} {'model':>6} {'sent/n':>8}"
+    f" {'model':>8} {'match':>5} {'compile(s)':>10}"
+  )
+  lines = [head]
+  for r in rows:
+    lines.append(
+      f"{r['algorithm']:>18} {r['p']:>4} {r['permutes']:>8} {r['permutes_model']:>6}"
+      f" {r['sent_over_n']:>8.3f} {r['max_sent_bytes_model'] / r['bytes']:>8.3f}"
+      f" {'yes' if r['match'] else 'NO':>5} {r['compile_s']:>10.2f}"
+    )
+  return "\n".join(lines)
+
+
+def plot(rows: list[dict], path) -> None:
+  """Left: bytes sent per participant / n vs p. Right: compile time vs p."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
+  for alg in dict.fromkeys(r["algorithm"] for r in rows):
+    rs = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["p"])
+    ps = [r["p"] for r in rs]
+    ax1.plot(ps, [r["sent_over_n"] for r in rs], "o-", ms=3, label=alg)
+    ax2.plot(ps, [r["compile_s"] for r in rs], "o-", ms=3, label=alg)
+  ax1.axhline(2.0, color="0.5", ls="--", lw=0.8)
+  ax1.text(2, 2.05, "2n (ring's limit)", fontsize=7, color="0.4")
+  for ax, ylabel in ((ax1, "max bytes sent per participant / n (from HLO)"), (ax2, "compile s")):
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("participants p")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+  ax1.set_yscale("log")
+  ax2.legend(fontsize=7)
+  fig.tight_layout()
+  Path(path).parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def sweep(ps, nbytes: int, out, algorithms=ALGORITHMS, fresh: bool = False) -> list[dict]:
+  """Audits every p (skipping (algorithm, p, bytes) rows already in ``out``)."""
+  from allreduce_jax.bench import append_rows, read_rows
+
+  out = Path(out)
+  if fresh and out.exists():
+    out.unlink()
+  rows = read_rows(out)
+  for p in ps:
+    have = {r["algorithm"] for r in rows if r["p"] == p and r["bytes"] == nbytes}
+    todo = [a for a in algorithms if a not in have]
+    if todo:
+      new = audit_subprocess(p, nbytes, todo)
+      append_rows(out, new)
+      rows += new
+  return [r for r in rows if r["p"] in ps and r["bytes"] == nbytes]
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--ps", default="2,4,8,16,32,64")
+  parser.add_argument("--bytes", type=int, default=1 << 16, help="bytes per participant")
+  parser.add_argument("--out", default="results/hlo_audit.jsonl")
+  parser.add_argument("--fresh", action="store_true")
+  args = parser.parse_args(argv)
+  try:
+    ps = [int(v) for v in args.ps.split(",")]
+  except ValueError:
+    raise SystemExit(f"--ps: expected integers, got {args.ps!r}") from None
+  rows = sweep(ps, args.bytes, args.out, fresh=args.fresh)
+  print(format_rows(sorted(rows, key=lambda r: (r["algorithm"], r["p"]))))
+  plot(rows, Path(args.out).with_suffix(".png"))
+  return 0 if all(r["match"] and r["all_reduce_ops"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+  sys.exit(main())

@@ -1,0 +1,711 @@
+"""nccl-tests-style measurement of every all-reduce algorithm (``allreduce-jax bench``).
+
+The one timing helper of the project lives here (:func:`time_compiled`): inputs are
+placed on their devices first, the program is compiled separately (compile time
+recorded), warmed up, and every timed call ends with ``block_until_ready``; the
+result is the median over the timed calls, with their spread.
+
+For each message size all algorithms are compiled first and then timed *round
+robin* (call 1 of every algorithm, then call 2, ...), so a slow spell of a shared
+machine hits them all alike and the ratios (custom vs ``psum``) stay meaningful.
+
+As in nccl-tests (``doc/PERFORMANCE.md``), with ``n`` bytes per participant and time
+``t``:
+
+.. math::
+
+  \\mathrm{algbw} = n / t, \\qquad \\mathrm{busbw} = \\mathrm{algbw}·\\frac{2(p-1)}{p}
+
+so busbw is comparable across participant counts and with a link's peak bandwidth.
+Every timed result is checked against ``lax.psum`` (``wrong`` = elements that differ)
+on nccl-tests-style verifiable inputs, whose sums are exact in any order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+_UNITS = {
+  "": 1,
+  "b": 1,
+  "k": 1024,
+  "kb": 1000,
+  "kib": 1024,
+  "m": 1024**2,
+  "mb": 1000**2,
+  "mib": 1024**2,
+  "g": 1024**3,
+  "gb": 1000**3,
+  "gib": 1024**3,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+#: The fields every bench row carries (DESIGN.md §3), plus spread and memory.
+ROW_FIELDS: tuple[str, ...] = (
+  "algorithm",
+  "n_devices",
+  "process_count",
+  "bytes",
+  "count",
+  "dtype",
+  "op",
+  "time_us",
+  "algbw_gbps",
+  "busbw_gbps",
+  "wrong",
+  "compile_s",
+  "predicted_us",
+  "backend",
+  "jax_version",
+  "time_us_min",
+  "time_us_max",
+  "time_us_iqr",
+  "iters",
+  "temp_bytes",
+)
+
+
+def parse_size(text: str, name: str = "size") -> int:
+  """``"64MiB"`` -> 67108864. Units: B, K/KiB/M/MiB/G/GiB (powers of 1024), KB/MB/GB
+  (powers of 1000), case-insensitive.
+
+  Raises ``ValueError`` naming ``name`` (e.g. ``--min-bytes``) for anything else.
+
+  Example:
+    >>> parse_size("1KiB"), parse_size("64MiB"), parse_size("1MB"), parse_size("4096")
+    (1024, 67108864, 1000000, 4096)
+  """
+  m = _SIZE_RE.match(str(text))
+  unit = m.group(2).lower() if m else None
+  if m is None or unit not in _UNITS:
+    raise ValueError(
+      f"{name} {text!r} is not a size: use an integer with an optional unit"
+      " (B, KiB, MiB, GiB, K, M, G, KB, MB, GB), e.g. 1KiB or 64MiB."
+    )
+  value = float(m.group(1)) * _UNITS[unit]
+  if value < 1 or value != int(value):
+    raise ValueError(f"{name} {text!r} must be a positive whole number of bytes.")
+  return int(value)
+
+
+def format_size(nbytes: float) -> str:
+  """4096 -> '4KiB' (exact binary units where possible, else bytes)."""
+  for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+    if nbytes >= scale and nbytes % scale == 0:
+      return f"{int(nbytes // scale)}{unit}"
+  return f"{int(nbytes)}B"
+
+
+def sweep_sizes(
+  min_bytes: int, max_bytes: int, factor: int, itemsize: int, p: int, uneven: bool = True
+) -> list[int]:
+  """Byte sizes per participant: ``min, min·f, min·f², ... ≤ max`` (nccl-tests
+  ``-b -e -f``), rounded to whole elements, plus (``uneven``) one size whose element
+  count is not a multiple of ``p``, near the geometric middle of the sweep.
+
+  Example:
+    >>> sweep_sizes(1024, 65536, 4, 4, 8)
+    [1024, 4096, 8196, 16384, 65536]
+  """
+  if min_bytes > max_bytes:
+    raise ValueError(f"--min-bytes {min_bytes} is larger than --max-bytes {max_bytes}.")
+  if factor < 2:
+    raise ValueError(f"--factor must be at least 2, got {factor}.")
+  sizes, n = [], min_bytes
+  while n <= max_bytes:
+    sizes.append(max(itemsize, n // itemsize * itemsize))
+    n *= factor
+  if uneven and p > 1:
+    count = int(math.sqrt(sizes[0] * sizes[-1])) // itemsize + 1
+    while count % p == 0:
+      count += 1
+    sizes.append(count * itemsize)
+  return sorted(set(sizes))
+
+
+# ----------------------------------------------------------------------------------------
+# The shared timing helper.
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+  """Timed calls of one compiled program.
+
+  Attributes:
+    times_s: every timed call, in seconds, in order.
+    compile_s: lowering + compilation time.
+    temp_bytes: XLA's temporary buffer size per device (``memory_analysis``), or -1.
+  """
+
+  times_s: tuple[float, ...]
+  compile_s: float
+  temp_bytes: int
+
+  @property
+  def median_s(self) -> float:
+    return statistics.median(self.times_s)
+
+  @property
+  def iqr_s(self) -> float:
+    q = np.percentile(self.times_s, [25, 75])
+    return float(q[1] - q[0])
+
+
+def compile_timed(jitted: Callable, *args) -> tuple[Callable, float, int]:
+  """Lowers and compiles ``jitted`` for ``args``; returns ``(compiled, seconds, temp_bytes)``."""
+  t0 = time.perf_counter()
+  compiled = jitted.lower(*args).compile()
+  compile_s = time.perf_counter() - t0
+  temp = -1
+  try:
+    mem = compiled.memory_analysis()
+    if mem is not None:
+      temp = int(mem.temp_size_in_bytes)
+  except Exception:  # pragma: no cover - not every backend reports it
+    pass
+  return compiled, compile_s, temp
+
+
+def _block(out) -> None:
+  import jax
+
+  jax.block_until_ready(out)
+
+
+def time_round_robin(
+  programs: Sequence[tuple[Callable, tuple]], iters: int, warmup: int
+) -> list[list[float]]:
+  """Times compiled programs side by side: ``warmup`` untimed rounds, then ``iters``
+  rounds in which each program runs once (``block_until_ready`` each). Returns
+  the per-program lists of seconds."""
+  for _ in range(warmup):
+    for fn, args in programs:
+      _block(fn(*args))
+  times: list[list[float]] = [[] for _ in programs]
+  for _ in range(iters):
+    for k, (fn, args) in enumerate(programs):
+      t0 = time.perf_counter()
+      _block(fn(*args))
+      times[k].append(time.perf_counter() - t0)
+  return times
+
+
+def time_compiled(jitted: Callable, *args, iters: int = 10, warmup: int = 2) -> Timing:
+  """The project's timing helper for one program: compile separately, warm up, then
+  ``iters`` timed calls, each ended by ``block_until_ready``. Place ``args`` on their
+  devices (``jax.device_put`` / ``_devices.put``) before calling.
+
+  Example:
+    >>> import jax, jax.numpy as jnp
+    >>> t = time_compiled(jax.jit(lambda x: x + 1), jnp.ones(4), iters=5, warmup=1)
+    >>> len(t.times_s), t.median_s > 0, t.compile_s > 0
+    (5, True, True)
+  """
+  if iters < 1:
+    raise ValueError(f"--iters must be at least 1, got {iters}.")
+  compiled, compile_s, temp = compile_timed(jitted, *args)
+  (times,) = time_round_robin([(compiled, args)], iters, warmup)
+  return Timing(tuple(times), compile_s, temp)
+
+
+def bandwidths(nbytes: float, seconds: float, p: int) -> tuple[float, float]:
+  """``(algbw, busbw)`` in GB/s (1e9 bytes/s): n/t and n/t·2(p-1)/p.
+
+  Example:
+    >>> bandwidths(1e9, 1.0, 8)
+    (1.0, 1.75)
+  """
+  algbw = nbytes / seconds / 1e9
+  return algbw, algbw * (2 * (p - 1) / p if p > 1 else 1.0)
+
+
+# ----------------------------------------------------------------------------------------
+# The all-reduce sweep.
+# ----------------------------------------------------------------------------------------
+
+
+def _verifiable_block(index, count: int, seed: int = 0) -> np.ndarray:
+  """Rows ``index[0]`` (participants) × columns ``index[1]`` of the verifiable input
+  ``x[i, k] = (13 i + 7 k + seed) mod 31 - 15`` (as in ``verify.verifiable_input``),
+  built for this process's shards only."""
+  rows = np.arange(*index[0].indices(1 << 62))[:, None]
+  cols = np.arange(*index[1].indices(count))[None, :]
+  return (13 * rows + 7 * cols + seed) % 31 - 15
+
+
+def _programs(algorithm: str, p: int, op: str):
+  """``(mesh, spec, timed_fn, check_fn)`` for one algorithm on ``p`` devices.
+
+  ``timed_fn``: ``T[p, count] -> T[p, count]``, row ``i`` all-reduced on device ``i``.
+  ``check_fn``: ``(x, out) -> i32[p]``, elements of each row that differ from
+  ``lax.psum``'s (``mean``: by more than 2 ulp).
+  """
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import PartitionSpec as P
+
+  from allreduce_jax import _devices
+  from allreduce_jax._api import all_reduce
+  from allreduce_jax._ops import get_op
+
+  if algorithm == "hierarchical":
+    mesh, axis = _devices.submesh(_devices.factor_2d(p), ("outer", "inner")), ("outer", "inner")
+  else:
+    mesh, axis = _devices.submesh((p,), ("i",)), "i"
+  spec = P(axis)
+
+  def body(b):  # b: T[1, count], this participant's row
+    return all_reduce(b[0], axis, op=op, algorithm=algorithm)[None]
+
+  def check(b, out):  # b, out: T[1, count]
+    ref = get_op(op, b.dtype).reference(b[0], axis)
+    got = out[0]
+    if op == "mean" and jnp.issubdtype(got.dtype, jnp.floating):
+      tol = 2 * jnp.finfo(got.dtype).eps * jnp.abs(ref)
+      bad = jnp.abs(got.astype(jnp.float32) - ref.astype(jnp.float32)) > tol.astype(jnp.float32)
+    else:
+      bad = got != ref
+    return jnp.sum(bad, dtype=jnp.int32)[None]
+
+  timed = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+  checker = jax.jit(
+    jax.shard_map(check, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=False)
+  )
+  return mesh, spec, timed, checker
+
+
+def measure_size(
+  algorithms: Sequence[str],
+  p: int,
+  nbytes: int,
+  dtype: str = "float32",
+  op: str = "sum",
+  iters: int = 10,
+  warmup: int = 2,
+  params=None,
+) -> list[dict]:
+  """Measures every algorithm at one size, side by side; returns one row each."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding
+
+  from allreduce_jax import _devices, cost_model
+
+  itemsize = jnp.dtype(dtype).itemsize
+  count = nbytes // itemsize
+  built = []
+  inputs: dict = {}
+  for alg in algorithms:
+    mesh, spec, timed, checker = _programs(alg, p, op)
+    key = (mesh.axis_names, mesh.devices.shape)
+    if key not in inputs:
+      inputs[key] = _devices.put(
+        (p, count), dtype, NamedSharding(mesh, spec), lambda idx: _verifiable_block(idx, count)
+      )
+    x = inputs[key]
+    compiled, compile_s, temp = compile_timed(timed, x)
+    built.append((alg, compiled, x, checker, compile_s, temp))
+  times = time_round_robin([(c, (x,)) for _, c, x, *_ in built], iters, warmup)
+  rows = []
+  for (alg, compiled, x, checker, compile_s, temp), ts in zip(built, times):
+    wrong = int(np.sum(_devices.fetch(checker(x, compiled(x)))))
+    med = statistics.median(ts)
+    algbw, busbw = bandwidths(nbytes, med, p)
+    inner = _devices.factor_2d(p)[1] if alg == "hierarchical" else None
+    chosen = cost_model.choose(p, nbytes, params) if alg == "auto" else None
+    q = np.percentile(ts, [25, 75])
+    row = {
+      "algorithm": alg,
+      "n_devices": p,
+      "process_count": jax.process_count(),
+      "bytes": nbytes,
+      "count": count,
+      "dtype": dtype,
+      "op": op,
+      "time_us": med * 1e6,
+      "algbw_gbps": algbw,
+      "busbw_gbps": busbw,
+      "wrong": wrong,
+      "compile_s": compile_s,
+      "predicted_us": cost_model.predict_us(alg, p, nbytes, params, inner=inner),
+      "backend": jax.default_backend(),
+      "jax_version": jax.__version__,
+      "time_us_min": min(ts) * 1e6,
+      "time_us_max": max(ts) * 1e6,
+      "time_us_iqr": float(q[1] - q[0]) * 1e6,
+      "iters": len(ts),
+      "warmup": warmup,
+      "temp_bytes": temp,
+      "chosen": chosen,
+    }
+    rows.append(row)
+  del inputs, built
+  return rows
+
+
+def read_rows(path) -> list[dict]:
+  """Rows of a JSON Lines file (none if it does not exist; bad lines are skipped)."""
+  path = Path(path)
+  if not path.exists():
+    return []
+  rows = []
+  for line in path.read_text().splitlines():
+    try:
+      rows.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
+  return rows
+
+
+def append_rows(path, rows: Sequence[dict]) -> None:
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with path.open("a") as f:
+    for r in rows:
+      f.write(json.dumps(r) + "\n")
+
+
+def _key(r: dict) -> tuple:
+  return (r["algorithm"], r["n_devices"], r["bytes"], r["dtype"], r["op"], r["backend"])
+
+
+_HEAD = (
+  f"{'size(B)':>12} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>18}"
+  f" {'time(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}"
+  f" {'model(us)':>10} {'vs psum':>7}"
+)
+
+
+def format_row(r: dict, psum_busbw: float | None = None) -> str:
+  """One nccl-tests-style table line (plus the model's prediction and busbw/psum)."""
+  ratio = f"{r['busbw_gbps'] / psum_busbw:7.2f}" if psum_busbw else f"{'':>7}"
+  pred = r.get("predicted_us")
+  pred_s = f"{pred:10.1f}" if pred is not None else f"{'-':>10}"
+  name = r["algorithm"] + (f"({r['chosen']})" if r.get("chosen") else "")
+  return (
+    f"{r['bytes']:>12} {r['count']:>10} {r['dtype']:>8} {r['op']:>5} {name:>18}"
+    f" {r['time_us']:>10.1f} {r['algbw_gbps']:>11.3f} {r['busbw_gbps']:>11.3f} {r['wrong']:>6}"
+    f" {pred_s} {ratio}"
+  )
+
+
+def summary(rows: Sequence[dict]) -> str:
+  """``# Avg bus bandwidth`` per algorithm and the out-of-bounds (wrong) total."""
+  lines = []
+  by_alg: dict[str, list[float]] = {}
+  for r in rows:
+    by_alg.setdefault(r["algorithm"], []).append(r["busbw_gbps"])
+  for alg, bws in by_alg.items():
+    lines.append(f"# Avg bus bandwidth {alg:>18} : {statistics.mean(bws):.4f} GB/s")
+  wrong = sum(r["wrong"] for r in rows)
+  lines.append(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
+  return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------
+# Fitting and the figure.
+# ----------------------------------------------------------------------------------------
+
+
+def _fit_rows(rows: Sequence[dict]) -> list[tuple]:
+  return [
+    (r["algorithm"], r["n_devices"], r["bytes"], r["time_us"] * 1e-6)
+    for r in rows
+    if r["algorithm"] not in ("auto", "hierarchical") and r["n_devices"] > 1
+  ]
+
+
+def fit_report(rows: Sequence[dict], fitted) -> tuple[str, list[dict]]:
+  """Per (algorithm, size): measured vs predicted (own fit and shared fit), rel. error."""
+  from allreduce_jax import cost_model
+
+  table = []
+  for alg, p, n, sec in _fit_rows(rows):
+    own = cost_model.predict_seconds(alg, p, n, fitted.get(alg))
+    shared = cost_model.predict_seconds(alg, p, n, fitted.shared)
+    table.append(
+      {
+        "algorithm": alg,
+        "n_devices": p,
+        "bytes": n,
+        "measured_us": sec * 1e6,
+        "fit_us": own * 1e6,
+        "fit_err": own / sec - 1,
+        "shared_us": shared * 1e6,
+        "shared_err": shared / sec - 1,
+      }
+    )
+  lines = [
+    f"{'algorithm':>18} {'size':>8} {'measured(us)':>12} {'model(us)':>10} {'err':>7}"
+    f" {'shared(us)':>10} {'err':>7}"
+  ]
+  for t in sorted(table, key=lambda t: (t["algorithm"], t["bytes"])):
+    lines.append(
+      f"{t['algorithm']:>18} {format_size(t['bytes']):>8} {t['measured_us']:>12.1f}"
+      f" {t['fit_us']:>10.1f} {t['fit_err']:>+7.0%} {t['shared_us']:>10.1f} {t['shared_err']:>+7.0%}"
+    )
+  return "\n".join(lines), table
+
+
+def fit_and_save(rows: Sequence[dict], path) -> tuple:
+  """Fits α, β, γ (shared and per algorithm) from bench rows and saves them."""
+  from allreduce_jax import cost_model
+
+  fit_rows = _fit_rows(rows)
+  if not fit_rows:
+    raise ValueError("--fit: no measured rows with more than one device to fit.")
+  meta = {
+    "backend": rows[0]["backend"],
+    "n_devices": sorted({r[1] for r in fit_rows}),
+    "jax_version": rows[0]["jax_version"],
+    "rows": len(fit_rows),
+    "model": "t = alpha*steps + beta*beta_bytes + gamma*gamma_bytes (cost_model.schedule)",
+  }
+  fitted = cost_model.fit_all(fit_rows, meta=meta)
+  text, table = fit_report(rows, fitted)
+  big = [t for t in table if t["bytes"] >= 1 << 20]
+  fitted.meta["max_abs_err_ge_1MiB"] = {
+    a: max(abs(t["fit_err"]) for t in big if t["algorithm"] == a)
+    for a in sorted({t["algorithm"] for t in big})
+  }
+  cost_model.save_params(fitted, path)
+  return fitted, text, table
+
+
+def plot(rows: Sequence[dict], params, path, title: str = "") -> None:
+  """Measured time vs size per algorithm (log-log) with the model overlaid; the
+  latency-bound region (below ring's α/β balance point) shaded and the sizes where
+  the model's argmin changes marked."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  from allreduce_jax import cost_model
+
+  rows = [r for r in rows if r["n_devices"] > 1]
+  if not rows:
+    return
+  p = rows[0]["n_devices"]
+  fig, ax = plt.subplots(figsize=(9, 6))
+  algs = sorted({r["algorithm"] for r in rows})
+  sizes = np.geomspace(min(r["bytes"] for r in rows), max(r["bytes"] for r in rows), 200)
+  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+  for k, alg in enumerate(algs):
+    mine = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["bytes"])
+    color = colors[k % len(colors)]
+    ax.errorbar(
+      [r["bytes"] for r in mine],
+      [r["time_us"] for r in mine],
+      yerr=[
+        [r["time_us"] - r["time_us_min"] for r in mine],
+        [r["time_us_max"] - r["time_us"] for r in mine],
+      ],
+      fmt="o-",
+      ms=4,
+      color=color,
+      label=alg,
+      capsize=2,
+    )
+    if alg not in ("hierarchical",):
+      pred = [cost_model.predict_us(alg, p, n, params) for n in sizes]
+      ax.plot(sizes, pred, "--", color=color, alpha=0.6, lw=1)
+  ring = cost_model.resolve(params, "ring")
+  sched_1 = cost_model.schedule("ring", p, 1.0)
+  per_byte = ring.beta * sched_1.beta_bytes + ring.gamma * sched_1.gamma_bytes
+  if per_byte > 0:
+    n_star = ring.alpha * sched_1.steps / per_byte
+    ax.axvspan(sizes[0], max(min(n_star, sizes[-1]), sizes[0]), color="0.9", zorder=0)
+    ax.axvline(n_star, color="0.5", lw=0.8)
+    ax.text(
+      n_star,
+      min(r["time_us"] for r in rows),
+      f" ring: latency = bandwidth term\n at {int(n_star)} B",
+      fontsize=8,
+      color="0.3",
+    )
+  prev = None
+  for n in sizes:
+    best = cost_model.choose(p, n, params)
+    if prev is not None and best != prev:
+      ax.axvline(n, color="tab:red", ls=":", lw=1)
+      ax.text(
+        n,
+        max(r["time_us"] for r in rows),
+        f" {prev}→{best}\n {format_size(int(n))}",
+        fontsize=7,
+        color="tab:red",
+        va="top",
+      )
+    prev = best
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("log")
+  ax.set_xlabel("bytes per participant")
+  ax.set_ylabel("time (µs): median, bars min–max; dashed: fitted model")
+  ax.set_title(title or f"all-reduce on {p} devices (shaded: latency-bound)")
+  ax.legend(fontsize=8)
+  ax.grid(True, which="both", alpha=0.3)
+  fig.tight_layout()
+  Path(path).parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+# ----------------------------------------------------------------------------------------
+# Command line.
+# ----------------------------------------------------------------------------------------
+
+
+def _csv(text: str) -> list[str]:
+  return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--devices", type=int, default=8, help="emulated CPU devices (default 8)")
+  parser.add_argument(
+    "--algorithms", type=_csv, default=None, help="comma-separated (default: all, psum included)"
+  )
+  parser.add_argument("--min-bytes", default="1KiB", help="smallest size per participant")
+  parser.add_argument("--max-bytes", default="64MiB", help="largest size per participant")
+  parser.add_argument("--factor", type=int, default=4, help="size multiplier (default 4)")
+  parser.add_argument("--no-uneven", action="store_true", help="skip the size not divisible by p")
+  parser.add_argument("--dtype", default="float32")
+  parser.add_argument("--op", default="sum")
+  parser.add_argument("--iters", type=int, default=10, help="timed calls per (algorithm, size)")
+  parser.add_argument("--warmup", type=int, default=3, help="untimed calls first")
+  parser.add_argument("--out", default="results/bench.jsonl", help="JSON Lines file (appended)")
+  parser.add_argument(
+    "--fresh", action="store_true", help="overwrite --out instead of resuming (skip done rows)"
+  )
+  parser.add_argument(
+    "--fit",
+    action="store_true",
+    help="fit α, β, γ from the rows in --out and save them to --params",
+  )
+  parser.add_argument(
+    "--params",
+    default=None,
+    help="fit file to write with --fit (default: $ALLREDUCE_JAX_COST_PARAMS or"
+    " results/cost_params.json, which algorithm='auto' reads)",
+  )
+  parser.add_argument("--plot", default=None, help="figure path (default: --out with .png)")
+  parser.add_argument("--smoke", action="store_true", help="tiny sweep for tests")
+
+
+def run(args: argparse.Namespace) -> int:
+  from allreduce_jax import _devices, cost_model
+
+  try:
+    min_b = parse_size(args.min_bytes, "--min-bytes")
+    max_b = parse_size(args.max_bytes, "--max-bytes")
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
+  if args.smoke:
+    min_b, max_b, args.factor, args.iters, args.warmup = 1024, 4096, 4, 3, 1
+  if args.iters < 1 or args.warmup < 0:
+    raise SystemExit(f"--iters must be ≥ 1 and --warmup ≥ 0 (got {args.iters}, {args.warmup}).")
+  from allreduce_jax._api import ALGORITHMS
+  from allreduce_jax._ops import OPS
+
+  algorithms = args.algorithms or list(ALGORITHMS)
+  for a in algorithms:
+    if a not in ALGORITHMS:
+      raise SystemExit(f"--algorithms: unknown {a!r}; expected some of {', '.join(ALGORITHMS)}")
+  if args.op not in OPS:
+    raise SystemExit(f"--op: unknown {args.op!r}; expected one of {', '.join(OPS)}")
+  import jax.numpy as jnp
+
+  try:
+    itemsize = jnp.dtype(args.dtype).itemsize
+  except TypeError:
+    raise SystemExit(f"--dtype: unknown dtype {args.dtype!r}") from None
+  try:
+    _devices.use_cpu_devices(args.devices)
+    sizes = sweep_sizes(min_b, max_b, args.factor, itemsize, args.devices, not args.no_uneven)
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
+  import jax
+  from tqdm import tqdm
+
+  p = len(jax.devices()) if jax.distributed.is_initialized() else args.devices
+  if "hierarchical" in algorithms and _devices.factor_2d(p)[0] == 1:
+    algorithms = [a for a in algorithms if a != "hierarchical"]  # p prime: no 2-D mesh
+  out = Path(args.out)
+  if args.fresh and out.exists() and jax.process_index() == 0:
+    out.unlink()
+  done = {_key(r): r for r in read_rows(out)}
+  params = cost_model.load_default_params()
+  backend = jax.default_backend()
+  main = jax.process_index() == 0
+  if main:
+    src = "fitted" if isinstance(params, cost_model.FittedParams) else "default"
+    print(
+      f"# allreduce-jax bench: jax {jax.__version__}, backend {backend}, {p} devices,"
+      f" {jax.process_count()} process(es); model params: {src}"
+      f" ({cost_model.default_fit_path()}); iters {args.iters}, warmup {args.warmup}",
+      flush=True,
+    )
+    print("# " + _HEAD.lstrip(), flush=True)
+  rows_all: list[dict] = []
+  bar = tqdm(
+    total=len(sizes) * len(algorithms), file=sys.stderr, disable=None if main else True, leave=False
+  )
+  for nbytes in sizes:
+    todo = [a for a in algorithms if (a, p, nbytes, args.dtype, args.op, backend) not in done]
+    rows = [done[(a, p, nbytes, args.dtype, args.op, backend)] for a in algorithms if a not in todo]
+    if todo:
+      bar.set_description(f"{format_size(nbytes)}")
+      new = measure_size(todo, p, nbytes, args.dtype, args.op, args.iters, args.warmup, params)
+      if main:
+        append_rows(out, new)
+      rows += new
+    bar.update(len(algorithms))
+    rows.sort(key=lambda r: algorithms.index(r["algorithm"]))
+    psum = next((r["busbw_gbps"] for r in rows if r["algorithm"] == "psum"), None)
+    if main:
+      for r in rows:
+        bar.write(format_row(r, psum))
+    rows_all += rows
+  bar.close()
+  if main:
+    print(summary(rows_all), flush=True)
+  status = 0 if all(r["wrong"] == 0 for r in rows_all) else 1
+  if args.fit and main:
+    path = Path(args.params) if args.params else cost_model.default_fit_path()
+    mine = [r for r in read_rows(out) if r["backend"] == backend and r["n_devices"] == p]
+    try:
+      fitted, text, _ = fit_and_save(mine, path)
+    except ValueError as e:
+      raise SystemExit(str(e)) from None
+    print(f"# fit from {len(mine)} rows -> {path}")
+    for name, q in [("shared", fitted.shared), *fitted.per_algorithm.items()]:
+      d = cost_model.params_to_dict(q)
+      print(
+        f"#   {name:>18}: α = {d['alpha_us']:9.2f} µs  β = {d['beta_ns_per_byte']:.4f} ns/B"
+        f" ({d['bandwidth_gbps']:.2f} GB/s)  γ = {d['gamma_ns_per_byte']:.4f} ns/B"
+      )
+    print(text)
+    params = fitted
+  if main:
+    fig = Path(args.plot) if args.plot else out.with_suffix(".png")
+    plot(rows_all, params, fig)
+    print(f"# rows: {out}  figure: {fig}")
+  return status
+
+
+if __name__ == "__main__":  # pragma: no cover
+  from allreduce_jax.cli import main as _main
+
+  sys.exit(_main(["bench", *sys.argv[1:]]))

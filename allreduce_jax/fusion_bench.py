@@ -1,0 +1,324 @@
+"""Tensor fusion measured (``allreduce-jax fusion``): per-leaf vs bucketed all-reduce.
+
+Each all-reduce pays its latency term (2(p-1)α for a ring) whatever its size, so a
+gradient pytree of L leaves reduced leaf by leaf costs about L·2(p-1)α + 2(p-1)/p·Nβ
+(N = all the bytes), while B buckets cost B·2(p-1)α + 2(p-1)/p·Nβ. Frameworks bucket:
+PyTorch DDP 25 MB, Horovod a 64-128 MB fusion buffer (DESIGN.md §7).
+
+Two gradient pytrees, shapes written out below:
+
+- ``cnn``: the training CNN of ``allreduce_jax.training.models`` (two 3×3 convs and a
+  dense head: 6 leaves), as a stand-in for "the Flax model used for training";
+- ``transformer``: a GPT-like stack (embeddings + ``layers`` × 12 leaves + final norm)
+  with ``d_model`` and an MLP of 4·d_model: hundreds of leaves at the default size.
+
+All bucket sizes of one (model, algorithm) are compiled first and timed round robin,
+so the speedups are side-by-side ratios on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+#: bucket label -> ``bucket_bytes`` of :func:`allreduce_jax.all_reduce_tree`.
+BUCKETS: dict[str, int | None] = {
+  "per-leaf": 0,
+  "64KiB": 64 << 10,
+  "1MiB": 1 << 20,
+  "4MiB": 4 << 20,
+  "25MiB": 25 << 20,
+  "one": None,
+}
+
+
+def cnn_shapes() -> dict[str, tuple[int, ...]]:
+  """Parameter shapes of the training CNN (``training/models.py``: Conv(1→16, 3×3),
+  Conv(16→32, 3×3), Linear(4·4·32 → 10))."""
+  return {
+    "conv1/kernel": (3, 3, 1, 16),
+    "conv1/bias": (16,),
+    "conv2/kernel": (3, 3, 16, 32),
+    "conv2/bias": (32,),
+    "out/kernel": (4 * 4 * 32, 10),
+    "out/bias": (10,),
+  }
+
+
+def transformer_shapes(
+  layers: int = 16, d_model: int = 128, vocab: int = 1024, context: int = 256
+) -> dict[str, tuple[int, ...]]:
+  """A GPT-2-style parameter list: token and position embeddings, then per layer
+  two LayerNorms (scale, bias), attention (qkv, proj: kernel and bias) and MLP (fc,
+  proj: kernel and bias) — 12 leaves per layer — and a final LayerNorm.
+
+  Example:
+    >>> s = transformer_shapes(layers=16)
+    >>> len(s), sum(int(np.prod(v)) for v in s.values())
+    (196, 3558400)
+  """
+  d, h = d_model, 4 * d_model
+  shapes: dict[str, tuple[int, ...]] = {"wte": (vocab, d), "wpe": (context, d)}
+  for k in range(layers):
+    shapes |= {
+      f"h{k}/ln1/scale": (d,),
+      f"h{k}/ln1/bias": (d,),
+      f"h{k}/attn/qkv/kernel": (d, 3 * d),
+      f"h{k}/attn/qkv/bias": (3 * d,),
+      f"h{k}/attn/proj/kernel": (d, d),
+      f"h{k}/attn/proj/bias": (d,),
+      f"h{k}/ln2/scale": (d,),
+      f"h{k}/ln2/bias": (d,),
+      f"h{k}/mlp/fc/kernel": (d, h),
+      f"h{k}/mlp/fc/bias": (h,),
+      f"h{k}/mlp/proj/kernel": (h, d),
+      f"h{k}/mlp/proj/bias": (d,),
+    }
+  shapes |= {"ln_f/scale": (d,), "ln_f/bias": (d,)}
+  return shapes
+
+
+@dataclass(frozen=True)
+class FusionCase:
+  """One timed configuration."""
+
+  model: str
+  algorithm: str
+  bucket: str
+
+
+def _leaf_values(p: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
+  """Verifiable rank-coded integers (exact sums in any order): ``T[p, *shape]``."""
+  n = int(np.prod(shape, dtype=np.int64))
+  i = np.arange(p)[:, None]
+  k = np.arange(n)[None, :]
+  return ((13 * i + 7 * k + seed) % 31 - 15).astype(np.float32).reshape((p, *shape))
+
+
+def measure_model(
+  model: str,
+  shapes: dict[str, tuple[int, ...]],
+  algorithm: str,
+  p: int,
+  buckets: dict[str, int | None],
+  iters: int,
+  warmup: int,
+  params=None,
+) -> list[dict]:
+  """Times ``all_reduce_tree`` of a float32 gradient pytree at every bucket size,
+  side by side; checks each result against per-leaf ``lax.psum``."""
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from allreduce_jax import _devices, cost_model
+  from allreduce_jax.bench import compile_timed, time_round_robin
+  from allreduce_jax.fusion import all_reduce_tree, plan_buckets
+
+  mesh = _devices.submesh((p,), ("i",))
+  sharding = NamedSharding(mesh, P("i"))
+  host = {name: _leaf_values(p, s, seed) for seed, (name, s) in enumerate(shapes.items())}
+  tree = {
+    name: _devices.put(v.shape, v.dtype, sharding, lambda idx, v=v: v[idx])
+    for name, v in host.items()
+  }
+  leaves = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes.values()]
+  total = sum(int(np.prod(s)) * 4 for s in shapes.values())
+  programs = []
+  for label, bucket_bytes in buckets.items():
+
+    def body(t, bucket_bytes=bucket_bytes):  # t: {name: f32[1, *shape]}
+      local = jax.tree.map(lambda leaf: leaf[0], t)
+      out = all_reduce_tree(local, "i", op="sum", algorithm=algorithm, bucket_bytes=bucket_bytes)
+      return jax.tree.map(lambda leaf: leaf[None], out)
+
+    fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+    compiled, compile_s, temp = compile_timed(fn, tree)
+    plan = plan_buckets(leaves, bucket_bytes)
+    sizes = [sum(int(np.prod(leaves[k].shape)) * 4 for k in grp) for grp in plan]
+    programs.append((label, bucket_bytes, compiled, compile_s, temp, sizes))
+
+  def ref_body(t):
+    return jax.tree.map(lambda b: jax.lax.psum(b[0], "i")[None], t)
+
+  ref = jax.jit(
+    jax.shard_map(ref_body, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False)
+  )(tree)
+  times = time_round_robin([(c, (tree,)) for _, _, c, *_ in programs], iters, warmup)
+  rows = []
+  per_leaf = None
+  for (label, bucket_bytes, compiled, compile_s, temp, sizes), ts in zip(programs, times):
+    out = compiled(tree)
+    wrong = sum(int(np.sum(_devices.fetch(out[k]) != _devices.fetch(ref[k]))) for k in shapes)
+    med = statistics.median(ts)
+    if bucket_bytes == 0:
+      per_leaf = med
+    rows.append(
+      {
+        "model": model,
+        "algorithm": algorithm,
+        "bucket": label,
+        "bucket_bytes": bucket_bytes,
+        "n_leaves": len(shapes),
+        "n_buckets": len(sizes),
+        "bytes": total,
+        "n_devices": p,
+        "time_us": med * 1e6,
+        "time_us_min": min(ts) * 1e6,
+        "time_us_max": max(ts) * 1e6,
+        "iters": len(ts),
+        "compile_s": compile_s,
+        "temp_bytes": temp,
+        "predicted_us": sum(cost_model.predict_us(algorithm, p, n, params) for n in sizes),
+        "wrong": wrong,
+        "backend": jax.default_backend(),
+        "jax_version": jax.__version__,
+        "process_count": jax.process_count(),
+      }
+    )
+  for r in rows:
+    r["speedup_vs_per_leaf"] = per_leaf / (r["time_us"] * 1e-6) if per_leaf else None
+  return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+  head = (
+    f"{'model':>12} {'algorithm':>10} {'bucket':>9} {'leaves':>6} {'buckets':>7} {'MiB':>7}"
+    f" {'time(us)':>10} {'min':>9} {'max':>9} {'model(us)':>10} {'speedup':>7} {'#wrong':>6}"
+  )
+  lines = [head]
+  for r in rows:
+    sp = r.get("speedup_vs_per_leaf")
+    lines.append(
+      f"{r['model']:>12} {r['algorithm']:>10} {r['bucket']:>9} {r['n_leaves']:>6}"
+      f" {r['n_buckets']:>7} {r['bytes'] / 2**20:>7.2f} {r['time_us']:>10.0f}"
+      f" {r['time_us_min']:>9.0f} {r['time_us_max']:>9.0f} {r['predicted_us']:>10.0f}"
+      f" {(f'{sp:.2f}x' if sp else '-'):>7} {r['wrong']:>6}"
+    )
+  return "\n".join(lines)
+
+
+def plot(rows: list[dict], path) -> None:
+  """Speedup over per-leaf vs bucket size, one line per (model, algorithm)."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(8, 5))
+  groups: dict[tuple, list[dict]] = {}
+  for r in rows:
+    groups.setdefault((r["model"], r["algorithm"], r["n_leaves"]), []).append(r)
+  for (model, alg, leaves), rs in groups.items():
+    order = [b for b in BUCKETS if any(r["bucket"] == b for r in rs)]
+    rs = sorted(rs, key=lambda r: order.index(r["bucket"]))
+    ax.plot(
+      [r["bucket"] for r in rs],
+      [r["speedup_vs_per_leaf"] for r in rs],
+      "o-",
+      label=f"{model} ({leaves} leaves), {alg}",
+    )
+  ax.axhline(1.0, color="0.5", lw=0.8)
+  ax.set_yscale("log")
+  ax.set_xlabel("bucket size (per-leaf = no fusion; one = one bucket per dtype)")
+  ax.set_ylabel("speedup over per-leaf all-reduce (median times)")
+  ax.set_title(f"tensor fusion on {rows[0]['n_devices']} {rows[0]['backend']} devices")
+  ax.legend(fontsize=8)
+  ax.grid(True, which="both", alpha=0.3)
+  fig.tight_layout()
+  Path(path).parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def _csv(text: str) -> list[str]:
+  return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--devices", type=int, default=8, help="emulated CPU devices (default 8)")
+  parser.add_argument("--algorithms", type=_csv, default=["ring", "psum"], help="default ring,psum")
+  parser.add_argument("--models", type=_csv, default=["cnn", "transformer"])
+  parser.add_argument("--layers", type=int, default=16, help="transformer layers (12 leaves each)")
+  parser.add_argument("--d-model", type=int, default=128, help="transformer width")
+  parser.add_argument(
+    "--buckets", type=_csv, default=list(BUCKETS), help=f"some of {','.join(BUCKETS)}"
+  )
+  parser.add_argument("--iters", type=int, default=7)
+  parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--out", default="results/fusion.jsonl")
+  parser.add_argument("--fresh", action="store_true", help="overwrite --out instead of resuming")
+  parser.add_argument("--plot", default=None, help="figure (default: --out with .png)")
+  parser.add_argument("--smoke", action="store_true", help="tiny models, few iterations")
+
+
+def run(args: argparse.Namespace) -> int:
+  from allreduce_jax import _devices, cost_model
+  from allreduce_jax._api import ALGORITHMS
+  from allreduce_jax.bench import append_rows, read_rows
+
+  for a in args.algorithms:
+    if a not in ALGORITHMS or a == "hierarchical":
+      raise SystemExit(f"--algorithms: {a!r} is not a single-axis algorithm of {list(ALGORITHMS)}")
+  for b in args.buckets:
+    if b not in BUCKETS:
+      raise SystemExit(f"--buckets: unknown {b!r}; expected some of {', '.join(BUCKETS)}")
+  if "per-leaf" not in args.buckets:
+    args.buckets = ["per-leaf", *args.buckets]
+  if args.smoke:
+    args.layers, args.d_model, args.iters, args.warmup = 2, 16, 3, 1
+  models = {
+    "cnn": cnn_shapes(),
+    "transformer": transformer_shapes(args.layers, args.d_model),
+  }
+  for m in args.models:
+    if m not in models:
+      raise SystemExit(f"--models: unknown {m!r}; expected some of {', '.join(models)}")
+  try:
+    _devices.use_cpu_devices(args.devices)
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
+  import jax
+
+  p = jax.device_count() if jax.distributed.is_initialized() else args.devices
+  main = jax.process_index() == 0
+  out = Path(args.out)
+  if args.fresh and out.exists() and main:
+    out.unlink()
+  done = {(r["model"], r["algorithm"], r["n_leaves"], r["n_devices"]) for r in read_rows(out)}
+  params = cost_model.load_default_params()
+  rows_all = [
+    r
+    for r in read_rows(out)
+    if r["model"] in args.models and r["algorithm"] in args.algorithms and r["n_devices"] == p
+  ]
+  buckets = {b: BUCKETS[b] for b in args.buckets}
+  for m in args.models:
+    shapes = models[m]
+    for alg in args.algorithms:
+      if (m, alg, len(shapes), p) in done:
+        continue
+      if main:
+        print(f"# fusion: {m} ({len(shapes)} leaves), {alg}, {p} devices ...", flush=True)
+      rows = measure_model(m, shapes, alg, p, buckets, args.iters, args.warmup, params)
+      if main:
+        append_rows(out, rows)
+      rows_all += rows
+  if main and rows_all:
+    print(format_rows(rows_all))
+    fig = Path(args.plot) if args.plot else out.with_suffix(".png")
+    plot(rows_all, fig)
+    print(f"# rows: {out}  figure: {fig}")
+  return 0 if all(r["wrong"] == 0 for r in rows_all) else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+  from allreduce_jax.cli import main as _main
+
+  sys.exit(_main(["fusion", *sys.argv[1:]]))

@@ -1,0 +1,226 @@
+"""Scaling by model (``allreduce-jax scaling``): predicted all-reduce time up to 16384 devices.
+
+Nothing here runs a collective: times come from the α-β-γ model
+(:func:`allreduce_jax.cost_model.predict_two_level_seconds`) on two machines:
+
+- ``gpu-cluster``: ``--per-node`` devices per node on NVLink (``--inner``, default
+  the ``nvlink4`` preset: 3.4 µs, 450 GB/s per direction), nodes on InfiniBand
+  (``--outer``, default ``ib_ndr``: 5 µs, 50 GB/s per NIC, one NIC per device);
+- ``local-fit``: a flat machine with the parameters fitted on this platform
+  (``results/cost_params.json``, shared fit), when that file exists.
+
+Ring's 2(p-1) sequential steps make its latency term grow linearly with p, while
+tree / halving-doubling need O(lg p) steps and hierarchical puts only 2(b-1) steps
+on the slow links: the figure marks the participant count at which the flat ring
+stops being the best choice, per message size, and by how much it loses at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ALGORITHMS: tuple[str, ...] = ("ring", "tree", "halving_doubling", "hierarchical")
+SIZES: tuple[int, ...] = (1 << 20, 100 << 20, 1 << 30)
+PS: tuple[int, ...] = tuple(8 << k for k in range(12))  # 8 ... 16384
+
+
+def _link(text: str, name: str):
+  """``"3.4,450"`` (latency µs, bandwidth GB/s) or a preset name -> Params."""
+  from allreduce_jax import cost_model
+
+  if text in cost_model.PRESETS:
+    return cost_model.PRESETS[text]
+  try:
+    lat, bw = (float(v) for v in text.split(","))
+    if lat < 0 or bw <= 0:
+      raise ValueError
+  except ValueError:
+    raise SystemExit(
+      f"{name} {text!r}: expected 'latency_us,bandwidth_GBps' (e.g. 5,50) or a preset"
+      f" ({', '.join(cost_model.PRESETS)})."
+    ) from None
+  return cost_model.Params.from_link(lat, bw, reduce_gbps=1000.0)
+
+
+def sweep(machine, scenario: str, ps=PS, sizes=SIZES, algorithms=ALGORITHMS) -> list[dict]:
+  """One row per (size, p, algorithm) with the predicted time, the best algorithm at
+  that point and how much slower than it the flat ring is."""
+  from allreduce_jax import cost_model
+
+  rows = []
+  for n in sizes:
+    for p in ps:
+      t = {a: cost_model.predict_two_level_seconds(a, p, n, machine) for a in algorithms}
+      best = min(t, key=t.get)
+      for a in algorithms:
+        rows.append(
+          {
+            "scenario": scenario,
+            "algorithm": a,
+            "p": p,
+            "bytes": n,
+            "predicted_us": t[a] * 1e6,
+            "best": best,
+            "ring_over_best": t["ring"] / t[best] if "ring" in t else None,
+          }
+        )
+  return rows
+
+
+def crossovers(rows: list[dict], tolerance: float = 0.05) -> list[dict]:
+  """Per (scenario, size): the participant count from which on the flat ring is
+  never again within ``tolerance`` of the best algorithm, what wins there, and
+  ring's slowdown factor at the largest p."""
+  out = []
+  for key in sorted({(r["scenario"], r["bytes"]) for r in rows}):
+    mine = sorted(
+      (r for r in rows if (r["scenario"], r["bytes"]) == key and r["algorithm"] == "ring"),
+      key=lambda r: r["p"],
+    )
+    competitive = [r["ring_over_best"] <= 1 + tolerance for r in mine]
+    loses = None  # index of the first p of the final run where ring is not competitive
+    for k in range(len(mine) - 1, -1, -1):
+      if competitive[k]:
+        break
+      loses = k
+    out.append(
+      {
+        "scenario": key[0],
+        "bytes": key[1],
+        "tolerance": tolerance,
+        "ring_competitive_until": mine[loses - 1]["p"]
+        if loses
+        else (None if loses == 0 else mine[-1]["p"]),
+        "ring_loses_at": mine[loses]["p"] if loses is not None else None,
+        "winner_there": mine[loses]["best"] if loses is not None else "ring",
+        "ring_over_best_there": mine[loses]["ring_over_best"] if loses is not None else 1.0,
+        "ring_over_best_at_max_p": mine[-1]["ring_over_best"],
+        "best_at_max_p": mine[-1]["best"],
+        "max_p": mine[-1]["p"],
+      }
+    )
+  return out
+
+
+def plot(rows: list[dict], path) -> None:
+  """Predicted time vs p per size (one panel each), the crossover marked."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  from allreduce_jax.bench import format_size
+
+  scenarios = sorted({r["scenario"] for r in rows})
+  sizes = sorted({r["bytes"] for r in rows})
+  fig, axes = plt.subplots(
+    len(scenarios), len(sizes), figsize=(5 * len(sizes), 4 * len(scenarios)), squeeze=False
+  )
+  cross = {(c["scenario"], c["bytes"]): c for c in crossovers(rows)}
+  for si, sc in enumerate(scenarios):
+    for ni, n in enumerate(sizes):
+      ax = axes[si][ni]
+      mine = [r for r in rows if r["scenario"] == sc and r["bytes"] == n]
+      for a in dict.fromkeys(r["algorithm"] for r in mine):
+        rs = sorted((r for r in mine if r["algorithm"] == a), key=lambda r: r["p"])
+        ax.plot([r["p"] for r in rs], [r["predicted_us"] for r in rs], "o-", ms=3, label=a)
+      c = cross[(sc, n)]
+      if c["ring_loses_at"]:
+        ax.axvline(c["ring_loses_at"], color="tab:red", ls=":", lw=1)
+        ax.text(
+          c["ring_loses_at"],
+          max(r["predicted_us"] for r in mine),
+          f" ring loses at p={c['ring_loses_at']}\n to {c['winner_there']};"
+          f"\n {c['ring_over_best_at_max_p']:.1f}x slower at p={c['max_p']}",
+          fontsize=7,
+          color="tab:red",
+          va="top",
+        )
+      ax.set_xscale("log", base=2)
+      ax.set_yscale("log")
+      ax.set_title(f"{sc}: {format_size(n)} per device", fontsize=9)
+      ax.set_xlabel("participants p")
+      ax.set_ylabel("predicted time (µs)")
+      ax.grid(True, which="both", alpha=0.3)
+      ax.legend(fontsize=7)
+  fig.tight_layout()
+  Path(path).parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument("--inner", default="nvlink4", help="'latency_us,GBps' or a preset")
+  parser.add_argument("--outer", default="ib_ndr", help="'latency_us,GBps' or a preset")
+  parser.add_argument("--per-node", type=int, default=8, help="devices per node (default 8)")
+  parser.add_argument("--nics-per-node", type=int, default=8, help="NICs per node (default 8)")
+  parser.add_argument("--max-p", type=int, default=16384)
+  parser.add_argument("--sizes", default="1MiB,100MiB,1GiB", help="bytes per device")
+  parser.add_argument("--params", default=None, help="local fit file (default: auto's)")
+  parser.add_argument("--out", default="results/scaling.jsonl")
+  parser.add_argument("--plot", default=None, help="figure (default: --out with .png)")
+  parser.add_argument("--smoke", action="store_true", help="p up to 64 only")
+
+
+def run(args: argparse.Namespace) -> int:
+  from allreduce_jax import cost_model
+  from allreduce_jax.bench import format_size, parse_size
+
+  try:
+    sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",") if s.strip()]
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
+  if args.per_node < 1 or args.nics_per_node < 1:
+    raise SystemExit("--per-node and --nics-per-node must be at least 1.")
+  max_p = 64 if args.smoke else args.max_p
+  ps = [p for p in PS if p <= max_p and p % args.per_node == 0] or [args.per_node]
+  machine = cost_model.TwoLevel(
+    _link(args.inner, "--inner"), _link(args.outer, "--outer"), args.per_node, args.nics_per_node
+  )
+  rows = sweep(machine, "gpu-cluster", ps, sizes)
+  path = Path(args.params) if args.params else cost_model.default_fit_path()
+  if path.exists():
+    local = cost_model.load_params(path).shared
+    flat = cost_model.TwoLevel(local, local, args.per_node, 1)
+    rows += sweep(flat, "local-fit", ps, sizes)
+  for r in rows:
+    r.update(per_node=args.per_node, inner=args.inner, outer=args.outer)
+  out = Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  import json
+
+  out.write_text("".join(json.dumps(r) + "\n" for r in rows))  # cheap: recomputed whole
+  print(f"# scaling by model: inner {args.inner}, outer {args.outer}, {args.per_node}/node")
+  print(f"{'scenario':>12} {'size':>7} {'p':>6} " + " ".join(f"{a:>16}" for a in ALGORITHMS))
+  for sc in dict.fromkeys(r["scenario"] for r in rows):
+    for n in sizes:
+      for p in ps:
+        t = {
+          r["algorithm"]: r["predicted_us"]
+          for r in rows
+          if (r["scenario"], r["bytes"], r["p"]) == (sc, n, p)
+        }
+        print(
+          f"{sc:>12} {format_size(n):>7} {p:>6} " + " ".join(f"{t[a]:>14.1f}us" for a in ALGORITHMS)
+        )
+  print("# where the flat ring stops being the best choice:")
+  for c in crossovers(rows):
+    print(
+      f"#   {c['scenario']:>12} {format_size(c['bytes']):>7}: ring within 5% of the best up to"
+      f" p={c['ring_competitive_until']}; from p={c['ring_loses_at']} on {c['winner_there']}"
+      f" is {c['ring_over_best_there']:.2f}x faster;"
+      f" at p={c['max_p']} ring is {c['ring_over_best_at_max_p']:.2f}x the best"
+      f" ({c['best_at_max_p']})"
+    )
+  fig = Path(args.plot) if args.plot else out.with_suffix(".png")
+  plot(rows, fig)
+  print(f"# rows: {out}  figure: {fig}")
+  return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+  from allreduce_jax.cli import main as _main
+
+  sys.exit(_main(["scaling", *sys.argv[1:]]))
