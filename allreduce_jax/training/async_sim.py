@@ -1,0 +1,381 @@
+"""Simulated asynchronous SGD on stale gradients, and the straggler schedules.
+
+Parameter-server-style asynchrony: worker ``i`` reads the parameters (version
+``v``), computes a gradient for a random compute time, and the server applies it
+as soon as it arrives, at version ``v + τ``: τ (the staleness) is the number of
+updates applied in between. ``w_{t+1} = w_t - η · g(w_{t-τ_t})``.
+
+The schedule (which worker finishes when, with which staleness) does not depend on
+the parameters, so it is built first in NumPy (:func:`event_schedule`,
+:func:`fixed_tau_schedule`, :func:`sync_schedule`) and then replayed by one jitted
+step over a ring buffer of the last ``K`` parameter snapshots (:func:`make_replay`):
+the gradient is evaluated at snapshot ``t - τ_t`` and applied to the current
+parameters. The method (plain, staleness-aware η/τ, DC-ASGD) is a traced argument,
+so one compiled program serves every method, staleness and seed of a sweep.
+
+Compute times have mean 1 (the unit of simulated time is one mean gradient
+computation). Gradients older than the buffer (τ > K - 1) are dropped, as in
+Ringmaster ASGD; the schedule counts them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+
+from allreduce_jax.training import models
+
+#: Per-worker compute-time models, all with mean 1.
+COMPUTE_MODELS = ("constant", "exponential", "lognormal", "pareto", "slow")
+
+#: Methods of the async replay: the gradient transform applied before the optimizer.
+ASYNC_METHODS = ("async", "async_eta_tau", "dcasgd")
+
+#: DC-ASGD's λ (Zheng et al. 2017; MXNet's default).
+DC_LAMBDA = 0.04
+
+
+def draw_compute_times(model: str, rng: np.random.Generator, workers: np.ndarray) -> np.ndarray:
+  """One compute time per entry of ``workers`` (i32[...] worker ids), mean 1.
+
+  * ``constant``: 1.
+  * ``exponential``: Exp(mean 1).
+  * ``lognormal``: LogNormal(μ=-σ²/2, σ=0.5).
+  * ``pareto``: (Lomax(α=1.5) + 1) / 3 (Pareto with α=1.5, x_min=1/3: infinite variance).
+  * ``slow``: worker 0 takes 4x as long; all times are jittered by U(0.9, 1.1). Its
+    mean is not 1 (it is (N+3)/N); the others' is.
+
+  Example:
+    >>> t = draw_compute_times("exponential", np.random.default_rng(0), np.zeros(100_000, int))
+    >>> bool(abs(t.mean() - 1) < 0.02)
+    True
+  """
+  workers = np.asarray(workers)
+  shape = workers.shape
+  if model == "constant":
+    return np.ones(shape)
+  if model == "exponential":
+    return rng.exponential(1.0, shape)
+  if model == "lognormal":
+    return rng.lognormal(-0.125, 0.5, shape)
+  if model == "pareto":
+    return (rng.pareto(1.5, shape) + 1.0) / 3.0
+  if model == "slow":
+    return np.where(workers == 0, 4.0, 1.0) * rng.uniform(0.9, 1.1, shape)
+  raise ValueError(f"compute model {model!r} is not supported; expected one of {COMPUTE_MODELS}.")
+
+
+@dataclass(frozen=True)
+class AsyncSchedule:
+  """An async replay schedule of ``T`` applied updates.
+
+  ``staleness``: i32[T] (τ of update t); ``worker``: i32[T]; ``time``: f64[T] the
+  simulated time at which update t is applied; ``dropped``: gradients discarded
+  because they were staler than the buffer allows.
+  """
+
+  staleness: np.ndarray
+  worker: np.ndarray
+  time: np.ndarray
+  dropped: int = 0
+
+
+def fixed_tau_schedule(tau: int, n_updates: int) -> AsyncSchedule:
+  """Constant staleness τ: round-robin over ``τ + 1`` equally fast workers.
+
+  The first τ updates have staleness ``t`` (every worker started from ``w_0``);
+  afterwards every update is τ old. Time: unit compute, ``τ + 1`` workers.
+
+  Example:
+    >>> fixed_tau_schedule(2, 5).staleness.tolist()
+    [0, 1, 2, 2, 2]
+  """
+  if tau < 0:
+    raise ValueError(f"tau must be >= 0, got {tau}.")
+  if n_updates < 1:
+    raise ValueError(f"n_updates must be >= 1, got {n_updates}.")
+  t = np.arange(n_updates)
+  return AsyncSchedule(
+    staleness=np.minimum(t, tau).astype(np.int32),
+    worker=(t % (tau + 1)).astype(np.int32),
+    time=(t // (tau + 1) + 1).astype(np.float64),
+  )
+
+
+def event_schedule(
+  model: str, n_workers: int, n_updates: int, seed: int, max_staleness: int | None = None
+) -> AsyncSchedule:
+  """Event-driven async schedule from per-worker compute times.
+
+  All workers read ``w_0`` at time 0; whenever one finishes, its gradient is
+  applied (unless staler than ``max_staleness``: dropped), and it reads the new
+  parameters and starts again. Mean staleness in steady state is ``N - 1``.
+
+  Args:
+    model: a key of :data:`COMPUTE_MODELS`.
+    n_workers: N >= 1.
+    n_updates: number of applied updates to schedule.
+    seed: seed of the compute times (independent of data and init).
+    max_staleness: drop gradients with τ above this (``None``: keep all).
+
+  Returns:
+    An :class:`AsyncSchedule`.
+
+  Example:
+    >>> s = event_schedule("exponential", 8, 20_000, seed=0)
+    >>> bool(abs(s.staleness.mean() - 7) < 0.3)
+    True
+  """
+  if n_workers < 1:
+    raise ValueError(f"n_workers must be >= 1, got {n_workers}.")
+  if n_updates < 1:
+    raise ValueError(f"n_updates must be >= 1, got {n_updates}.")
+  rng = np.random.default_rng(seed)
+  ids = np.arange(n_workers)
+  # Draw times in blocks (vectorized); each worker consumes its own column.
+  block = max(64, 2 * n_updates // n_workers + 64)
+  times = draw_compute_times(model, rng, np.broadcast_to(ids, (block, n_workers)))
+  used = np.zeros(n_workers, np.int64)
+
+  def next_time(i: int) -> float:
+    nonlocal times
+    if used[i] >= times.shape[0]:
+      times = np.concatenate(
+        [times, draw_compute_times(model, rng, np.broadcast_to(ids, (block, n_workers)))]
+      )
+    v = times[used[i], i]
+    used[i] += 1
+    return float(v)
+
+  heap = [(next_time(i), i, 0) for i in range(n_workers)]  # (finish time, worker, version read)
+  heapq.heapify(heap)
+  stal = np.empty(n_updates, np.int32)
+  who = np.empty(n_updates, np.int32)
+  when = np.empty(n_updates, np.float64)
+  version, dropped = 0, 0
+  while version < n_updates:
+    t, i, read = heapq.heappop(heap)
+    tau = version - read
+    if max_staleness is not None and tau > max_staleness:
+      dropped += 1
+    else:
+      stal[version], who[version], when[version] = tau, i, t
+      version += 1
+    heapq.heappush(heap, (t + next_time(i), i, version))
+  return AsyncSchedule(staleness=stal, worker=who, time=when, dropped=dropped)
+
+
+@dataclass(frozen=True)
+class SyncSchedule:
+  """A synchronous schedule of ``S`` steps over a fixed pool of N workers.
+
+  ``mask``: f32[S, N], 1 for the ``N - b`` gradients kept (the fastest);
+  ``step_time``: f64[S] = the (N - b)-th fastest compute time + all-reduce time;
+  ``time``: f64[S] cumulative.
+  """
+
+  mask: np.ndarray
+  step_time: np.ndarray
+  time: np.ndarray
+
+
+def sync_schedule(
+  model: str, n_workers: int, n_steps: int, seed: int, backups: int = 0, allreduce_time: float = 0.0
+) -> SyncSchedule:
+  """Sync steps with ``b = backups`` backup workers (the slowest ``b`` dropped).
+
+  Convention: a fixed pool of N workers, each step waits for the fastest
+  ``N - b`` ("K-sync" with K = N - b); for Exp(1) compute times
+  ``E[step] = H_N - H_b``, so ``H_N`` with no backups.
+
+  Args:
+    model: a key of :data:`COMPUTE_MODELS`.
+    n_workers: N.
+    n_steps: S.
+    seed: seed of the compute times.
+    backups: b in ``0..N-1``.
+    allreduce_time: modelled all-reduce time per step, in mean-compute units.
+
+  Example:
+    >>> s = sync_schedule("constant", 4, 3, seed=0, backups=1, allreduce_time=0.5)
+    >>> s.step_time.tolist(), s.mask.sum(axis=1).tolist()
+    ([1.5, 1.5, 1.5], [3.0, 3.0, 3.0])
+  """
+  if n_workers < 1:
+    raise ValueError(f"n_workers must be >= 1, got {n_workers}.")
+  if not 0 <= backups < n_workers:
+    raise ValueError(f"backups must be in 0..{n_workers - 1} (n_workers - 1), got {backups}.")
+  if n_steps < 1:
+    raise ValueError(f"n_steps must be >= 1, got {n_steps}.")
+  if allreduce_time < 0:
+    raise ValueError(f"allreduce_time must be >= 0, got {allreduce_time}.")
+  rng = np.random.default_rng(seed)
+  ids = np.broadcast_to(np.arange(n_workers), (n_steps, n_workers))
+  t = draw_compute_times(model, rng, ids)  # f64[S, N]
+  order = np.argsort(t, axis=1, kind="stable")
+  kept = order[:, : n_workers - backups]
+  mask = np.zeros((n_steps, n_workers), np.float32)
+  np.put_along_axis(mask, kept, 1.0, axis=1)
+  step = np.take_along_axis(t, order[:, n_workers - backups - 1 : n_workers - backups], 1)[:, 0]
+  step = step + allreduce_time
+  return SyncSchedule(mask=mask, step_time=step, time=np.cumsum(step))
+
+
+def harmonic(n: int) -> float:
+  """``H_n = 1 + 1/2 + ... + 1/n`` (``H_0 = 0``)."""
+  return float(sum(1.0 / k for k in range(1, n + 1)))
+
+
+def make_replay(
+  graphdef: Any, rest: Any, tx: optax.GradientTransformation, buffer_size: int
+) -> Callable:
+  """Builds the jitted replay of a chunk of async updates over a parameter ring buffer.
+
+  The step, with ``K = buffer_size`` snapshots ``buf[v % K] = w_v``::
+
+    w_read = buf[(t - τ_t) % K]
+    g = ∇ loss(w_read; batch_t)
+    g = g + λ · g ⊙ g ⊙ (w_t - w_read)            # DC-ASGD (λ = 0 for the others)
+    g = g / max(τ_t, 1)                            # staleness-aware η/τ (if enabled)
+    w_{t+1} = w_t + tx.update(g)                   # padding steps (valid = 0) change nothing
+    buf[(t + 1) % K] = w_{t+1}
+
+  Args:
+    graphdef, rest: the model (from :func:`models.split`).
+    tx: the optax optimizer (its state is the server's).
+    buffer_size: K; staleness must stay below K.
+
+  Returns:
+    ``replay(state, x_all, y_all, tau, idx, valid, eta_tau, dc_lambda) -> (state,
+    losses)``. ``state = (params, opt_state, buf, t)`` (from :func:`init_state`);
+    ``tau``: i32[C]; ``idx``: i32[C, B]; ``valid``: f32[C]; ``eta_tau``: f32 scalar
+    (1: divide by max(τ, 1)); ``dc_lambda``: f32 scalar; ``losses``: f32[C] loss at
+    the stale parameters. One compile per (chunk length, batch size).
+  """
+  if buffer_size < 1:
+    raise ValueError(f"buffer_size must be >= 1, got {buffer_size}.")
+  K = buffer_size
+
+  def step(carry, inp, x_all, y_all, eta_tau, dc_lambda):
+    w, s, buf, t = carry
+    tau, ib, valid = inp
+    read = jax.tree.map(lambda b: b[(t - tau) % K], buf)
+    loss, g = jax.value_and_grad(lambda q: models.loss_fn(graphdef, q, rest, x_all[ib], y_all[ib]))(
+      read
+    )
+    g = jax.tree.map(lambda gi, wi, ri: gi + dc_lambda * gi * gi * (wi - ri), g, w, read)
+    scale = jnp.where(eta_tau > 0, 1.0 / jnp.maximum(tau, 1).astype(jnp.float32), 1.0)
+    g = jax.tree.map(lambda gi: gi * scale, g)
+    updates, s_new = tx.update(g, s, w)
+    w_new = optax.apply_updates(w, updates)
+    keep = valid > 0
+    w = jax.tree.map(lambda a, b: jnp.where(keep, a, b), w_new, w)
+    s = jax.tree.map(lambda a, b: jnp.where(keep, a, b), s_new, s)
+    t = t + keep.astype(jnp.int32)
+    buf = jax.tree.map(lambda b, a: b.at[t % K].set(a), buf, w)
+    return (w, s, buf, t), loss
+
+  @jax.jit
+  def replay(state, x_all, y_all, tau, idx, valid, eta_tau, dc_lambda):
+    body = lambda c, i: step(c, i, x_all, y_all, eta_tau, dc_lambda)  # noqa: E731
+    return lax.scan(body, state, (tau, idx, valid))
+
+  return replay
+
+
+def init_state(params: Any, tx: optax.GradientTransformation, buffer_size: int) -> tuple:
+  """``(params, opt_state, buf, t=0)`` with every snapshot of ``buf`` equal to ``params``."""
+  buf = jax.tree.map(lambda a: jnp.broadcast_to(a, (buffer_size, *a.shape)), params)
+  return (params, tx.init(params), buf, jnp.zeros((), jnp.int32))
+
+
+@dataclass(frozen=True)
+class AsyncResult:
+  """What an async replay produced: ``losses`` f32[T]; test accuracy after
+  ``eval_updates`` updates (0 = initial); ``diverged``: a non-finite loss was seen."""
+
+  losses: np.ndarray
+  eval_updates: list[int]
+  test_acc: list[float]
+  final_test_acc: float
+  diverged: bool
+  params: Any
+
+
+def run_async(
+  replay: Callable,
+  params: Any,
+  tx: optax.GradientTransformation,
+  data,
+  schedule: AsyncSchedule,
+  idx: np.ndarray,
+  *,
+  buffer_size: int,
+  method: str = "async",
+  chunk: int = 50,
+  evaluate: Callable[..., float],
+) -> AsyncResult:
+  """Replays ``schedule`` with ``replay`` (from :func:`make_replay`).
+
+  Args:
+    replay: the compiled replay (reuse it across runs: compiled once).
+    params: initial parameters.
+    tx: the optimizer ``replay`` was built with.
+    data: a :class:`~allreduce_jax.training.data.Digits`.
+    schedule: the async schedule (T updates).
+    idx: i32[T, B] the batch of each update.
+    buffer_size: the ``K`` of ``replay``.
+    method: one of :data:`ASYNC_METHODS`.
+    chunk: updates per call (fixed, the last chunk is padded, so one compile).
+    evaluate: ``evaluate(params, x, y) -> accuracy``, called after each chunk.
+
+  Returns:
+    An :class:`AsyncResult`.
+  """
+  if method not in ASYNC_METHODS:
+    raise ValueError(f"method={method!r} is not supported; expected one of {ASYNC_METHODS}.")
+  tau_all = np.asarray(schedule.staleness, np.int32)
+  T = tau_all.shape[0]
+  if idx.shape[0] != T:
+    raise ValueError(f"idx has {idx.shape[0]} batches for a schedule of {T} updates.")
+  if tau_all.max(initial=0) >= buffer_size:
+    raise ValueError(
+      f"schedule staleness reaches {int(tau_all.max())} but buffer_size={buffer_size}"
+      " keeps only staleness < buffer_size; drop stale gradients (max_staleness)."
+    )
+  if chunk < 1:
+    raise ValueError(f"chunk must be >= 1, got {chunk}.")
+  eta_tau = jnp.asarray(1.0 if method == "async_eta_tau" else 0.0, jnp.float32)
+  dc = jnp.asarray(DC_LAMBDA if method == "dcasgd" else 0.0, jnp.float32)
+  x_all, y_all = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
+  state = init_state(params, tx, buffer_size)
+  eval_updates, test_acc, losses = [0], [evaluate(params, data.x_test, data.y_test)], []
+  for start in range(0, T, chunk):
+    n = min(chunk, T - start)
+    pad = chunk - n
+    tau = np.pad(tau_all[start : start + n], (0, pad))
+    ib = np.pad(idx[start : start + n], ((0, pad), (0, 0)))
+    valid = np.pad(np.ones(n, np.float32), (0, pad))
+    state, chunk_losses = replay(
+      state, x_all, y_all, jnp.asarray(tau), jnp.asarray(ib), jnp.asarray(valid), eta_tau, dc
+    )
+    losses.append(np.asarray(chunk_losses)[:n])
+    eval_updates.append(start + n)
+    test_acc.append(evaluate(state[0], data.x_test, data.y_test))
+  losses = np.concatenate(losses)
+  return AsyncResult(
+    losses=losses,
+    eval_updates=eval_updates,
+    test_acc=test_acc,
+    final_test_acc=test_acc[-1],
+    diverged=bool(not np.isfinite(losses).all()),
+    params=state[0],
+  )

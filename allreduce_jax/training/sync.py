@@ -1,0 +1,301 @@
+"""Synchronous data-parallel SGD over the hand-written all-reduce.
+
+Each of the ``p`` participants of the ``data`` mesh axis holds its own copy of the
+parameters and optimizer state (a leading axis of size ``p``, sharded over
+``data``), takes its own shard of the global batch, computes its gradient, and
+averages gradients with :func:`allreduce_jax.all_reduce_tree` using any algorithm
+of ``ALGORITHMS``. Every participant then applies the same optax update to its
+own copy. Nothing forces the copies to agree except the all-reduce itself, so
+checking that they stay bitwise identical (:func:`replicas_identical`) checks the
+algorithm.
+
+Backup workers: a 0/1 mask per (step, participant) drops the slowest gradients;
+the update then averages the kept ones, ``psum(m * g) / psum(m)``.
+
+A chunk of steps runs as one ``lax.scan`` inside one ``jax.shard_map``: one
+compiled program per (mesh, chunk length).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from allreduce_jax import ALGORITHMS, _devices, all_reduce_tree
+from allreduce_jax.training import models
+
+
+def make_sync_chunk(
+  graphdef: Any,
+  rest: Any,
+  tx: optax.GradientTransformation,
+  mesh: jax.sharding.Mesh,
+  algorithm: str = "ring",
+  axis: str | tuple[str, ...] = "data",
+  bucket_bytes: int | None = None,
+  masked: bool = False,
+) -> Callable:
+  """Builds the jitted data-parallel training of a chunk of steps.
+
+  Per step and participant: ``g_i = ∇ loss(w_i; batch_i)``; then
+  ``g = all_reduce_tree(g_i, op="mean")`` (or ``sum(m_i g_i) / sum(m_i)`` when
+  ``masked``); then ``w_i <- w_i + tx.update(g, ...)`` on every participant.
+
+  Args:
+    graphdef: the model's graph definition (from :func:`models.split`).
+    rest: the model's non-parameter state.
+    tx: the optax optimizer.
+    mesh: a mesh with axis ``axis`` (e.g. from ``_devices.submesh``).
+    algorithm: a key of ``allreduce_jax.ALGORITHMS``.
+    axis: the data-parallel mesh axis, or a tuple of axes (their product; e.g.
+      ``("outer", "inner")`` for ``algorithm="hierarchical"``).
+    bucket_bytes: passed to ``all_reduce_tree`` (``None``: one fused bucket).
+    masked: whether a per-step participant mask selects the gradients kept.
+
+  Returns:
+    ``chunk(params, opt_state, x_all, y_all, idx, mask) -> (params, opt_state,
+    losses)`` where ``params``/``opt_state`` have a leading participant axis
+    (``T[p, ...]``, sharded over ``axis``), ``x_all``: f32[n, 64] and ``y_all``:
+    i32[n] are replicated, ``idx``: i32[steps, p * B] (sharded on its second
+    axis: participant ``i`` reads columns ``i*B:(i+1)*B``), ``mask``:
+    f32[steps, p] (ignored unless ``masked``), and ``losses``: f32[p, steps], the
+    (kept-worker) mean training loss seen by each participant.
+  """
+  if algorithm not in ALGORITHMS:
+    raise ValueError(
+      f"algorithm={algorithm!r} is not supported; expected one of {sorted(ALGORITHMS)}."
+    )
+
+  def per_device(params, opt_state, x_all, y_all, idx, mask):
+    # params leaves: T[1, ...]; idx: i32[steps, B]; mask: f32[steps, 1]
+    params = jax.tree.map(lambda a: a[0], params)
+    opt_state = jax.tree.map(lambda a: a[0], opt_state)
+
+    def step(carry, inp):
+      w, s = carry
+      ib, m = inp  # ib: i32[B], m: f32[1]
+      xb, yb = x_all[ib], y_all[ib]  # f32[B, 64], i32[B]
+      loss, g = jax.value_and_grad(lambda q: models.loss_fn(graphdef, q, rest, xb, yb))(w)
+      if masked:
+        m0 = m[0]
+        g = jax.tree.map(lambda a: a * m0, g)
+        tot = all_reduce_tree(
+          {"g": g, "loss": loss * m0, "kept": m0},
+          axis,
+          op="sum",
+          algorithm=algorithm,
+          bucket_bytes=bucket_bytes,
+        )
+        g = jax.tree.map(lambda a: a / tot["kept"], tot["g"])
+        loss = tot["loss"] / tot["kept"]
+      else:
+        avg = all_reduce_tree(
+          {"g": g, "loss": loss}, axis, op="mean", algorithm=algorithm, bucket_bytes=bucket_bytes
+        )
+        g, loss = avg["g"], avg["loss"]
+      updates, s = tx.update(g, s, w)
+      w = optax.apply_updates(w, updates)
+      return (w, s), loss
+
+    (params, opt_state), losses = lax.scan(step, (params, opt_state), (idx, mask))
+    stack = lambda t: jax.tree.map(lambda a: a[None], t)  # noqa: E731
+    return stack(params), stack(opt_state), losses[None]
+
+  fn = jax.shard_map(
+    per_device,
+    mesh=mesh,
+    in_specs=(P(axis), P(axis), P(), P(), P(None, axis), P(None, axis)),
+    out_specs=(P(axis), P(axis), P(axis)),
+  )
+  return jax.jit(fn)
+
+
+def participants(mesh: jax.sharding.Mesh, axis: str | tuple[str, ...] = "data") -> int:
+  """The number of participants along ``axis`` (a name or a tuple of names)."""
+  names = (axis,) if isinstance(axis, str) else tuple(axis)
+  return int(np.prod([mesh.shape[a] for a in names]))
+
+
+def replicate(tree: Any, mesh: jax.sharding.Mesh, axis: str | tuple[str, ...] = "data") -> Any:
+  """Stacks one copy of ``tree`` per participant: leaves ``T[...]`` -> ``T[p, ...]``."""
+  p = participants(mesh, axis)
+  sharding = NamedSharding(mesh, P(axis))
+
+  def one(a):
+    a = np.asarray(a)
+    return _devices.put(
+      (p, *a.shape), a.dtype, sharding, lambda index: np.broadcast_to(a, (p, *a.shape))[index]
+    )
+
+  return jax.tree.map(one, tree)
+
+
+def replicas_identical(stacked: Any) -> bool:
+  """Whether every participant's copy (row of the leading axis) is bitwise identical."""
+  for leaf in jax.tree.leaves(stacked):
+    a = _devices.fetch(leaf)
+    if not all(np.array_equal(a[k], a[0]) for k in range(1, a.shape[0])):
+      return False
+  return True
+
+
+def first_replica(stacked: Any) -> Any:
+  """Participant 0's copy as host arrays: ``T[p, ...]`` -> ``T[...]``."""
+  return jax.tree.map(lambda a: _devices.fetch(a)[0], stacked)
+
+
+@dataclass(frozen=True)
+class SyncResult:
+  """What a synchronous run produced.
+
+  ``losses``: f32[steps] training loss per step; ``eval_steps``/``test_acc``: test
+  accuracy after those many steps (0 = initial); ``params``: final parameters
+  (participant 0); ``replicas_identical``: checked after every chunk.
+  """
+
+  losses: np.ndarray
+  eval_steps: list[int]
+  test_acc: list[float]
+  final_test_acc: float
+  final_train_acc: float
+  replicas_identical: bool
+  params: Any
+
+
+def train_sync(
+  graphdef: Any,
+  params: Any,
+  rest: Any,
+  tx: optax.GradientTransformation,
+  data,
+  idx: np.ndarray,
+  *,
+  mesh: jax.sharding.Mesh,
+  algorithm: str = "ring",
+  mask: np.ndarray | None = None,
+  eval_every: int = 50,
+  bucket_bytes: int | None = None,
+  axis: str | tuple[str, ...] = "data",
+  chunk_fn: Callable | None = None,
+) -> SyncResult:
+  """Trains synchronously over ``mesh`` on the batches ``idx``.
+
+  Args:
+    graphdef, params, rest: the model (from :func:`models.split`).
+    tx: the optax optimizer.
+    data: a :class:`~allreduce_jax.training.data.Digits`.
+    idx: i32[steps, p * B] global batches (participant ``i`` takes block ``i``).
+    mesh: the data-parallel mesh (``p`` participants along ``axis``).
+    algorithm: the all-reduce algorithm (a key of ``ALGORITHMS``).
+    mask: optional f32[steps, p] of 0/1: the gradients kept at each step (backup
+      workers drop the slowest). Every step must keep at least one.
+    eval_every: steps per compiled chunk; test accuracy is measured after each.
+    bucket_bytes: passed to ``all_reduce_tree``.
+    axis: the mesh axis (or tuple of axes, as in :func:`make_sync_chunk`).
+    chunk_fn: a prebuilt :func:`make_sync_chunk` for this mesh/algorithm/masking,
+      reused across runs so it compiles once (built here if ``None``).
+
+  Returns:
+    A :class:`SyncResult`.
+
+  Raises:
+    ValueError: malformed ``idx``/``mask``/``eval_every``.
+    RuntimeError: participants' parameters stopped being identical.
+  """
+  p = participants(mesh, axis)
+  idx = np.asarray(idx, np.int32)
+  if idx.ndim != 2 or idx.shape[1] % p:
+    raise ValueError(f"idx must be i32[steps, p * B] with p={p}; got shape {idx.shape}.")
+  if eval_every < 1:
+    raise ValueError(f"eval_every must be >= 1, got {eval_every}.")
+  steps = idx.shape[0]
+  masked = mask is not None
+  if masked:
+    mask = np.asarray(mask, np.float32)
+    if mask.shape != (steps, p):
+      raise ValueError(f"mask must have shape (steps, p) = {(steps, p)}; got {mask.shape}.")
+    if (mask.sum(axis=1) < 1).any():
+      raise ValueError("mask must keep at least one participant per step.")
+  else:
+    mask = np.ones((steps, p), np.float32)
+  chunk = chunk_fn or make_sync_chunk(
+    graphdef, rest, tx, mesh, algorithm, axis, bucket_bytes, masked
+  )
+  rep = NamedSharding(mesh, P())
+  col = NamedSharding(mesh, P(None, axis))
+  x_all = _devices.put(data.x_train.shape, np.float32, rep, lambda i: data.x_train[i])
+  y_all = _devices.put(data.y_train.shape, np.int32, rep, lambda i: data.y_train[i])
+  w = replicate(params, mesh, axis)
+  s = replicate(tx.init(params), mesh, axis)
+  evaluate = make_evaluator(graphdef, rest)
+  eval_steps, test_acc, losses = [0], [evaluate(params, data.x_test, data.y_test)], []
+  identical = True
+  for start in range(0, steps, eval_every):
+    stop = min(start + eval_every, steps)
+    ib = _devices.put(
+      (stop - start, idx.shape[1]), np.int32, col, lambda i, a=idx[start:stop]: a[i]
+    )
+    mb = _devices.put((stop - start, p), np.float32, col, lambda i, a=mask[start:stop]: a[i])
+    w, s, chunk_losses = chunk(w, s, x_all, y_all, ib, mb)
+    losses.append(_devices.fetch(chunk_losses)[0])
+    identical = replicas_identical(w)
+    if not identical:
+      raise RuntimeError(f"participants' parameters differ after step {stop} ({algorithm=}).")
+    eval_steps.append(stop)
+    test_acc.append(evaluate(first_replica(w), data.x_test, data.y_test))
+  final = first_replica(w)
+  return SyncResult(
+    losses=np.concatenate(losses) if losses else np.zeros(0, np.float32),
+    eval_steps=eval_steps,
+    test_acc=test_acc,
+    final_test_acc=test_acc[-1],
+    final_train_acc=evaluate(final, data.x_train, data.y_train),
+    replicas_identical=identical,
+    params=final,
+  )
+
+
+def make_evaluator(graphdef: Any, rest: Any) -> Callable[..., float]:
+  """``evaluate(params, x, y) -> float`` test accuracy, jitted (one compile per shape)."""
+  acc = jax.jit(lambda w, x, y: models.accuracy(graphdef, w, rest, x, y))
+
+  def evaluate(params, x, y) -> float:
+    return float(acc(params, jnp.asarray(x), jnp.asarray(y)))
+
+  return evaluate
+
+
+def train_single_device(
+  graphdef: Any, params: Any, rest: Any, tx: optax.GradientTransformation, data, idx: np.ndarray
+) -> tuple[np.ndarray, Any]:
+  """The reference: plain single-device training on the full global batches ``idx``.
+
+  Returns ``(losses f32[steps], final params)``.
+  """
+
+  @jax.jit
+  def run(w, s, x_all, y_all, idx):
+    def step(carry, ib):
+      w, s = carry
+      loss, g = jax.value_and_grad(
+        lambda q: models.loss_fn(graphdef, q, rest, x_all[ib], y_all[ib])
+      )(w)
+      updates, s = tx.update(g, s, w)
+      return (optax.apply_updates(w, updates), s), loss
+
+    (w, s), losses = lax.scan(step, (w, s), idx)
+    return w, losses
+
+  w, losses = run(
+    params, tx.init(params), jnp.asarray(data.x_train), jnp.asarray(data.y_train), jnp.asarray(idx)
+  )
+  return np.asarray(losses), w
