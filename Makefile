@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/allreduce-jax verify --devices 8
+	$(BIN)/allreduce-jax report --devices 8
 
 test: $(STAMP)
 	$(BIN)/ruff check .
