@@ -118,11 +118,31 @@ def run(args: argparse.Namespace) -> int:
   t0 = time.perf_counter()
   print(f"# train {args.what}: {json.dumps(dataclasses.asdict(cfg))}", flush=True)
   if args.what == "sync":
-    rows = [ex.run_sync(cfg, seed) for seed in cfg.seeds]
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "sync.jsonl", "a") as f:
-      for row in rows:
-        f.write(json.dumps(row) + "\n")
+    import jax
+
+    # Resume: a seed already trained with this exact config is not trained again.
+    path = out / "sync.jsonl"
+    config = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    done = {}
+    if path.exists():
+      for line in path.read_text().splitlines():
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError:  # a half-written last line
+          continue
+        if row.get("config") == config:
+          done[row["seed"]] = row
+    rows = []
+    for seed in cfg.seeds:
+      if seed in done:
+        rows.append(done[seed])
+        continue
+      row = ex.run_sync(cfg, seed)
+      rows.append(row)
+      if jax.process_index() == 0:  # under `launch` every process holds the same rows
+        out.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+          f.write(json.dumps({**row, "process_count": jax.process_count()}) + "\n")
     for row in rows:
       print(
         f"seed {row['seed']}: test acc {row['final_test_acc']:.4f}, train acc"
