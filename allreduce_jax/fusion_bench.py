@@ -60,7 +60,7 @@ def transformer_shapes(
   Example:
     >>> s = transformer_shapes(layers=16)
     >>> len(s), sum(int(np.prod(v)) for v in s.values())
-    (196, 3558400)
+    (196, 3336448)
   """
   d, h = d_model, 4 * d_model
   shapes: dict[str, tuple[int, ...]] = {"wte": (vocab, d), "wpe": (context, d)}
