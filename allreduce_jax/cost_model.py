@@ -397,6 +397,63 @@ def choose(
   return candidates[min(range(len(candidates)), key=times.__getitem__)]
 
 
+def balance_bytes(algorithm: str, p: int, params: AnyParams | None = None) -> float:
+  """The size n* (bytes per participant) at which ``algorithm``'s latency term
+  α·steps equals its per-byte terms β·beta_bytes + γ·gamma_bytes.
+
+  Below n* the all-reduce is latency-bound (fewer steps win), above it
+  bandwidth-bound (fewer bytes win). For the ring, 2(p-1)α = 2(p-1)/p·n·β gives
+  n* = p·α/β (with γ = 0): it grows with p. ``inf`` when the per-byte terms are 0.
+
+  Example:
+    >>> balance_bytes("ring", 8, Params(5e-6, 1e-9, 0.0))  # 8 · 5 µs / (1 ns/B)
+    40000.0
+  """
+  q = resolve(params, algorithm)
+  s = schedule(algorithm, p, 1.0)  # steps are size-independent, bytes linear in n
+  per_byte = q.beta * s.beta_bytes + q.gamma * s.gamma_bytes
+  return math.inf if per_byte <= 0 else q.alpha * s.steps / per_byte
+
+
+def switch_points(
+  p: int,
+  params: AnyParams | None,
+  lo: float,
+  hi: float,
+  candidates: tuple[str, ...] = AUTO_CANDIDATES,
+  points: int = 200,
+) -> list[tuple[float, str, str]]:
+  """The sizes in ``[lo, hi]`` (bytes per participant) where :func:`choose`'s pick
+  changes, as ``(n, before, after)``: the crossover sizes of the α-β model.
+
+  A geometric grid of ``points`` sizes locates each change, then bisection (in
+  log size) pins it to within 0.1%.
+
+  Example:
+    >>> [(round(n, -3), a, b) for n, a, b in switch_points(
+    ...   8, Params(100e-6, 1e-9, 0.0), 1e3, 1e8, candidates=("ring", "recursive_doubling"))]
+    [(880000.0, 'recursive_doubling', 'ring')]
+  """
+  if not 0 < lo < hi:
+    raise ValueError(f"switch_points needs 0 < lo < hi, got lo={lo}, hi={hi}.")
+  grid = [lo * (hi / lo) ** (k / (points - 1)) for k in range(points)]
+  out = []
+  prev_n, prev = grid[0], choose(p, grid[0], params, candidates)
+  for n in grid[1:]:
+    best = choose(p, n, params, candidates)
+    if best != prev:
+      a, b = prev_n, n
+      while b / a > 1.001:
+        mid = math.sqrt(a * b)
+        if choose(p, mid, params, candidates) == prev:
+          a = mid
+        else:
+          b = mid
+      out.append((math.sqrt(a * b), prev, best))
+    prev_n, prev = n, best
+  return out
+
+
 @dataclass(frozen=True)
 class TwoLevel:
   """A machine of nodes with ``per_node`` devices: fast links inside a node
