@@ -381,7 +381,7 @@ def _key(r: dict) -> tuple:
   return (r["algorithm"], r["n_devices"], r["bytes"], r["dtype"], r["op"], r["backend"])
 
 
-_HEAD = (
+HEADER = (
   f"{'size(B)':>12} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>18}"
   f" {'time(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}"
   f" {'model(us)':>10} {'vs psum':>7}"
@@ -657,7 +657,7 @@ def run(args: argparse.Namespace) -> int:
       f" ({cost_model.default_fit_path()}); iters {args.iters}, warmup {args.warmup}",
       flush=True,
     )
-    print("# " + _HEAD.lstrip(), flush=True)
+    print("# " + HEADER.lstrip(), flush=True)
   rows_all: list[dict] = []
   bar = tqdm(
     total=len(sizes) * len(algorithms), file=sys.stderr, disable=None if main else True, leave=False

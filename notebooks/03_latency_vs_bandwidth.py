@@ -80,7 +80,7 @@ print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
 # %%
 sizes = bench.sweep_sizes(MIN_BYTES, MAX_BYTES, FACTOR, 4, DEVICES, uneven=not SMALL)
 rows = []
-print(bench._HEAD)
+print(bench.HEADER)
 for n in sizes:
   at_n = bench.measure_size(ALGORITHMS, DEVICES, n, iters=ITERS, warmup=WARMUP)
   psum_bw = next(r["busbw_gbps"] for r in at_n if r["algorithm"] == "psum")
