@@ -224,7 +224,7 @@ hd_steps = cost_model.schedule("halving_doubling", PS[-1], 1.0).steps
 
 def until(c):
   if c["ring_competitive_until"] is None:
-    return f"not even at p={PS[0]}"
+    return f"at no p (already not at p={PS[0]})"
   return f"up to p={c['ring_competitive_until']}"
 
 
