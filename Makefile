@@ -37,7 +37,7 @@ lab: $(STAMP)
 notebooks: $(STAMP)
 	mkdir -p results/report/notebooks
 	for nb in notebooks/[0-9][0-9]_*.py; do \
-	  $(BIN)/jupytext --to ipynb --execute "$$nb" -o results/report/notebooks/$$(basename "$$nb" .py).ipynb || exit 1; \
+	  ALLREDUCE_JAX_RESULTS=$(CURDIR)/results $(BIN)/jupytext --to ipynb --execute "$$nb" -o results/report/notebooks/$$(basename "$$nb" .py).ipynb || exit 1; \
 	done
 
 clean:

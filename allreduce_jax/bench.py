@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from allreduce_jax.cli import csv_list
+
 _UNITS = {
   "": 1,
   "b": 1,
@@ -568,14 +570,13 @@ def plot(rows: Sequence[dict], params, path, title: str = "") -> None:
 # ----------------------------------------------------------------------------------------
 
 
-def _csv(text: str) -> list[str]:
-  return [s.strip() for s in text.split(",") if s.strip()]
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--devices", type=int, default=8, help="emulated CPU devices (default 8)")
   parser.add_argument(
-    "--algorithms", type=_csv, default=None, help="comma-separated (default: all, psum included)"
+    "--algorithms",
+    type=csv_list,
+    default=None,
+    help="comma-separated (default: all, psum included)",
   )
   parser.add_argument("--min-bytes", default="1KiB", help="smallest size per participant")
   parser.add_argument("--max-bytes", default="64MiB", help="largest size per participant")

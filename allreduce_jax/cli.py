@@ -24,6 +24,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def csv_list(text: str) -> list[str]:
+  """``"ring, tree,"`` -> ``["ring", "tree"]``: the parser of comma-separated options."""
+  return [s.strip() for s in text.split(",") if s.strip()]
+
+
 def _installed(module: str) -> bool:
   try:
     return importlib.util.find_spec(module) is not None

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from allreduce_jax.cli import csv_list
+
 #: bucket label -> ``bucket_bytes`` of :func:`allreduce_jax.all_reduce_tree`.
 BUCKETS: dict[str, int | None] = {
   "per-leaf": 0,
@@ -237,18 +239,16 @@ def plot(rows: list[dict], path) -> None:
   plt.close(fig)
 
 
-def _csv(text: str) -> list[str]:
-  return [s.strip() for s in text.split(",") if s.strip()]
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--devices", type=int, default=8, help="emulated CPU devices (default 8)")
-  parser.add_argument("--algorithms", type=_csv, default=["ring", "psum"], help="default ring,psum")
-  parser.add_argument("--models", type=_csv, default=["cnn", "transformer"])
+  parser.add_argument(
+    "--algorithms", type=csv_list, default=["ring", "psum"], help="default ring,psum"
+  )
+  parser.add_argument("--models", type=csv_list, default=["cnn", "transformer"])
   parser.add_argument("--layers", type=int, default=16, help="transformer layers (12 leaves each)")
   parser.add_argument("--d-model", type=int, default=128, help="transformer width")
   parser.add_argument(
-    "--buckets", type=_csv, default=list(BUCKETS), help=f"some of {','.join(BUCKETS)}"
+    "--buckets", type=csv_list, default=list(BUCKETS), help=f"some of {','.join(BUCKETS)}"
   )
   parser.add_argument("--iters", type=int, default=7)
   parser.add_argument("--warmup", type=int, default=2)

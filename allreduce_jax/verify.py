@@ -28,6 +28,7 @@ from jax.sharding import PartitionSpec as P
 from allreduce_jax import _devices
 from allreduce_jax._api import ALGORITHMS, all_reduce
 from allreduce_jax._ops import OPS, get_op
+from allreduce_jax.cli import csv_list
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
 KINDS: tuple[str, ...] = ("verifiable", "random", "special")
@@ -244,34 +245,30 @@ def format_table(table: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def _csv(text: str) -> list[str]:
-  return [s.strip() for s in text.split(",") if s.strip()]
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--devices", type=int, default=8, help="emulated CPU devices (default 8)")
   parser.add_argument(
     "--algorithms",
-    type=_csv,
+    type=csv_list,
     default=None,
     help=f"comma-separated subset of {', '.join(ALGORITHMS)} (default: all)",
   )
   parser.add_argument(
     "--participants",
-    type=_csv,
+    type=csv_list,
     default=None,
     help="comma-separated participant counts (default: --devices)",
   )
-  parser.add_argument("--ops", type=_csv, default=list(OPS), help="default: sum,mean,max,min")
+  parser.add_argument("--ops", type=csv_list, default=list(OPS), help="default: sum,mean,max,min")
   parser.add_argument(
-    "--dtypes", type=_csv, default=list(DTYPES), help=f"default: {','.join(DTYPES)}"
+    "--dtypes", type=csv_list, default=list(DTYPES), help=f"default: {','.join(DTYPES)}"
   )
   parser.add_argument(
-    "--kinds", type=_csv, default=list(KINDS), help=f"input kinds (default: {','.join(KINDS)})"
+    "--kinds", type=csv_list, default=list(KINDS), help=f"input kinds (default: {','.join(KINDS)})"
   )
   parser.add_argument(
     "--shapes",
-    type=_csv,
+    type=csv_list,
     default=None,
     help="per-participant block shapes like 13,3x7 ('scalar' for 0-d; default: scalar,1,13,3x7)",
   )
