@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -284,9 +285,16 @@ def load_default_params() -> AnyParams:
   """Fitted parameters from :func:`default_fit_path` if that file exists and parses,
   else :data:`DEFAULT_PARAMS`."""
   path = default_fit_path()
+  if not Path(path).exists():
+    return DEFAULT_PARAMS
   try:
     return load_params(path)
-  except (OSError, ValueError, KeyError, TypeError):
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    import warnings
+
+    warnings.warn(
+      f"cost parameters in {path} could not be read ({e}); auto uses the defaults.", stacklevel=2
+    )
     return DEFAULT_PARAMS
 
 

@@ -158,3 +158,13 @@ def test_auto_runs_the_models_argmin(tmp_path, monkeypatch, params, nbytes):
 def test_auto_without_a_fit_file_uses_defaults(tmp_path, monkeypatch):
   monkeypatch.setenv(cost_model.FIT_ENV_VAR, str(tmp_path / "missing.json"))
   assert cost_model.load_default_params() is cost_model.DEFAULT_PARAMS
+
+
+def test_unreadable_fit_file_warns_and_falls_back(tmp_path, monkeypatch):
+  bad = tmp_path / "cost_params.json"
+  bad.write_text("{not json")
+  monkeypatch.setenv("ALLREDUCE_JAX_COST_PARAMS", str(bad))
+  with pytest.warns(UserWarning, match="could not be read"):
+    assert cost_model.load_default_params() == cost_model.DEFAULT_PARAMS
+  monkeypatch.setenv("ALLREDUCE_JAX_COST_PARAMS", str(tmp_path / "missing.json"))
+  assert cost_model.load_default_params() == cost_model.DEFAULT_PARAMS
