@@ -18,52 +18,27 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-ALGORITHMS: tuple[str, ...] = (
-  "ring",
-  "bidirectional_ring",
-  "tree",
-  "recursive_doubling",
-  "halving_doubling",
-  "naive",
-  "hierarchical",
-)
+from allreduce_jax.cost_model import AUTO_CANDIDATES
+
+#: Every hand-written algorithm: ``auto``'s candidates plus ``hierarchical``.
+ALGORITHMS: tuple[str, ...] = (*AUTO_CANDIDATES, "hierarchical")
 
 
 def audit_in_process(p: int, nbytes: int, algorithms=ALGORITHMS) -> list[dict]:
   """Compiles every algorithm on this process's first ``p`` devices; one row each."""
   import jax
-  import jax.numpy as jnp
-  from jax.sharding import PartitionSpec as P
 
   from allreduce_jax import _devices, cost_model, hlo
-  from allreduce_jax._api import all_reduce
 
   count = nbytes // 4
   rows = []
   for alg in algorithms:
     outer, inner = _devices.factor_2d(p)
-    if alg == "hierarchical":
-      if outer == 1:
-        continue
-      mesh, axis = _devices.submesh((outer, inner), ("outer", "inner")), ("outer", "inner")
-    else:
-      mesh, axis = _devices.submesh((p,), ("i",)), "i"
-    fn = jax.jit(
-      jax.shard_map(
-        lambda b, axis=axis, alg=alg: all_reduce(b[0], axis, algorithm=alg)[None],
-        mesh=mesh,
-        in_specs=P(axis),
-        out_specs=P(axis),
-      )
-    )
-    x = jax.ShapeDtypeStruct((p, count), jnp.float32, sharding=jax.NamedSharding(mesh, P(axis)))
-    t0 = time.perf_counter()
-    text = fn.lower(x).compile().as_text()
-    compile_s = time.perf_counter() - t0
-    a = hlo.audit(text)
+    if alg == "hierarchical" and outer == 1:
+      continue
+    a = hlo.audit_all_reduce(alg, p, count)
     s = cost_model.schedule(alg, p, nbytes, inner=inner if alg == "hierarchical" else None)
     rows.append(
       {
@@ -77,7 +52,7 @@ def audit_in_process(p: int, nbytes: int, algorithms=ALGORITHMS) -> list[dict]:
         "sent_over_n": a.max_sent_bytes / nbytes,
         "all_reduce_ops": a.counts["all-reduce"],
         "match": a.permutes == s.permutes and abs(a.max_sent_bytes - s.max_sent_bytes) <= 4 * p,
-        "compile_s": compile_s,
+        "compile_s": a.compile_s,
         "jax_version": jax.__version__,
       }
     )

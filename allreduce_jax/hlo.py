@@ -4,6 +4,7 @@ many bytes each participant sends through ``collective-permute``."""
 from __future__ import annotations
 
 import re
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ class CommAudit:
   Attributes:
     counts: collective op name -> number of ops (async ``-start``/``-done`` pairs
       count once, under the plain name).
+    compile_s: lowering + compile time, when :func:`audit_all_reduce` compiled it.
     permute_bytes: bytes of each ``collective-permute``'s payload, in program order.
     sent_bytes: device id -> bytes that device sends through collective-permutes.
   """
@@ -47,6 +49,7 @@ class CommAudit:
   counts: Counter = field(default_factory=Counter)
   permute_bytes: list[int] = field(default_factory=list)
   sent_bytes: dict[int, int] = field(default_factory=dict)
+  compile_s: float | None = None
 
   @property
   def permutes(self) -> int:
@@ -129,4 +132,7 @@ def audit_all_reduce(algorithm: str, p: int, n: int, dtype="float32") -> CommAud
       lambda b: all_reduce(b, axis, "sum", algorithm), mesh=mesh, in_specs=spec, out_specs=spec
     )
   )
-  return audit(compiled_text(f, x))
+  t0 = time.perf_counter()
+  result = audit(compiled_text(f, x))
+  result.compile_s = time.perf_counter() - t0
+  return result
