@@ -486,20 +486,22 @@ def fit_and_save(rows: Sequence[dict], path) -> tuple:
   return fitted, text, table
 
 
-def plot(rows: Sequence[dict], params, path, title: str = "") -> None:
+def plot(rows: Sequence[dict], params, path=None, title: str = ""):
   """Measured time vs size per algorithm (log-log) with the model overlaid; the
   latency-bound region (below ring's α/β balance point) shaded and the sizes where
-  the model's argmin changes marked."""
+  the model's argmin changes marked. Saves to ``path`` (and closes the figure), or
+  returns the figure when ``path`` is None (notebooks)."""
   import matplotlib
 
-  matplotlib.use("Agg")
+  if path is not None:
+    matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   from allreduce_jax import cost_model
 
   rows = [r for r in rows if r["n_devices"] > 1]
   if not rows:
-    return
+    return None
   p = rows[0]["n_devices"]
   fig, ax = plt.subplots(figsize=(9, 6))
   algs = sorted({r["algorithm"] for r in rows})
@@ -524,11 +526,8 @@ def plot(rows: Sequence[dict], params, path, title: str = "") -> None:
     if alg not in ("hierarchical",):
       pred = [cost_model.predict_us(alg, p, n, params) for n in sizes]
       ax.plot(sizes, pred, "--", color=color, alpha=0.6, lw=1)
-  ring = cost_model.resolve(params, "ring")
-  sched_1 = cost_model.schedule("ring", p, 1.0)
-  per_byte = ring.beta * sched_1.beta_bytes + ring.gamma * sched_1.gamma_bytes
-  if per_byte > 0:
-    n_star = ring.alpha * sched_1.steps / per_byte
+  n_star = cost_model.balance_bytes("ring", p, params)
+  if math.isfinite(n_star):
     ax.axvspan(sizes[0], max(min(n_star, sizes[-1]), sizes[0]), color="0.9", zorder=0)
     ax.axvline(n_star, color="0.5", lw=0.8)
     ax.text(
@@ -538,20 +537,16 @@ def plot(rows: Sequence[dict], params, path, title: str = "") -> None:
       fontsize=8,
       color="0.3",
     )
-  prev = None
-  for n in sizes:
-    best = cost_model.choose(p, n, params)
-    if prev is not None and best != prev:
-      ax.axvline(n, color="tab:red", ls=":", lw=1)
-      ax.text(
-        n,
-        max(r["time_us"] for r in rows),
-        f" {prev}→{best}\n {format_size(int(n))}",
-        fontsize=7,
-        color="tab:red",
-        va="top",
-      )
-    prev = best
+  for n, before, after in cost_model.switch_points(p, params, sizes[0], sizes[-1]):
+    ax.axvline(n, color="tab:red", ls=":", lw=1)
+    ax.text(
+      n,
+      max(r["time_us"] for r in rows),
+      f" {before}→{after}\n {format_size(int(n))}",
+      fontsize=7,
+      color="tab:red",
+      va="top",
+    )
   ax.set_xscale("log", base=2)
   ax.set_yscale("log")
   ax.set_xlabel("bytes per participant")
@@ -560,9 +555,12 @@ def plot(rows: Sequence[dict], params, path, title: str = "") -> None:
   ax.legend(fontsize=8)
   ax.grid(True, which="both", alpha=0.3)
   fig.tight_layout()
+  if path is None:
+    return fig
   Path(path).parent.mkdir(parents=True, exist_ok=True)
   fig.savefig(path, dpi=120)
   plt.close(fig)
+  return None
 
 
 # ----------------------------------------------------------------------------------------

@@ -129,33 +129,9 @@ print()
 print(fit_text)
 
 # %%
-grid = np.geomspace(sizes[0], sizes[-1], 100)
-colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-fig, ax = plt.subplots(figsize=(7, 4.5))
-for k, alg in enumerate(ALGORITHMS):
-  mine = [r for r in rows if r["algorithm"] == alg]
-  ax.errorbar(
-    [r["bytes"] for r in mine],
-    [r["time_us"] for r in mine],
-    yerr=[
-      [r["time_us"] - r["time_us_min"] for r in mine],
-      [r["time_us_max"] - r["time_us"] for r in mine],
-    ],
-    fmt="o",
-    ms=4,
-    capsize=2,
-    color=colors[k],
-    label=f"{alg} (measured)",
-  )
-  pred = [cost_model.predict_us(alg, DEVICES, n, fitted) for n in grid]
-  ax.plot(grid, pred, "--", color=colors[k], lw=1)
-ax.set_xscale("log", base=2)
-ax.set_yscale("log")
-ax.set_xlabel("bytes per participant")
-ax.set_ylabel("time (µs): median, bars min–max; dashed: fitted model")
-ax.set_title(f"all-reduce time vs size, p={DEVICES}")
-ax.grid(True, which="both", alpha=0.3)
-ax.legend(fontsize=7)
+# bench.plot: measured medians with min-max bars, the fitted model dashed, the ring's
+# latency-bound region shaded and the model's switch points marked.
+bench.plot(rows, fitted, title=f"all-reduce time vs size, p={DEVICES}")
 plt.show()
 
 # %% [markdown]
