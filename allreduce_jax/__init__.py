@@ -3,10 +3,18 @@
 Nothing here touches a device at import time.
 """
 
-from allreduce_jax._api import ALGORITHMS, all_reduce
+from allreduce_jax._api import ALGORITHMS, Algorithm, all_reduce, register
 from allreduce_jax._ops import OPS
 from allreduce_jax.fusion import all_reduce_tree, plan_buckets
 
 __version__ = "0.1.0"
 
-__all__ = ["ALGORITHMS", "OPS", "all_reduce", "all_reduce_tree", "plan_buckets"]
+__all__ = [
+  "ALGORITHMS",
+  "OPS",
+  "Algorithm",
+  "all_reduce",
+  "all_reduce_tree",
+  "plan_buckets",
+  "register",
+]

@@ -8,12 +8,13 @@ finalizes (``mean``) and restores the shape.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from allreduce_jax import _comm
+from allreduce_jax import _comm, cost_model
 from allreduce_jax._comm import AxisName
 from allreduce_jax._hierarchical import hierarchical
 from allreduce_jax._naive import naive
@@ -49,18 +50,160 @@ def auto(flat: jax.Array, axis_name: AxisName, combine) -> jax.Array:
   return ALGORITHMS[choice](flat, axis_name, combine)
 
 
-#: name -> per-shard function ``(flat: T[n], axis_name, combine) -> T[n]``.
-ALGORITHMS: dict[str, Callable[..., jax.Array]] = {
-  "ring": ring,
-  "bidirectional_ring": bidirectional_ring,
-  "tree": tree,
-  "recursive_doubling": recursive_doubling,
-  "halving_doubling": halving_doubling,
-  "naive": naive,
-  "hierarchical": hierarchical,
-  "psum": xla_psum,
-  "auto": auto,
-}
+#: A per-shard all-reduce: ``fn(flat: T[n], axis_name, combine) -> T[n]``.
+ShardFn = Callable[[jax.Array, AxisName, Callable], jax.Array]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+  """One registry record: everything a consumer needs to know about an algorithm.
+
+  Tools, tests, the report and the notebooks derive every subset of algorithms
+  from these fields; nothing outside this module special-cases a name.
+
+  Attributes:
+    name: the registry key (``all_reduce(..., algorithm=name)``).
+    fn: the per-shard function ``fn(flat: T[n], axis_name, combine) -> T[n]``.
+    axes: how many mesh axes it takes: 1 means one axis name (or a tuple of names
+      treated as their product, like ``lax.psum``); k > 1 means a tuple of at least
+      k names, one per level, outer first (``hierarchical``: ``(outer, inner)``);
+      ``mesh_for`` builds a k-axis mesh for it.
+    hand_written: False for XLA's own collective (the reference).
+    auto: a candidate for ``algorithm="auto"`` (needs ``axes == 1`` and ``schedule``).
+    schedule: the closed-form cost, ``schedule(p, n_bytes, inner) -> cost_model.Schedule``
+      (``inner`` = the inner axis size for multi-axis algorithms); None: not priced.
+    messages: the step generator for topology replay, ``messages(sizes) -> steps``:
+      ``sizes`` are the mesh axis sizes (``(p,)`` for one axis), each step is a list of
+      ``(src, dst, fraction_of_n)`` with participants numbered in mesh (row-major)
+      order; it must equal the schedule traced from ``fn``. None: not replayable.
+    summary: one line for ``--help`` and tables.
+  """
+
+  name: str
+  fn: ShardFn
+  axes: int = 1
+  hand_written: bool = True
+  auto: bool = True
+  schedule: Callable[..., cost_model.Schedule] | None = None
+  messages: Callable[[tuple[int, ...]], list[list[tuple[int, int, float]]]] | None = None
+  summary: str = ""
+
+  def __call__(self, flat: jax.Array, axis_name: AxisName, combine) -> jax.Array:
+    return self.fn(flat, axis_name, combine)
+
+
+#: name -> :class:`Algorithm` record. :func:`register` adds one.
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register(record: Algorithm, *, replace: bool = False) -> Algorithm:
+  """Adds ``record`` to :data:`ALGORITHMS`; verify, bench, audit, scaling and the
+  report pick it up from there with no other change.
+
+  Example:
+    >>> from allreduce_jax import ALGORITHMS, Algorithm, register
+    >>> def via_psum(flat, axis_name, combine):  # flat: T[n]
+    ...   return ALGORITHMS["psum"](flat, axis_name, combine)
+    >>> _ = register(Algorithm("my_psum", via_psum, auto=False, summary="a toy"))
+    >>> "my_psum" in ALGORITHMS
+    True
+    >>> del ALGORITHMS["my_psum"]
+  """
+  if not isinstance(record, Algorithm):
+    raise TypeError(f"register expects an Algorithm record, got {type(record).__name__}.")
+  if not record.name or not isinstance(record.name, str):
+    raise ValueError(f"Algorithm.name must be a non-empty str, got {record.name!r}.")
+  if record.name in ALGORITHMS and not replace:
+    raise ValueError(f"algorithm {record.name!r} is already registered (pass replace=True).")
+  if record.axes < 1:
+    raise ValueError(f"Algorithm.axes must be at least 1, got {record.axes}.")
+  if record.auto and (record.axes != 1 or record.schedule is None):
+    raise ValueError(
+      f"algorithm {record.name!r}: auto=True needs axes=1 and a schedule (the cost model)."
+    )
+  ALGORITHMS[record.name] = record
+  return record
+
+
+def names(
+  *,
+  axes: int | None = None,
+  hand_written: bool | None = None,
+  auto: bool | None = None,
+  priced: bool | None = None,
+) -> tuple[str, ...]:
+  """Registry keys filtered by record fields, in registration order.
+
+  Example:
+    >>> names(axes=1, hand_written=True)[:3]
+    ('ring', 'bidirectional_ring', 'tree')
+  """
+  return tuple(
+    r.name
+    for r in ALGORITHMS.values()
+    if (axes is None or r.axes == axes)
+    and (hand_written is None or r.hand_written == hand_written)
+    and (auto is None or r.auto == auto)
+    and (priced is None or (r.schedule is not None) == priced)
+  )
+
+
+for _record in (
+  Algorithm(
+    "ring",
+    ring,
+    schedule=cost_model.ring_schedule,
+    summary="reduce-scatter + all-gather around a ring, 2(p-1) steps",
+  ),
+  Algorithm(
+    "bidirectional_ring",
+    bidirectional_ring,
+    schedule=cost_model.bidirectional_ring_schedule,
+    summary="two rings in opposite directions, half the buffer each",
+  ),
+  Algorithm(
+    "tree",
+    tree,
+    schedule=cost_model.tree_schedule,
+    summary="binomial reduce to a root, then binomial broadcast",
+  ),
+  Algorithm(
+    "recursive_doubling",
+    recursive_doubling,
+    schedule=cost_model.recursive_doubling_schedule,
+    summary="lg p full-buffer exchanges with XOR partners",
+  ),
+  Algorithm(
+    "halving_doubling",
+    halving_doubling,
+    schedule=cost_model.halving_doubling_schedule,
+    summary="Rabenseifner: recursive-halving RS + recursive-doubling AG",
+  ),
+  Algorithm(
+    "naive",
+    naive,
+    schedule=cost_model.naive_schedule,
+    summary="parameter server: everyone to a root and back",
+  ),
+  Algorithm(
+    "hierarchical",
+    hierarchical,
+    axes=2,
+    auto=False,
+    schedule=cost_model.hierarchical_schedule,
+    summary="ring RS inside, all-reduce across on 1/a, AG inside",
+  ),
+  Algorithm(
+    "psum",
+    xla_psum,
+    hand_written=False,
+    auto=False,
+    schedule=cost_model.ring_schedule,
+    summary="XLA's own collective (the reference)",
+  ),
+  Algorithm("auto", auto, auto=False, summary="the cost model's choice for this p and size"),
+):
+  register(_record)
 
 
 def _check_algorithm(algorithm: str) -> None:
@@ -71,12 +214,12 @@ def _check_algorithm(algorithm: str) -> None:
 
 
 def _check_axis_name(axis_name: AxisName, algorithm: str) -> None:
-  names = _comm.axes_tuple(axis_name)
-  if not names or not all(isinstance(a, str) for a in names):
+  axes = _comm.axes_tuple(axis_name)
+  if not axes or not all(isinstance(a, str) for a in axes):
     raise TypeError(f"axis_name={axis_name!r} must be a mesh axis name (str) or a tuple of names.")
-  if len(set(names)) != len(names):
+  if len(set(axes)) != len(axes):
     raise ValueError(f"axis_name={axis_name!r} names the same axis twice.")
-  for a in names:
+  for a in axes:
     try:
       lax.axis_size(a)
     except NameError:
@@ -88,10 +231,11 @@ def _check_axis_name(axis_name: AxisName, algorithm: str) -> None:
         f"axis_name {a!r} is not bound here; all_reduce must run inside"
         f" jax.shard_map over a mesh with that axis. Bound axes: {bound}."
       ) from None
-  if algorithm == "hierarchical" and (not isinstance(axis_name, (tuple, list)) or len(names) != 2):
+  k = ALGORITHMS[algorithm].axes
+  if k > 1 and (not isinstance(axis_name, (tuple, list)) or len(axes) < k):
     raise ValueError(
-      f"algorithm='hierarchical' needs axis_name=(outer, inner), a tuple of two mesh"
-      f" axis names; got {axis_name!r}."
+      f"algorithm={algorithm!r} needs axis_name as a tuple of at least {k} mesh axis names"
+      f" (outer first, e.g. (outer, inner)); got {axis_name!r}."
     )
 
 
@@ -139,11 +283,12 @@ def all_reduce(
   _check_axis_name(axis_name, algorithm)
   p = _comm.size(axis_name)
   flat = x.reshape(-1)  # T[n]
-  if algorithm != "psum":
+  record = ALGORITHMS[algorithm]
+  if record.hand_written:
     flat = _comm.make_varying(flat, axis_name)
-  if p > 1 or algorithm == "psum":
+  if p > 1 or not record.hand_written:
     flat = ALGORITHMS[algorithm](flat, axis_name, reduction.combine)
   return reduction.finalize(flat, p).reshape(x.shape)
 
 
-__all__ = ["ALGORITHMS", "OPS", "all_reduce"]
+__all__ = ["ALGORITHMS", "OPS", "Algorithm", "all_reduce", "names", "register"]

@@ -105,3 +105,39 @@ def fetch(x: jax.Array) -> np.ndarray:
   from jax.experimental import multihost_utils
 
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def mesh_for(algorithm: str, p: int) -> tuple[Mesh, str | tuple[str, ...]]:
+  """The mesh and axis name to run ``algorithm`` on ``p`` devices: the one place that
+  turns a registry record's ``axes`` into a mesh.
+
+  One-axis algorithms get a 1-D mesh ``("i",)``; a k-axis one gets a k-D mesh
+  ``("a0", ..., "a{k-1}")`` (outer first) from :func:`factor_axes`, and the tuple
+  of its names. Returns ``(mesh, axis_name)``; the per-device spec is
+  ``P(axis_name)`` either way.
+  """
+  from allreduce_jax._api import ALGORITHMS
+
+  if algorithm not in ALGORITHMS:
+    raise ValueError(f"algorithm={algorithm!r} is not one of {sorted(ALGORITHMS)}.")
+  k = ALGORITHMS[algorithm].axes
+  if k == 1:
+    return submesh((p,), ("i",)), "i"
+  shape = factor_axes(p, k)
+  axis_names = ("outer", "inner") if k == 2 else tuple(f"a{d}" for d in range(k))
+  return submesh(shape, axis_names), axis_names
+
+
+def factor_axes(p: int, k: int) -> tuple[int, ...]:
+  """``p`` as a product of ``k`` factors, outer first, as even as the divisors allow
+  (a prime leaves 1s outside): (8, 2) -> (2, 4), (8, 3) -> (2, 2, 2), (5, 2) -> (1, 5)."""
+  if k == 1:
+    return (p,)
+  outer, rest = factor_2d(p) if k == 2 else (_smallest_factor(p), None)
+  if k == 2:
+    return (outer, rest)
+  return (outer, *factor_axes(p // outer, k - 1))
+
+
+def _smallest_factor(p: int) -> int:
+  return next((d for d in range(2, int(p**0.5) + 1) if p % d == 0), 1 if p == 1 else p)

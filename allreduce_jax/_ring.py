@@ -11,7 +11,7 @@ directly. ``python experiments/ring_loop_choice.py`` measured, on 8 emulated CPU
 devices, the unrolled ring 2-13% faster than the ``fori_loop`` form at 4 KiB, 1 MiB
 and 16 MiB (median 1837 vs 1883 µs, 4987 vs 5341 µs, 58.7 vs 67.4 ms), for 0.28-0.35 s
 of compile time against 0.21 s. Compile time grows linearly with p: 1.2 s at p = 64
-(``python -m allreduce_jax.audit --ps 64``).
+(``python -m allreduce_jax.tools.audit --ps 64``).
 """
 
 from __future__ import annotations

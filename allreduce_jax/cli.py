@@ -12,21 +12,7 @@ import importlib
 import importlib.util
 import sys
 
-# subcommand -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-  "verify": ("allreduce_jax.verify", "check every algorithm against XLA's collectives"),
-  "bench": ("allreduce_jax.bench", "nccl-tests-style bandwidth sweep (algbw/busbw)"),
-  "fusion": ("allreduce_jax.fusion_bench", "per-leaf vs bucketed all-reduce of a pytree"),
-  "scaling": ("allreduce_jax.scaling", "predicted all-reduce time up to thousands of nodes"),
-  "train": ("allreduce_jax.training.cli", "data-parallel training: sync vs async SGD"),
-  "report": ("allreduce_jax.report", "run everything and write results/report/REPORT.md"),
-  "launch": ("allreduce_jax.launch", "run a subcommand on n local jax.distributed processes"),
-}
-
-
-def csv_list(text: str) -> list[str]:
-  """``"ring, tree,"`` -> ``["ring", "tree"]``: the parser of comma-separated options."""
-  return [s.strip() for s in text.split(",") if s.strip()]
+from allreduce_jax.tools import COMMANDS
 
 
 def _installed(module: str) -> bool:
@@ -36,17 +22,13 @@ def _installed(module: str) -> bool:
     return False
 
 
-def _available() -> dict[str, tuple[str, str]]:
-  return {name: spec for name, spec in COMMANDS.items() if _installed(spec[0])}
-
-
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
     prog="allreduce-jax",
     description="See, measure and reuse all-reduce in JAX.",
   )
   sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-  for name, (_, help_text) in _available().items():
+  for name, (_, help_text) in COMMANDS.items():
     sub.add_parser(name, help=help_text, description=help_text, add_help=False)
   return parser
 
@@ -58,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.parse_args(argv)  # prints help / usage errors
     return 2
   name = argv[0]
-  if name not in _available():
+  if name not in COMMANDS or not _installed(COMMANDS[name][0]):
     parser.parse_args(argv)  # "invalid choice" with the list of commands
     return 2
   module = importlib.import_module(COMMANDS[name][0])

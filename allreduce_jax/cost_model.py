@@ -68,15 +68,80 @@ def _ring(p: int, n: float, directions: int = 1) -> Schedule:
   return Schedule(2 * (p - 1), 2 * share / directions, share, 2 * (p - 1) * directions, 2 * share)
 
 
+def _empty() -> Schedule:
+  return Schedule(0, 0.0, 0.0, 0, 0.0)
+
+
+def ring_schedule(p: int, n: float, inner: int | None = None) -> Schedule:
+  """Ring (and XLA's ``psum``, modelled as a ring): 2(p-1) steps of n/p bytes."""
+  return _ring(p, n)
+
+
+def bidirectional_ring_schedule(p: int, n: float, inner: int | None = None) -> Schedule:
+  """Two rings in opposite directions on half the buffer each."""
+  return _ring(p, n, directions=2)
+
+
+def recursive_doubling_schedule(p: int, n: float, inner: int | None = None) -> Schedule:
+  """lg p full-buffer exchanges (+2 for MPICH's fold when p is not a power of two)."""
+  L, fold = _pof2(p).bit_length() - 1, int(p != _pof2(p))
+  return Schedule(L + 2 * fold, n * (L + 2 * fold), n * (L + fold), L + 2 * fold, n * (L + fold))
+
+
+def halving_doubling_schedule(p: int, n: float, inner: int | None = None) -> Schedule:
+  """Rabenseifner: recursive-halving reduce-scatter + recursive-doubling all-gather."""
+  pof2 = _pof2(p)
+  L, fold = pof2.bit_length() - 1, int(p != pof2)
+  share = (pof2 - 1) / pof2 * n
+  return Schedule(
+    2 * L + 2 * fold,
+    2 * share + 2 * fold * n,
+    share + fold * n,
+    2 * L + 2 * fold,
+    2 * share + fold * n,
+  )
+
+
+def tree_schedule(p: int, n: float, inner: int | None = None) -> Schedule:
+  """Binomial reduce then broadcast: 2⌈lg p⌉ full-buffer steps."""
+  d = _lg(p)
+  return Schedule(2 * d, 2 * d * n, d * n, 2 * d, d * n)
+
+
+def naive_schedule(p: int, n: float, inner: int | None = None) -> Schedule:
+  """Parameter server: p-1 full buffers in and out of the root's link."""
+  return Schedule(2 * (p - 1), 2 * (p - 1) * n, (p - 1) * n, 2 * (p - 1), (p - 1) * n)
+
+
+def hierarchical_schedule(p: int, n: float, inner: int | None = None) -> Schedule:
+  """Ring reduce-scatter over the inner a, ring all-reduce of n/a over the outer b."""
+  if inner is None or inner < 1 or p % inner:
+    raise ValueError(f"hierarchical needs inner dividing p={p}; got inner={inner}.")
+  a, b = inner, p // inner
+  rs = Schedule(a - 1, (a - 1) / a * n, (a - 1) / a * n, a - 1, (a - 1) / a * n)
+  outer = _ring(b, n / a) if b > 1 else _empty()
+  return Schedule(
+    2 * rs.steps + outer.steps,
+    2 * rs.beta_bytes + outer.beta_bytes,
+    rs.gamma_bytes + outer.gamma_bytes,
+    2 * rs.permutes + outer.permutes,
+    2 * rs.max_sent_bytes + outer.max_sent_bytes,
+  )
+
+
 def schedule(algorithm: str, p: int, n: float, inner: int | None = None) -> Schedule:
   """The closed-form schedule of ``algorithm`` on ``p`` participants, ``n`` bytes each.
 
+  The formula is the ``schedule`` field of the algorithm's registry record
+  (``ALGORITHMS[algorithm].schedule``), so an algorithm a user registers is priced
+  like the built-in ones.
+
   Args:
-    algorithm: a key of ``ALGORITHMS`` (``psum`` is modelled as a ring, which is
-      what XLA:CPU and NCCL use for large buffers).
+    algorithm: a key of ``ALGORITHMS`` whose record has a ``schedule``.
     p: participant count.
     n: bytes per participant.
-    inner: for ``hierarchical``, the size a of the inner (fast) level; p = a·b.
+    inner: for multi-axis algorithms (``hierarchical``), the size a of the inner
+      (fast) level; p = a·b.
 
   Returns:
     A :class:`Schedule`.
@@ -86,46 +151,16 @@ def schedule(algorithm: str, p: int, n: float, inner: int | None = None) -> Sche
     >>> s.steps, s.beta_bytes, s.max_sent_bytes
     (14, 1792.0, 1792.0)
   """
+  from allreduce_jax._api import ALGORITHMS  # lazy: _api imports this module
+
   if p < 1:
     raise ValueError(f"p must be at least 1, got {p}.")
+  record = ALGORITHMS.get(algorithm)
+  if record is None or record.schedule is None:
+    raise ValueError(f"algorithm={algorithm!r} has no cost model.")
   if p == 1:
-    return Schedule(0, 0.0, 0.0, 0, 0.0)
-  if algorithm in ("ring", "psum"):
-    return _ring(p, n)
-  if algorithm == "bidirectional_ring":
-    return _ring(p, n, directions=2)
-  pof2 = _pof2(p)
-  L, fold = pof2.bit_length() - 1, int(p != pof2)
-  if algorithm == "recursive_doubling":
-    return Schedule(L + 2 * fold, n * (L + 2 * fold), n * (L + fold), L + 2 * fold, n * (L + fold))
-  if algorithm == "halving_doubling":
-    share = (pof2 - 1) / pof2 * n
-    return Schedule(
-      2 * L + 2 * fold,
-      2 * share + 2 * fold * n,
-      share + fold * n,
-      2 * L + 2 * fold,
-      2 * share + fold * n,
-    )
-  if algorithm == "tree":
-    d = _lg(p)
-    return Schedule(2 * d, 2 * d * n, d * n, 2 * d, d * n)
-  if algorithm == "naive":
-    return Schedule(2 * (p - 1), 2 * (p - 1) * n, (p - 1) * n, 2 * (p - 1), (p - 1) * n)
-  if algorithm == "hierarchical":
-    if inner is None or inner < 1 or p % inner:
-      raise ValueError(f"hierarchical needs inner dividing p={p}; got inner={inner}.")
-    a, b = inner, p // inner
-    rs = Schedule(a - 1, (a - 1) / a * n, (a - 1) / a * n, a - 1, (a - 1) / a * n)
-    outer = _ring(b, n / a) if b > 1 else Schedule(0, 0.0, 0.0, 0, 0.0)
-    return Schedule(
-      2 * rs.steps + outer.steps,
-      2 * rs.beta_bytes + outer.beta_bytes,
-      rs.gamma_bytes + outer.gamma_bytes,
-      2 * rs.permutes + outer.permutes,
-      2 * rs.max_sent_bytes + outer.max_sent_bytes,
-    )
-  raise ValueError(f"algorithm={algorithm!r} has no cost model.")
+    return _empty()
+  return record.schedule(p, n, inner)
 
 
 def predict_seconds(
@@ -160,17 +195,14 @@ def lower_bound_seconds(p: int, n: float, params: Params) -> float:
 # Fitted parameters, presets, two-level machines and the NCCL-style argmin.
 # ----------------------------------------------------------------------------------------
 
-#: Algorithms :func:`choose` (and ``algorithm="auto"``) picks from: the hand-written
-#: single-axis ones. ``hierarchical`` needs two mesh axes and ``psum`` is the reference,
-#: so neither is a candidate for a single axis name.
-AUTO_CANDIDATES: tuple[str, ...] = (
-  "ring",
-  "bidirectional_ring",
-  "tree",
-  "recursive_doubling",
-  "halving_doubling",
-  "naive",
-)
+
+def auto_candidates() -> tuple[str, ...]:
+  """Algorithms :func:`choose` (and ``algorithm="auto"``) picks from: the registry
+  records with ``auto=True`` (hand-written, single-axis, with a cost model)."""
+  from allreduce_jax._api import ALGORITHMS
+
+  return tuple(name for name, r in ALGORITHMS.items() if r.auto)
+
 
 #: Where ``algorithm="auto"`` looks for fitted parameters: the file named by this
 #: environment variable, else :data:`DEFAULT_FIT_PATH` (relative to the working
@@ -386,7 +418,7 @@ def choose(
   p: int,
   nbytes: float,
   params: AnyParams | None = None,
-  candidates: tuple[str, ...] = AUTO_CANDIDATES,
+  candidates: tuple[str, ...] | None = None,
 ) -> str:
   """NCCL-style selection: the candidate with the smallest predicted time.
 
@@ -399,6 +431,7 @@ def choose(
     >>> choose(8, 64 << 20, Params(1e-6, 1e-9, 1e-9))  # bandwidth-bound
     'bidirectional_ring'
   """
+  candidates = auto_candidates() if candidates is None else tuple(candidates)
   if not candidates:
     raise ValueError("choose needs at least one candidate algorithm.")
   times = [predict_seconds(a, p, nbytes, resolve(params, a)) for a in candidates]
@@ -428,7 +461,7 @@ def switch_points(
   params: AnyParams | None,
   lo: float,
   hi: float,
-  candidates: tuple[str, ...] = AUTO_CANDIDATES,
+  candidates: tuple[str, ...] | None = None,
   points: int = 200,
 ) -> list[tuple[float, str, str]]:
   """The sizes in ``[lo, hi]`` (bytes per participant) where :func:`choose`'s pick
@@ -444,6 +477,7 @@ def switch_points(
   """
   if not 0 < lo < hi:
     raise ValueError(f"switch_points needs 0 < lo < hi, got lo={lo}, hi={hi}.")
+  candidates = auto_candidates() if candidates is None else tuple(candidates)
   grid = [lo * (hi / lo) ** (k / (points - 1)) for k in range(points)]
   out = []
   prev_n, prev = grid[0], choose(p, grid[0], params, candidates)

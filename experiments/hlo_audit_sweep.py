@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from allreduce_jax import audit
+from allreduce_jax.tools import audit
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,8 @@ def main(argv=None) -> None:
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from allreduce_jax import _devices, all_reduce, bench
+  from allreduce_jax import _devices, all_reduce
+  from allreduce_jax.tools import bench
 
   mesh = _devices.submesh((cfg.devices,), ("i",))
   variants = {

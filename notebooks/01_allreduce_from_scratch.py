@@ -40,7 +40,8 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import all_reduce, cost_model, hlo, trace, verify
+from allreduce_jax import all_reduce, cost_model, hlo, trace
+from allreduce_jax.tools import verify
 
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
 

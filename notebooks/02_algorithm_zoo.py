@@ -33,8 +33,9 @@ jax.config.update("jax_num_cpu_devices", DEVICES)
 import matplotlib.pyplot as plt
 import numpy as np
 
-from allreduce_jax import ALGORITHMS, cost_model, hlo, trace, verify
+from allreduce_jax import ALGORITHMS, cost_model, hlo, trace
 from allreduce_jax._devices import factor_2d
+from allreduce_jax.tools import verify
 
 CUSTOM = [a for a in ALGORITHMS if a not in ("psum", "auto")]
 print(CUSTOM)

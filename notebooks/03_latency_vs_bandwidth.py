@@ -59,8 +59,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from allreduce_jax import bench, cost_model, fusion_bench
-from allreduce_jax.bench import format_size
+from allreduce_jax import cost_model
+from allreduce_jax.tools import bench, fusion_bench
+from allreduce_jax.tools.bench import format_size
 
 OUT = Path(RESULTS) / "notebooks" / "03"
 OUT.mkdir(parents=True, exist_ok=True)

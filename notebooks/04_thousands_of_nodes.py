@@ -40,8 +40,9 @@ TOLERANCE = 0.05  # "ring loses" = more than 5% slower than the best algorithm
 import matplotlib.pyplot as plt
 import numpy as np
 
-from allreduce_jax import cost_model, scaling
-from allreduce_jax.bench import format_size
+from allreduce_jax import cost_model
+from allreduce_jax.tools import scaling
+from allreduce_jax.tools.bench import format_size
 
 inner, outer = cost_model.PRESETS[INNER], cost_model.PRESETS[OUTER]
 machine = cost_model.TwoLevel(inner, outer, PER_NODE, PER_NODE)

@@ -32,7 +32,7 @@ LOCAL_DEVICES = 2
 import io
 import sys
 
-from allreduce_jax.launch import launch
+from allreduce_jax.tools.launch import launch
 
 # %% [markdown]
 # ## Every algorithm across processes

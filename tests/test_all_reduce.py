@@ -1,6 +1,6 @@
 """Every algorithm against XLA's collectives: ops × dtypes × participant counts × shapes.
 
-Inputs and comparison rules live in ``allreduce_jax.verify`` (the same code behind
+Inputs and comparison rules live in ``allreduce_jax.tools.verify`` (the same code behind
 ``allreduce-jax verify``): bit-exact on verifiable and integer inputs, 2 ulp for
 ``mean``, the summation bound for random floats, and identical replicas always.
 """
@@ -12,8 +12,9 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import ALGORITHMS, all_reduce, verify
+from allreduce_jax import ALGORITHMS, all_reduce
 from allreduce_jax._devices import submesh
+from allreduce_jax.tools import verify
 
 PARTICIPANTS = (1, 2, 3, 4, 5, 8)
 SHAPES = ((), (1,), (3, 7))  # 0-d, one element, 2-D (21 elements: not divisible by 2, 4, 5, 8)

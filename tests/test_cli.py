@@ -1,5 +1,7 @@
 """The verify command end to end: table, exit status, bad arguments."""
 
+import dataclasses
+
 import jax.numpy as jnp
 import pytest
 
@@ -26,7 +28,7 @@ def test_verify_exits_nonzero_on_a_wrong_algorithm(capsys, monkeypatch):
   def off_by_one(flat, axis_name, combine):
     return tree(flat, axis_name, combine) + jnp.ones((), flat.dtype)
 
-  monkeypatch.setitem(ALGORITHMS, "tree", off_by_one)
+  monkeypatch.setitem(ALGORITHMS, "tree", dataclasses.replace(tree, fn=off_by_one))
   rc = cli.main(["verify", "--algorithms", "tree", "--participants", "2", "--dtypes", "float32"])
   assert rc == 1
   assert "FAIL" in capsys.readouterr().out

@@ -97,7 +97,7 @@ def test_choose_is_the_argmin_and_never_hierarchical(params):
   for p in (2, 3, 5, 8, 64):
     for n in (1024, 1 << 16, 1 << 24):
       best = cost_model.choose(p, n, params)
-      times = {a: cost_model.predict_seconds(a, p, n, params) for a in cost_model.AUTO_CANDIDATES}
+      times = {a: cost_model.predict_seconds(a, p, n, params) for a in cost_model.auto_candidates()}
       assert times[best] == min(times.values())
       assert best in ALGORITHMS and best not in ("hierarchical", "psum", "auto")
 

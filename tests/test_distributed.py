@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from allreduce_jax import distributed, launch
+from allreduce_jax import distributed
 from allreduce_jax._api import ALGORITHMS
+from allreduce_jax.tools import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, "-m", "allreduce_jax", "launch"]
@@ -113,7 +114,8 @@ def test_killed_participant_stops_the_run(tmp_path):
 HANG = textwrap.dedent(
   """
   import time
-  from allreduce_jax import distributed, launch
+  from allreduce_jax import distributed
+  from allreduce_jax.tools import launch
   distributed.initialize_from_env()
   import jax, jax.numpy as jnp
   from jax.sharding import PartitionSpec as P

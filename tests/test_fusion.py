@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import all_reduce_tree, plan_buckets, verify
+from allreduce_jax import all_reduce_tree, plan_buckets
 from allreduce_jax._devices import submesh
+from allreduce_jax.tools import verify
 
 
 def _tree(p):

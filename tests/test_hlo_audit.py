@@ -2,7 +2,7 @@
 
 import pytest
 
-from allreduce_jax import audit
+from allreduce_jax.tools import audit
 
 
 @pytest.mark.parametrize("p", [4, 16])

@@ -2,7 +2,8 @@
 
 import re
 
-from allreduce_jax import cli, report
+from allreduce_jax import cli
+from allreduce_jax.tools import report
 
 
 def test_report_smoke_has_every_section_and_figure(tmp_path, monkeypatch):

@@ -112,10 +112,8 @@ def plan(out: Path, smoke: bool, devices: int) -> list[Section]:
 
 
 def _run_command(argv: list[str]) -> int:
-  from allreduce_jax import audit, cli
+  from allreduce_jax import cli
 
-  if argv[0] == "audit":
-    return int(audit.main(argv[1:]) or 0)
   return cli.main(argv)
 
 
@@ -148,7 +146,7 @@ def environment() -> dict:
 
 def headlines(out: Path) -> list[str]:
   """A few numbers read back from the rows this report wrote."""
-  from allreduce_jax.bench import read_rows
+  from allreduce_jax.tools.bench import read_rows
 
   lines = []
   rows = read_rows(out / "bench.jsonl")
@@ -212,8 +210,7 @@ def write_markdown(out: Path, sections: list[Section], env: dict, smoke: bool) -
     if s.status is None:
       md += ["*not run yet*", ""]
       continue
-    md += ["```bash", *[f"allreduce-jax {' '.join(c)}" if c[0] != "audit" else
-                        f"python -m allreduce_jax.audit {' '.join(c[1:])}" for c in s.commands], "```", ""]  # fmt: skip
+    md += ["```bash", *[f"allreduce-jax {' '.join(c)}" for c in s.commands], "```", ""]
     status = "ok" if s.status == 0 else f"exit status {s.status}"
     md += [f"{status}, {s.seconds:.0f} s", "", "```text", s.text.rstrip(), "```", ""]
     for fig in s.figures:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from allreduce_jax.cli import csv_list
+from allreduce_jax.tools._args import csv_list
 
 _UNITS = {
   "": 1,

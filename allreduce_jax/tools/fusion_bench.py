@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from allreduce_jax.cli import csv_list
+from allreduce_jax.tools._args import csv_list
 
 #: bucket label -> ``bucket_bytes`` of :func:`allreduce_jax.all_reduce_tree`.
 BUCKETS: dict[str, int | None] = {
@@ -120,8 +120,8 @@ def measure_model(
   from jax.sharding import PartitionSpec as P
 
   from allreduce_jax import _devices, cost_model
-  from allreduce_jax.bench import compile_timed, time_round_robin
   from allreduce_jax.fusion import all_reduce_tree, plan_buckets
+  from allreduce_jax.tools.bench import compile_timed, time_round_robin
 
   mesh = _devices.submesh((p,), ("i",))
   sharding = NamedSharding(mesh, P("i"))
@@ -261,7 +261,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
   from allreduce_jax import _devices, cost_model
   from allreduce_jax._api import ALGORITHMS
-  from allreduce_jax.bench import append_rows, read_rows
+  from allreduce_jax.tools.bench import append_rows, read_rows
 
   for a in args.algorithms:
     if a not in ALGORITHMS or a == "hierarchical":

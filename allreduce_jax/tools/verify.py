@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P
 from allreduce_jax import _devices
 from allreduce_jax._api import ALGORITHMS, all_reduce
 from allreduce_jax._ops import OPS, get_op
-from allreduce_jax.cli import csv_list
+from allreduce_jax.tools._args import csv_list
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
 KINDS: tuple[str, ...] = ("verifiable", "random", "special")

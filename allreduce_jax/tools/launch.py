@@ -113,8 +113,6 @@ class _Child:
 
 
 def _command_argv(command: list[str]) -> list[str]:
-  from allreduce_jax.cli import COMMANDS
-
   if command and command[0] == "--":
     command = command[1:]
   if not command:
@@ -123,6 +121,8 @@ def _command_argv(command: list[str]) -> list[str]:
     )
   if command[0] == "launch":
     raise LaunchError("'launch -- launch' is not supported: give a subcommand such as verify.")
+  from allreduce_jax.tools import COMMANDS
+
   if command[0] in COMMANDS:
     return [sys.executable, "-m", "allreduce_jax", *command]
   return command

@@ -20,26 +20,30 @@ import subprocess
 import sys
 from pathlib import Path
 
-from allreduce_jax.cost_model import AUTO_CANDIDATES
 
-#: Every hand-written algorithm: ``auto``'s candidates plus ``hierarchical``.
-ALGORITHMS: tuple[str, ...] = (*AUTO_CANDIDATES, "hierarchical")
+def audited() -> tuple[str, ...]:
+  """Every hand-written algorithm with a cost model (from the registry)."""
+  from allreduce_jax._api import names
+
+  return names(hand_written=True, priced=True)
 
 
-def audit_in_process(p: int, nbytes: int, algorithms=ALGORITHMS) -> list[dict]:
+def audit_in_process(p: int, nbytes: int, algorithms=None) -> list[dict]:
   """Compiles every algorithm on this process's first ``p`` devices; one row each."""
   import jax
 
   from allreduce_jax import _devices, cost_model, hlo
+  from allreduce_jax._api import ALGORITHMS
 
   count = nbytes // 4
   rows = []
-  for alg in algorithms:
-    outer, inner = _devices.factor_2d(p)
-    if alg == "hierarchical" and outer == 1:
-      continue
+  for alg in algorithms or audited():
+    k = ALGORITHMS[alg].axes
+    shape = _devices.factor_axes(p, k)
+    if k > 1 and 1 in shape:
+      continue  # p has too few factors for a k-level mesh
     a = hlo.audit_all_reduce(alg, p, count)
-    s = cost_model.schedule(alg, p, nbytes, inner=inner if alg == "hierarchical" else None)
+    s = cost_model.schedule(alg, p, nbytes, inner=shape[-1] if k > 1 else None)
     rows.append(
       {
         "algorithm": alg,
@@ -59,12 +63,12 @@ def audit_in_process(p: int, nbytes: int, algorithms=ALGORITHMS) -> list[dict]:
   return rows
 
 
-def audit_subprocess(p: int, nbytes: int, algorithms=ALGORITHMS, timeout: float = 600) -> list:
+def audit_subprocess(p: int, nbytes: int, algorithms=None, timeout: float = 600) -> list:
   """Runs :func:`audit_in_process` in a fresh Python with ``p`` CPU devices."""
   code = (
     f"import json, jax; jax.config.update('jax_num_cpu_devices', {p});"
-    "from allreduce_jax.audit import audit_in_process;"
-    f"print(json.dumps(audit_in_process({p}, {nbytes}, {tuple(algorithms)!r})))"
+    "from allreduce_jax.tools.audit import audit_in_process;"
+    f"print(json.dumps(audit_in_process({p}, {nbytes}, {tuple(algorithms or audited())!r})))"
   )
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   res = subprocess.run(
@@ -118,9 +122,9 @@ def plot(rows: list[dict], path) -> None:
   plt.close(fig)
 
 
-def sweep(ps, nbytes: int, out, algorithms=ALGORITHMS, fresh: bool = False) -> list[dict]:
+def sweep(ps, nbytes: int, out, algorithms=None, fresh: bool = False) -> list[dict]:
   """Audits every p (skipping (algorithm, p, bytes) rows already in ``out``)."""
-  from allreduce_jax.bench import append_rows, read_rows
+  from allreduce_jax.tools.bench import append_rows, read_rows
 
   out = Path(out)
   if fresh and out.exists():
@@ -128,7 +132,7 @@ def sweep(ps, nbytes: int, out, algorithms=ALGORITHMS, fresh: bool = False) -> l
   rows = read_rows(out)
   for p in ps:
     have = {r["algorithm"] for r in rows if r["p"] == p and r["bytes"] == nbytes}
-    todo = [a for a in algorithms if a not in have]
+    todo = [a for a in algorithms or audited() if a not in have]
     if todo:
       new = audit_subprocess(p, nbytes, todo)
       append_rows(out, new)
@@ -136,13 +140,20 @@ def sweep(ps, nbytes: int, out, algorithms=ALGORITHMS, fresh: bool = False) -> l
   return [r for r in rows if r["p"] in ps and r["bytes"] == nbytes]
 
 
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--ps", default="2,4,8,16,32,64")
-  parser.add_argument("--bytes", type=int, default=1 << 16, help="bytes per participant")
-  parser.add_argument("--out", default="results/hlo_audit.jsonl")
-  parser.add_argument("--fresh", action="store_true")
-  args = parser.parse_args(argv)
+def configure(parser: argparse.ArgumentParser) -> None:
+  parser.add_argument(
+    "--ps", default="2,4,8,16,32,64", help="participant counts (default: %(default)s)"
+  )
+  parser.add_argument(
+    "--bytes", type=int, default=1 << 16, help="bytes per participant (default: %(default)s)"
+  )
+  parser.add_argument(
+    "--out", default="results/hlo_audit.jsonl", help="rows (default: %(default)s)"
+  )
+  parser.add_argument("--fresh", action="store_true", help="discard earlier rows first")
+
+
+def run(args) -> int:
   try:
     ps = [int(v) for v in args.ps.split(",")]
   except ValueError:
@@ -153,5 +164,7 @@ def main(argv=None) -> int:
   return 0 if all(r["match"] and r["all_reduce_ops"] == 0 for r in rows) else 1
 
 
-if __name__ == "__main__":  # pragma: no cover
-  sys.exit(main())
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  configure(parser)
+  return run(parser.parse_args(argv))

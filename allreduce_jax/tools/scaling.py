@@ -111,7 +111,7 @@ def plot(rows: list[dict], path) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  from allreduce_jax.bench import format_size
+  from allreduce_jax.tools.bench import format_size
 
   scenarios = sorted({r["scenario"] for r in rows})
   sizes = sorted({r["bytes"] for r in rows})
@@ -166,7 +166,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
   from allreduce_jax import cost_model
-  from allreduce_jax.bench import format_size, parse_size
+  from allreduce_jax.tools.bench import format_size, parse_size
 
   try:
     sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",") if s.strip()]

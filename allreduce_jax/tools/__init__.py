@@ -1,0 +1,20 @@
+"""The tools wing: the ``allreduce-jax`` subcommands and their shared harness.
+
+Everything here sits on top of the library (``allreduce_jax``); nothing in the
+library imports this package.
+"""
+
+# subcommand -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+  "verify": ("allreduce_jax.tools.verify", "check every algorithm against XLA's collectives"),
+  "bench": ("allreduce_jax.tools.bench", "nccl-tests-style bandwidth sweep (algbw/busbw)"),
+  "fusion": ("allreduce_jax.tools.fusion_bench", "per-leaf vs bucketed all-reduce of a pytree"),
+  "scaling": ("allreduce_jax.tools.scaling", "predicted all-reduce time up to thousands of nodes"),
+  "audit": (
+    "allreduce_jax.tools.audit",
+    "permutes and bytes per participant from compiled HLO vs p",
+  ),
+  "train": ("allreduce_jax.training.cli", "data-parallel training: sync vs async SGD"),
+  "report": ("allreduce_jax.tools.report", "run everything and write results/report/REPORT.md"),
+  "launch": ("allreduce_jax.tools.launch", "run a subcommand on n local jax.distributed processes"),
+}
