@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import importlib.util
 import sys
 
@@ -22,11 +23,37 @@ def _installed(module: str) -> bool:
     return False
 
 
+def _version() -> str:
+  try:
+    return importlib.metadata.version("allreduce-jax")
+  except importlib.metadata.PackageNotFoundError:  # pragma: no cover - not installed
+    return "unknown"
+
+
+def _default_text(default) -> str:
+  if isinstance(default, (list, tuple)):
+    return ",".join(map(str, default))
+  return str(default)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+  """Every option's default in ``--help`` (none for flags and options without one)."""
+
+  def _get_help_string(self, action):
+    text = (action.help or "").strip()
+    if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+      return text
+    if action.option_strings or action.nargs in ("?", "*"):
+      return f"{text} (default: {_default_text(action.default).replace('%', '%%')})"
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
     prog="allreduce-jax",
     description="See, measure and reuse all-reduce in JAX.",
   )
+  parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
   sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
   for name, (_, help_text) in COMMANDS.items():
     sub.add_parser(name, help=help_text, description=help_text, add_help=False)
@@ -44,8 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.parse_args(argv)  # "invalid choice" with the list of commands
     return 2
   module = importlib.import_module(COMMANDS[name][0])
-  sub = argparse.ArgumentParser(prog=f"allreduce-jax {name}", description=COMMANDS[name][1])
+  sub = argparse.ArgumentParser(
+    prog=f"allreduce-jax {name}", description=COMMANDS[name][1], formatter_class=HelpFormatter
+  )
   module.configure(sub)
+  for action in sub._actions:  # argparse prints no help line (so no default) without a help text
+    if action.help is None and action.option_strings and action.default is not None:
+      action.help = "(default: " + _default_text(action.default).replace("%", "%%") + ")"
   args = sub.parse_args(argv[1:])
   if name != "launch":  # join a jax.distributed run if the environment sets one up
     from allreduce_jax import distributed

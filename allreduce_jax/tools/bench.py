@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import statistics
 import sys
 import time
@@ -36,24 +35,10 @@ from pathlib import Path
 
 import numpy as np
 
-from allreduce_jax.tools._args import csv_list
+from allreduce_jax.tools._args import csv_list, format_size, parse_size
 
-_UNITS = {
-  "": 1,
-  "b": 1,
-  "k": 1024,
-  "kb": 1000,
-  "kib": 1024,
-  "m": 1024**2,
-  "mb": 1000**2,
-  "mib": 1024**2,
-  "g": 1024**3,
-  "gb": 1000**3,
-  "gib": 1024**3,
-}
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
-
-#: The fields every bench row carries (DESIGN.md §3), plus spread and memory.
+#: The fields every bench row carries (nccl-tests' columns, the model's prediction,
+#: the run's configuration, the spread of the timed calls and XLA's temporary memory).
 ROW_FIELDS: tuple[str, ...] = (
   "algorithm",
   "n_devices",
@@ -76,37 +61,6 @@ ROW_FIELDS: tuple[str, ...] = (
   "iters",
   "temp_bytes",
 )
-
-
-def parse_size(text: str, name: str = "size") -> int:
-  """``"64MiB"`` -> 67108864. Units: B, K/KiB/M/MiB/G/GiB (powers of 1024), KB/MB/GB
-  (powers of 1000), case-insensitive.
-
-  Raises ``ValueError`` naming ``name`` (e.g. ``--min-bytes``) for anything else.
-
-  Example:
-    >>> parse_size("1KiB"), parse_size("64MiB"), parse_size("1MB"), parse_size("4096")
-    (1024, 67108864, 1000000, 4096)
-  """
-  m = _SIZE_RE.match(str(text))
-  unit = m.group(2).lower() if m else None
-  if m is None or unit not in _UNITS:
-    raise ValueError(
-      f"{name} {text!r} is not a size: use an integer with an optional unit"
-      " (B, KiB, MiB, GiB, K, M, G, KB, MB, GB), e.g. 1KiB or 64MiB."
-    )
-  value = float(m.group(1)) * _UNITS[unit]
-  if value < 1 or value != int(value):
-    raise ValueError(f"{name} {text!r} must be a positive whole number of bytes.")
-  return int(value)
-
-
-def format_size(nbytes: float) -> str:
-  """4096 -> '4KiB' (exact binary units where possible, else bytes)."""
-  for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-    if nbytes >= scale and nbytes % scale == 0:
-      return f"{int(nbytes // scale)}{unit}"
-  return f"{int(nbytes)}B"
 
 
 def sweep_sizes(
