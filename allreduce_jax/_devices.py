@@ -128,6 +128,15 @@ def mesh_for(algorithm: str, p: int) -> tuple[Mesh, str | tuple[str, ...]]:
   return submesh(shape, axis_names), axis_names
 
 
+def inner_size(algorithm: str, p: int) -> int | None:
+  """The inner (last) axis size of :func:`mesh_for`'s mesh for a multi-axis algorithm,
+  the ``inner`` that ``cost_model.schedule`` prices it with; None for one axis."""
+  from allreduce_jax._api import ALGORITHMS
+
+  k = ALGORITHMS[algorithm].axes
+  return factor_axes(p, k)[-1] if k > 1 else None
+
+
 def factor_axes(p: int, k: int) -> tuple[int, ...]:
   """``p`` as a product of ``k`` factors, outer first, as even as the divisors allow
   (a prime leaves 1s outside): (8, 2) -> (2, 4), (8, 3) -> (2, 2, 2), (5, 2) -> (1, 5)."""

@@ -1,13 +1,9 @@
 """nccl-tests-style measurement of every all-reduce algorithm (``allreduce-jax bench``).
 
-The one timing helper of the project lives here (:func:`time_compiled`): inputs are
-placed on their devices first, the program is compiled separately (compile time
-recorded), warmed up, and every timed call ends with ``block_until_ready``; the
-result is the median over the timed calls, with their spread.
-
-For each message size all algorithms are compiled first and then timed *round
-robin* (call 1 of every algorithm, then call 2, ...), so a slow spell of a shared
-machine hits them all alike and the ratios (custom vs ``psum``) stay meaningful.
+Timing goes through the tools' one timer (:mod:`allreduce_jax.tools._timing`): at
+each message size all algorithms are compiled apart and then timed *round robin*
+(call 1 of every algorithm, then call 2, ...), so a slow spell of a shared machine
+hits them all alike and the ratios (custom vs ``psum``) stay meaningful.
 
 As in nccl-tests (``doc/PERFORMANCE.md``), with ``n`` bytes per participant and time
 ``t``:
@@ -28,14 +24,13 @@ import json
 import math
 import statistics
 import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from allreduce_jax.tools._args import csv_list, format_size, parse_size
+from allreduce_jax.tools._timing import time_round_robin
 
 #: The fields every bench row carries (nccl-tests' columns, the model's prediction,
 #: the run's configuration, the spread of the timed calls and XLA's temporary memory).
@@ -90,92 +85,6 @@ def sweep_sizes(
   return sorted(set(sizes))
 
 
-# ----------------------------------------------------------------------------------------
-# The shared timing helper.
-# ----------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Timing:
-  """Timed calls of one compiled program.
-
-  Attributes:
-    times_s: every timed call, in seconds, in order.
-    compile_s: lowering + compilation time.
-    temp_bytes: XLA's temporary buffer size per device (``memory_analysis``), or -1.
-  """
-
-  times_s: tuple[float, ...]
-  compile_s: float
-  temp_bytes: int
-
-  @property
-  def median_s(self) -> float:
-    return statistics.median(self.times_s)
-
-  @property
-  def iqr_s(self) -> float:
-    q = np.percentile(self.times_s, [25, 75])
-    return float(q[1] - q[0])
-
-
-def compile_timed(jitted: Callable, *args) -> tuple[Callable, float, int]:
-  """Lowers and compiles ``jitted`` for ``args``; returns ``(compiled, seconds, temp_bytes)``."""
-  t0 = time.perf_counter()
-  compiled = jitted.lower(*args).compile()
-  compile_s = time.perf_counter() - t0
-  temp = -1
-  try:
-    mem = compiled.memory_analysis()
-    if mem is not None:
-      temp = int(mem.temp_size_in_bytes)
-  except Exception:  # pragma: no cover - not every backend reports it
-    pass
-  return compiled, compile_s, temp
-
-
-def _block(out) -> None:
-  import jax
-
-  jax.block_until_ready(out)
-
-
-def time_round_robin(
-  programs: Sequence[tuple[Callable, tuple]], iters: int, warmup: int
-) -> list[list[float]]:
-  """Times compiled programs side by side: ``warmup`` untimed rounds, then ``iters``
-  rounds in which each program runs once (``block_until_ready`` each). Returns
-  the per-program lists of seconds."""
-  for _ in range(warmup):
-    for fn, args in programs:
-      _block(fn(*args))
-  times: list[list[float]] = [[] for _ in programs]
-  for _ in range(iters):
-    for k, (fn, args) in enumerate(programs):
-      t0 = time.perf_counter()
-      _block(fn(*args))
-      times[k].append(time.perf_counter() - t0)
-  return times
-
-
-def time_compiled(jitted: Callable, *args, iters: int = 10, warmup: int = 2) -> Timing:
-  """The project's timing helper for one program: compile separately, warm up, then
-  ``iters`` timed calls, each ended by ``block_until_ready``. Place ``args`` on their
-  devices (``jax.device_put`` / ``_devices.put``) before calling.
-
-  Example:
-    >>> import jax, jax.numpy as jnp
-    >>> t = time_compiled(jax.jit(lambda x: x + 1), jnp.ones(4), iters=5, warmup=1)
-    >>> len(t.times_s), t.median_s > 0, t.compile_s > 0
-    (5, True, True)
-  """
-  if iters < 1:
-    raise ValueError(f"--iters must be at least 1, got {iters}.")
-  compiled, compile_s, temp = compile_timed(jitted, *args)
-  (times,) = time_round_robin([(compiled, args)], iters, warmup)
-  return Timing(tuple(times), compile_s, temp)
-
-
 def bandwidths(nbytes: float, seconds: float, p: int) -> tuple[float, float]:
   """``(algbw, busbw)`` in GB/s (1e9 bytes/s): n/t and n/t·2(p-1)/p.
 
@@ -216,10 +125,7 @@ def _programs(algorithm: str, p: int, op: str):
   from allreduce_jax._api import all_reduce
   from allreduce_jax._ops import get_op
 
-  if algorithm == "hierarchical":
-    mesh, axis = _devices.submesh(_devices.factor_2d(p), ("outer", "inner")), ("outer", "inner")
-  else:
-    mesh, axis = _devices.submesh((p,), ("i",)), "i"
+  mesh, axis = _devices.mesh_for(algorithm, p)
   spec = P(axis)
 
   def body(b):  # b: T[1, count], this participant's row
@@ -270,18 +176,14 @@ def measure_size(
       inputs[key] = _devices.put(
         (p, count), dtype, NamedSharding(mesh, spec), lambda idx: _verifiable_block(idx, count)
       )
-    x = inputs[key]
-    compiled, compile_s, temp = compile_timed(timed, x)
-    built.append((alg, compiled, x, checker, compile_s, temp))
-  times = time_round_robin([(c, (x,)) for _, c, x, *_ in built], iters, warmup)
+    built.append((alg, timed, inputs[key], checker))
+  timings = time_round_robin([(timed, (x,)) for _, timed, x, _ in built], iters, warmup)
   rows = []
-  for (alg, compiled, x, checker, compile_s, temp), ts in zip(built, times):
-    wrong = int(np.sum(_devices.fetch(checker(x, compiled(x)))))
-    med = statistics.median(ts)
-    algbw, busbw = bandwidths(nbytes, med, p)
-    inner = _devices.factor_2d(p)[1] if alg == "hierarchical" else None
+  for (alg, _, x, checker), t in zip(built, timings):
+    wrong = int(np.sum(_devices.fetch(checker(x, t.compiled(x)))))
+    algbw, busbw = bandwidths(nbytes, t.median_s, p)
+    inner = _devices.inner_size(alg, p)
     chosen = cost_model.choose(p, nbytes, params) if alg == "auto" else None
-    q = np.percentile(ts, [25, 75])
     row = {
       "algorithm": alg,
       "n_devices": p,
@@ -290,20 +192,14 @@ def measure_size(
       "count": count,
       "dtype": dtype,
       "op": op,
-      "time_us": med * 1e6,
       "algbw_gbps": algbw,
       "busbw_gbps": busbw,
       "wrong": wrong,
-      "compile_s": compile_s,
       "predicted_us": cost_model.predict_us(alg, p, nbytes, params, inner=inner),
       "backend": jax.default_backend(),
       "jax_version": jax.__version__,
-      "time_us_min": min(ts) * 1e6,
-      "time_us_max": max(ts) * 1e6,
-      "time_us_iqr": float(q[1] - q[0]) * 1e6,
-      "iters": len(ts),
+      **t.row(),
       "warmup": warmup,
-      "temp_bytes": temp,
       "chosen": chosen,
     }
     rows.append(row)
