@@ -109,40 +109,45 @@ def run(args: argparse.Namespace) -> int:
   try:
     _devices.use_cpu_devices(args.devices)
     cfg = build_config(args)
+    import jax
+
+    workers = getattr(cfg, "workers", 0)
+    if workers > jax.device_count():
+      raise ValueError(
+        f"--workers {workers}: only {jax.device_count()} devices (raise --devices to {workers})."
+      )
   except ValueError as e:
     print(f"allreduce-jax train: error: {e}", file=sys.stderr)
     return 2
   from allreduce_jax.training import experiments as ex
 
   out = Path(args.out or f"results/train{'.smoke' if args.smoke else ''}/{args.what}")
+  from allreduce_jax.results import RowsError, RowStore
+
+  store = RowStore(out / f"{args.what}.jsonl", args.what)
+  try:
+    store.check()  # a foreign or unwritable rows file: refused before any training
+    done = store.done()
+  except RowsError as e:
+    print(f"allreduce-jax train: error: --out: {e}", file=sys.stderr)
+    return 2
   t0 = time.perf_counter()
   print(f"# train {args.what}: {json.dumps(dataclasses.asdict(cfg))}", flush=True)
   if args.what == "sync":
     import jax
 
     # Resume: a seed already trained with this exact config is not trained again.
-    path = out / "sync.jsonl"
     config = json.loads(json.dumps(dataclasses.asdict(cfg)))
-    done = {}
-    if path.exists():
-      for line in path.read_text().splitlines():
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError:  # a half-written last line
-          continue
-        if row.get("config") == config:
-          done[row["seed"]] = row
     rows = []
     for seed in cfg.seeds:
-      if seed in done:
-        rows.append(done[seed])
+      key = store.key(config=config, seed=seed)
+      if key in done:
+        rows.append(done[key])
         continue
       row = ex.run_sync(cfg, seed)
       rows.append(row)
       if jax.process_index() == 0:  # under `launch` every process holds the same rows
-        out.mkdir(parents=True, exist_ok=True)
-        with open(path, "a") as f:
-          f.write(json.dumps({**row, "process_count": jax.process_count()}) + "\n")
+        store.append({**row, "process_count": jax.process_count()}, key)
     for row in rows:
       print(
         f"seed {row['seed']}: test acc {row['final_test_acc']:.4f}, train acc"

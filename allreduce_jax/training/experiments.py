@@ -32,7 +32,7 @@ import numpy as np
 
 from allreduce_jax import ALGORITHMS
 from allreduce_jax.training import async_sim, data, models, sync
-from allreduce_jax.training.results import Results, environment, run_key
+from allreduce_jax.training.results import Results, environment
 
 #: All-reduce time (µs) used when ``allreduce_jax.cost_model`` is not available:
 #: a latency-bound all-reduce of ~40 KB across 8 accelerators (order of magnitude).
@@ -278,7 +278,7 @@ def run_staleness_sweep(
   keys = []
   for seed in cfg.seeds:
     for method, tau in cfg.arms():
-      key = run_key(cfg.run_fields(method, tau, seed))
+      key = store.key(cfg.run_fields(method, tau, seed))  # + jax version, backend
       keys.append(key)
       if key in done or (max_runs is not None and new >= max_runs):
         continue
@@ -447,7 +447,7 @@ def run_straggler_sweep(
   new = 0
   keys = []
   for n, compute, arm, seed in cfg.runs():
-    key = run_key(cfg.run_fields(n, compute, arm, seed))
+    key = store.key(cfg.run_fields(n, compute, arm, seed))  # + jax version, backend
     keys.append(key)
     if key in done or (max_runs is not None and new >= max_runs):
       continue

@@ -1,0 +1,318 @@
+"""One row store: every command's results as JSON Lines, resumable and hard to corrupt.
+
+Every command that measures or computes rows (``bench``, ``fusion``, ``audit``,
+``scaling``, ``verify``, ``train``) writes them through :class:`RowStore`:
+
+- **one JSON object per line**, each carrying ``"schema"`` (:data:`SCHEMA`),
+  ``"kind"`` (``"bench"``, ``"fusion"``, ...) and ``"key"``, then the row's own
+  fields, so the file stays readable by ``pandas.read_json(path, lines=True)``;
+- **keyed on the full configuration**: ``key`` is the canonical JSON of the row's
+  identifying fields merged with the store's ``context`` (by default the JAX
+  version, backend and process count; tools add iterations, warm-up, dtype, device
+  count, cost parameters, ...). A resumed run skips only the rows measured under
+  the same configuration (:meth:`RowStore.done`);
+- **truncation-safe**: each append is flushed and ``fsync``'d; a half-written last
+  line (a run killed mid-write) is skipped by readers with a warning and cut off
+  before the next append, which therefore always starts on a fresh line;
+- **refusing files that are not its own**: a path that does not end in
+  ``.jsonl``, a line that is not a row of this store (a stray JSON value, a row of
+  another kind, a user's notes) raises :class:`RowsError`, a one-line message that
+  names the file, before any work starts (:meth:`RowStore.check`), and ``--fresh``
+  (:meth:`RowStore.reset`) deletes only a file the store recognises as its own.
+
+Example:
+  >>> import tempfile, os
+  >>> store = RowStore(os.path.join(tempfile.mkdtemp(), "rows.jsonl"), "demo",
+  ...                  context={"iters": 10})
+  >>> key = store.key(algorithm="ring", bytes=1024)
+  >>> _ = store.append({"algorithm": "ring", "bytes": 1024, "time_us": 5.0}, key)
+  >>> key in store.done(), store.key(algorithm="ring", bytes=1024, iters=20) in store.done()
+  (True, False)
+  >>> [r["time_us"] for r in store.rows()]
+  [5.0]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+#: The value of every row's ``"schema"`` field (bumped when the row layout changes).
+SCHEMA = "allreduce-jax/rows/1"
+#: What every row line starts with (``json.dumps`` keeps insertion order).
+_PREFIX = b'{"schema": "' + SCHEMA.encode() + b'"'
+
+
+class RowsError(ValueError):
+  """A results file that is not a row store of the expected kind, or cannot be
+  written; the message is one line and names the file."""
+
+
+def run_key(fields: Mapping[str, Any]) -> str:
+  """A canonical string for a run's identifying fields (sorted JSON).
+
+  Example:
+    >>> run_key({"b": 1, "a": [1, 2]})
+    '{"a": [1, 2], "b": 1}'
+  """
+  return json.dumps(fields, sort_keys=True, default=list)
+
+
+def fingerprint(obj: Any) -> str:
+  """A short stable hash of a JSON-able object (e.g. cost parameters), for keys.
+
+  Example:
+    >>> fingerprint({"alpha_us": 1.0}) == fingerprint({"alpha_us": 1.0})
+    True
+  """
+  return hashlib.sha256(run_key(obj).encode()).hexdigest()[:16]
+
+
+def run_context() -> dict[str, Any]:
+  """The configuration every key carries by default: JAX version, backend, processes."""
+  import jax
+
+  return {
+    "jax_version": jax.__version__,
+    "backend": jax.default_backend(),
+    "process_count": jax.process_count(),
+  }
+
+
+def environment() -> dict[str, Any]:
+  """Versions, backend and device count, stored with every training row."""
+  import flax
+  import jax
+  import optax
+
+  return {
+    "jax": jax.__version__,
+    "flax": flax.__version__,
+    "optax": optax.__version__,
+    "python": platform.python_version(),
+    "backend": jax.default_backend(),
+    "devices": len(jax.devices()),
+  }
+
+
+def _warn(message: str) -> None:
+  print(f"# warning: {message}", file=sys.stderr, flush=True)
+
+
+class RowStore:
+  """An append-only JSON Lines file of rows of one ``kind``, resumable by key.
+
+  Args:
+    path: the file; must end in ``.jsonl``.
+    kind: the kind of row (``"bench"``, ``"fusion"``, ...); a file holding rows of
+      another kind is refused.
+    context: the run-level configuration merged into every :meth:`key`; ``None``
+      means :func:`run_context` (JAX version, backend, process count).
+  """
+
+  def __init__(self, path: str | os.PathLike, kind: str, context: Mapping | None = None):
+    self.path = Path(path)
+    self.kind = kind
+    self._context = None if context is None else dict(context)
+
+  def __repr__(self) -> str:
+    return f"RowStore({str(self.path)!r}, {self.kind!r})"
+
+  @property
+  def context(self) -> dict[str, Any]:
+    if self._context is None:
+      self._context = run_context()
+    return self._context
+
+  def key(self, fields: Mapping[str, Any] | None = None, /, **more: Any) -> str:
+    """The key of a row: its identifying ``fields`` (and ``more``) over the context."""
+    return run_key({**self.context, **(fields or {}), **more})
+
+  # -- reading ---------------------------------------------------------------------------
+
+  def _error(self, what: str) -> RowsError:
+    return RowsError(f"{self.path}: {what}")
+
+  def _parse(self, data: bytes) -> tuple[list[dict[str, Any]], int | None]:
+    """``(rows, torn)``: the rows of ``data``, and the byte offset of a half-written
+    last line (``None`` if the file ends cleanly). Raises :class:`RowsError` for
+    any complete line that is not a row of this store."""
+    rows: list[dict[str, Any]] = []
+    end = data.rfind(b"\n") + 1
+    torn = end if end < len(data) else None
+    if torn is not None:
+      tail = data[torn:]
+      ours = tail.startswith(_PREFIX[: len(tail)])  # a prefix of a row, or a row cut short
+      if not ours and not data[:torn].strip():
+        raise self._error(
+          "is not an allreduce-jax row file (its first line is not a row);"
+          " choose another path or move it aside."
+        )
+    for n, line in enumerate(data[:end].split(b"\n")[:-1], 1):
+      if not line.strip():
+        continue
+      try:
+        row = json.loads(line)
+      except (json.JSONDecodeError, UnicodeDecodeError):
+        raise self._error(
+          f"line {n} is not JSON, so this is not an allreduce-jax row file;"
+          " choose another path or move it aside."
+        ) from None
+      if not isinstance(row, dict) or row.get("schema") != SCHEMA:
+        raise self._error(
+          f'line {n} is not an allreduce-jax row (no "schema": {SCHEMA!r});'
+          " choose another path or move the file aside."
+        )
+      if row.get("kind") != self.kind:
+        raise self._error(
+          f"holds {row.get('kind')!r} rows, not {self.kind!r} rows; choose another path."
+        )
+      rows.append(row)
+    return rows, torn
+
+  def _read(self) -> tuple[list[dict[str, Any]], int | None]:
+    if self.path.suffix != ".jsonl":
+      raise self._error("rows are written to .jsonl files only; use a path ending in .jsonl.")
+    if self.path.is_dir():
+      raise self._error("is a folder; expected a .jsonl file.")
+    try:
+      data = self.path.read_bytes()
+    except FileNotFoundError:
+      return [], None
+    except OSError as e:
+      raise self._error(f"cannot be read ({e.strerror or e}).") from None
+    return self._parse(data)
+
+  def rows(self) -> list[dict[str, Any]]:
+    """Every complete row, in file order; a half-written last line is skipped with a
+    warning on stderr. Raises :class:`RowsError` for a file that is not ours."""
+    rows, torn = self._read()
+    if torn is not None:
+      _warn(f"{self.path}: skipping a half-written last line (an interrupted run).")
+    return rows
+
+  def done(self) -> dict[str, dict[str, Any]]:
+    """``key -> row`` of the finished rows (the last one wins)."""
+    return {row["key"]: row for row in self.rows() if "key" in row}
+
+  # -- writing ---------------------------------------------------------------------------
+
+  def check(self) -> None:
+    """Before any work: the file is ours (or absent) and can be written.
+
+    Creates missing parent folders; raises :class:`RowsError` otherwise.
+    """
+    self._read()
+    try:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+      raise self._error(f"cannot create its folder ({e.strerror or e}).") from None
+    existed = self.path.exists()
+    try:
+      with open(self.path, "ab"):
+        pass
+    except OSError as e:
+      raise self._error(f"cannot be written ({e.strerror or e}).") from None
+    if not existed:
+      self.path.unlink()
+
+  def reset(self) -> None:
+    """Deletes the file (``--fresh``) if it is one of ours; refuses anything else."""
+    self._read()
+    self.path.unlink(missing_ok=True)
+
+  def append(self, row: Mapping[str, Any], key: str | None = None) -> dict[str, Any]:
+    """Appends one row, syncs it to disk and returns it as stored (see :meth:`extend`)."""
+    return self.extend([row], None if key is None else [key])[0]
+
+  def extend(
+    self, rows: Iterable[Mapping[str, Any]], keys: Iterable[str] | None = None
+  ) -> list[dict[str, Any]]:
+    """Appends rows in one write, syncs them to disk, returns them as stored.
+
+    Each row gets ``schema``, ``kind``, ``key`` (from ``keys`` if given, else the
+    row's own ``"key"`` field, which is then required) and ``finished_at``. A
+    half-written last line left by an interrupted run is cut off first, so the new
+    rows start on a fresh line.
+    """
+    rows = list(rows)
+    keys = [r.get("key") for r in rows] if keys is None else list(keys)
+    if len(keys) != len(rows) or any(k is None for k in keys):
+      raise ValueError("every row needs a key: pass keys=[store.key(...)] or a 'key' field.")
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+    stored = [
+      {
+        "schema": SCHEMA,
+        "kind": self.kind,
+        "key": k,
+        **{f: v for f, v in row.items() if f not in ("schema", "kind", "key")},
+        "finished_at": row.get("finished_at") or stamp,
+      }
+      for row, k in zip(rows, keys)
+    ]
+    if not stored:
+      return stored
+    _, torn = self._read()  # refuses a foreign file before touching it
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    if torn is not None:
+      _warn(f"{self.path}: cutting off a half-written last line (an interrupted run).")
+      with open(self.path, "r+b") as f:
+        f.truncate(torn)
+    text = "".join(json.dumps(r, default=_jsonable) + "\n" for r in stored)
+    with open(self.path, "a") as f:
+      f.write(text)
+      f.flush()
+      os.fsync(f.fileno())
+    return stored
+
+
+def _jsonable(value: Any) -> Any:
+  """numpy scalars and tuples in rows -> plain JSON values."""
+  if hasattr(value, "item"):
+    return value.item()
+  if isinstance(value, (set, frozenset, tuple)):
+    return list(value)
+  raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def read_rows(path: str | os.PathLike, kind: str) -> list[dict[str, Any]]:
+  """The rows of ``kind`` in ``path`` (none if it does not exist); see :class:`RowStore`."""
+  return RowStore(path, kind, context={}).rows()
+
+
+# ----------------------------------------------------------------------------------------
+# Small state files (JSON, not rows): written atomically, read forgivingly.
+# ----------------------------------------------------------------------------------------
+
+
+def save_json(path: str | os.PathLike, obj: Any) -> None:
+  """Writes ``obj`` as JSON atomically: a temporary file, fsync'd, then renamed, so an
+  interrupted write leaves the previous content, never half a file."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+  with open(tmp, "w") as f:
+    f.write(json.dumps(obj, indent=1, default=_jsonable))
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def load_json(path: str | os.PathLike, default: Any = None) -> Any:
+  """The JSON in ``path``; ``default`` if it is missing, or (with a warning on stderr)
+  unreadable or truncated."""
+  path = Path(path)
+  try:
+    return json.loads(path.read_text())
+  except FileNotFoundError:
+    return default
+  except (OSError, ValueError) as e:
+    _warn(f"{path}: ignoring an unreadable state file ({e}); starting it over.")
+    return default
