@@ -94,34 +94,6 @@ def format_rows(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def plot(rows: list[dict], path) -> None:
-  """Left: bytes sent per participant / n vs p. Right: compile time vs p."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
-  for alg in dict.fromkeys(r["algorithm"] for r in rows):
-    rs = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["p"])
-    ps = [r["p"] for r in rs]
-    ax1.plot(ps, [r["sent_over_n"] for r in rs], "o-", ms=3, label=alg)
-    ax2.plot(ps, [r["compile_s"] for r in rs], "o-", ms=3, label=alg)
-  ax1.axhline(2.0, color="0.5", ls="--", lw=0.8)
-  ax1.text(2, 2.05, "2n (ring's limit)", fontsize=7, color="0.4")
-  for ax, ylabel in ((ax1, "max bytes sent per participant / n (from HLO)"), (ax2, "compile s")):
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("participants p")
-    ax.set_ylabel(ylabel)
-    ax.grid(True, which="both", alpha=0.3)
-  ax1.set_yscale("log")
-  ax2.legend(fontsize=7)
-  fig.tight_layout()
-  Path(path).parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-
-
 def sweep(ps, nbytes: int, out, algorithms=None, fresh: bool = False) -> list[dict]:
   """Audits every p (skipping (algorithm, p, bytes) rows already in ``out``)."""
   from allreduce_jax.tools.bench import append_rows, read_rows
@@ -160,11 +132,7 @@ def run(args) -> int:
     raise SystemExit(f"--ps: expected integers, got {args.ps!r}") from None
   rows = sweep(ps, args.bytes, args.out, fresh=args.fresh)
   print(format_rows(sorted(rows, key=lambda r: (r["algorithm"], r["p"]))))
-  plot(rows, Path(args.out).with_suffix(".png"))
+  from allreduce_jax.tools import _plot
+
+  _plot.save(_plot.audit(rows), Path(args.out).with_suffix(".png"), dpi=110)
   return 0 if all(r["match"] and r["all_reduce_ops"] == 0 for r in rows) else 1
-
-
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  configure(parser)
-  return run(parser.parse_args(argv))

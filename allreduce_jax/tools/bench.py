@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from allreduce_jax.tools._args import csv_list, format_size, parse_size
+from allreduce_jax.tools import _plot
+from allreduce_jax.tools._args import add_devices, csv_list, format_size, parse_size
 from allreduce_jax.tools._timing import time_round_robin
 
 #: The fields every bench row carries (nccl-tests' columns, the model's prediction,
@@ -267,7 +268,7 @@ def summary(rows: Sequence[dict]) -> str:
 
 
 # ----------------------------------------------------------------------------------------
-# Fitting and the figure.
+# Fitting (the figure is tools._plot.bench).
 # ----------------------------------------------------------------------------------------
 
 
@@ -336,90 +337,13 @@ def fit_and_save(rows: Sequence[dict], path) -> tuple:
   return fitted, text, table
 
 
-def plot(rows: Sequence[dict], params, path=None, title: str = ""):
-  """Measured time vs size per algorithm (log-log) with the model overlaid; the
-  latency-bound region (below ring's α/β balance point) shaded and the sizes where
-  the model's argmin changes marked. Saves to ``path`` (and closes the figure), or
-  returns the figure when ``path`` is None (notebooks)."""
-  import matplotlib
-
-  if path is not None:
-    matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  from allreduce_jax import cost_model
-
-  rows = [r for r in rows if r["n_devices"] > 1]
-  if not rows:
-    return None
-  p = rows[0]["n_devices"]
-  fig, ax = plt.subplots(figsize=(9, 6))
-  algs = sorted({r["algorithm"] for r in rows})
-  sizes = np.geomspace(min(r["bytes"] for r in rows), max(r["bytes"] for r in rows), 200)
-  colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-  for k, alg in enumerate(algs):
-    mine = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["bytes"])
-    color = colors[k % len(colors)]
-    ax.errorbar(
-      [r["bytes"] for r in mine],
-      [r["time_us"] for r in mine],
-      yerr=[
-        [r["time_us"] - r["time_us_min"] for r in mine],
-        [r["time_us_max"] - r["time_us"] for r in mine],
-      ],
-      fmt="o-",
-      ms=4,
-      color=color,
-      label=alg,
-      capsize=2,
-    )
-    if alg not in ("hierarchical",):
-      pred = [cost_model.predict_us(alg, p, n, params) for n in sizes]
-      ax.plot(sizes, pred, "--", color=color, alpha=0.6, lw=1)
-  n_star = cost_model.balance_bytes("ring", p, params)
-  if math.isfinite(n_star):
-    ax.axvspan(sizes[0], max(min(n_star, sizes[-1]), sizes[0]), color="0.9", zorder=0)
-    ax.axvline(n_star, color="0.5", lw=0.8)
-    ax.text(
-      n_star,
-      min(r["time_us"] for r in rows),
-      f" ring: latency = bandwidth term\n at {int(n_star)} B",
-      fontsize=8,
-      color="0.3",
-    )
-  for n, before, after in cost_model.switch_points(p, params, sizes[0], sizes[-1]):
-    ax.axvline(n, color="tab:red", ls=":", lw=1)
-    ax.text(
-      n,
-      max(r["time_us"] for r in rows),
-      f" {before}→{after}\n {format_size(int(n))}",
-      fontsize=7,
-      color="tab:red",
-      va="top",
-    )
-  ax.set_xscale("log", base=2)
-  ax.set_yscale("log")
-  ax.set_xlabel("bytes per participant")
-  ax.set_ylabel("time (µs): median, bars min–max; dashed: fitted model")
-  ax.set_title(title or f"all-reduce on {p} devices (shaded: latency-bound)")
-  ax.legend(fontsize=8)
-  ax.grid(True, which="both", alpha=0.3)
-  fig.tight_layout()
-  if path is None:
-    return fig
-  Path(path).parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-  return None
-
-
 # ----------------------------------------------------------------------------------------
 # Command line.
 # ----------------------------------------------------------------------------------------
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--devices", type=int, default=8, help="emulated CPU devices (default 8)")
+  add_devices(parser)
   parser.add_argument(
     "--algorithms",
     type=csv_list,
@@ -549,12 +473,8 @@ def run(args: argparse.Namespace) -> int:
     params = fitted
   if main:
     fig = Path(args.plot) if args.plot else out.with_suffix(".png")
-    plot(rows_all, params, fig)
+    figure = _plot.bench(rows_all, params)
+    if figure is not None:
+      _plot.save(figure, fig)
     print(f"# rows: {out}  figure: {fig}")
   return status
-
-
-if __name__ == "__main__":  # pragma: no cover
-  from allreduce_jax.cli import main as _main
-
-  sys.exit(_main(["bench", *sys.argv[1:]]))

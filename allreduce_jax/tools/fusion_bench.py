@@ -3,7 +3,8 @@
 Each all-reduce pays its latency term (2(p-1)α for a ring) whatever its size, so a
 gradient pytree of L leaves reduced leaf by leaf costs about L·2(p-1)α + 2(p-1)/p·Nβ
 (N = all the bytes), while B buckets cost B·2(p-1)α + 2(p-1)/p·Nβ. Frameworks bucket:
-PyTorch DDP 25 MB, Horovod a 64-128 MB fusion buffer (DESIGN.md §7).
+PyTorch DDP 25 MB (``bucket_cap_mb``), Horovod a 64-128 MB fusion buffer
+(``HOROVOD_FUSION_THRESHOLD``).
 
 Two gradient pytrees, shapes written out below:
 
@@ -19,14 +20,12 @@ so the speedups are side-by-side ratios on a shared machine.
 from __future__ import annotations
 
 import argparse
-import statistics
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from allreduce_jax.tools._args import csv_list
+from allreduce_jax.tools import _plot
+from allreduce_jax.tools._args import add_devices, csv_list
 
 #: bucket label -> ``bucket_bytes`` of :func:`allreduce_jax.all_reduce_tree`.
 BUCKETS: dict[str, int | None] = {
@@ -85,15 +84,6 @@ def transformer_shapes(
   return shapes
 
 
-@dataclass(frozen=True)
-class FusionCase:
-  """One timed configuration."""
-
-  model: str
-  algorithm: str
-  bucket: str
-
-
 def _leaf_values(p: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
   """Verifiable rank-coded integers (exact sums in any order): ``T[p, *shape]``."""
   n = int(np.prod(shape, dtype=np.int64))
@@ -121,7 +111,7 @@ def measure_model(
 
   from allreduce_jax import _devices, cost_model
   from allreduce_jax.fusion import all_reduce_tree, plan_buckets
-  from allreduce_jax.tools.bench import compile_timed, time_round_robin
+  from allreduce_jax.tools._timing import time_round_robin
 
   mesh = _devices.submesh((p,), ("i",))
   sharding = NamedSharding(mesh, P("i"))
@@ -141,10 +131,9 @@ def measure_model(
       return jax.tree.map(lambda leaf: leaf[None], out)
 
     fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-    compiled, compile_s, temp = compile_timed(fn, tree)
     plan = plan_buckets(leaves, bucket_bytes)
     sizes = [sum(int(np.prod(leaves[k].shape)) * 4 for k in grp) for grp in plan]
-    programs.append((label, bucket_bytes, compiled, compile_s, temp, sizes))
+    programs.append((label, bucket_bytes, fn, sizes))
 
   def ref_body(t):
     return jax.tree.map(lambda b: jax.lax.psum(b[0], "i")[None], t)
@@ -152,15 +141,14 @@ def measure_model(
   ref = jax.jit(
     jax.shard_map(ref_body, mesh=mesh, in_specs=P("i"), out_specs=P("i"), check_vma=False)
   )(tree)
-  times = time_round_robin([(c, (tree,)) for _, _, c, *_ in programs], iters, warmup)
+  timings = time_round_robin([(fn, (tree,)) for _, _, fn, _ in programs], iters, warmup)
   rows = []
   per_leaf = None
-  for (label, bucket_bytes, compiled, compile_s, temp, sizes), ts in zip(programs, times):
-    out = compiled(tree)
+  for (label, bucket_bytes, _, sizes), t in zip(programs, timings):
+    out = t.compiled(tree)
     wrong = sum(int(np.sum(_devices.fetch(out[k]) != _devices.fetch(ref[k]))) for k in shapes)
-    med = statistics.median(ts)
     if bucket_bytes == 0:
-      per_leaf = med
+      per_leaf = t.median_s
     rows.append(
       {
         "model": model,
@@ -171,12 +159,7 @@ def measure_model(
         "n_buckets": len(sizes),
         "bytes": total,
         "n_devices": p,
-        "time_us": med * 1e6,
-        "time_us_min": min(ts) * 1e6,
-        "time_us_max": max(ts) * 1e6,
-        "iters": len(ts),
-        "compile_s": compile_s,
-        "temp_bytes": temp,
+        **t.row(),
         "predicted_us": sum(cost_model.predict_us(algorithm, p, n, params) for n in sizes),
         "wrong": wrong,
         "backend": jax.default_backend(),
@@ -206,41 +189,8 @@ def format_rows(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def plot(rows: list[dict], path) -> None:
-  """Speedup over per-leaf vs bucket size, one line per (model, algorithm)."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, ax = plt.subplots(figsize=(8, 5))
-  groups: dict[tuple, list[dict]] = {}
-  for r in rows:
-    groups.setdefault((r["model"], r["algorithm"], r["n_leaves"]), []).append(r)
-  for (model, alg, leaves), rs in groups.items():
-    order = [b for b in BUCKETS if any(r["bucket"] == b for r in rs)]
-    rs = sorted(rs, key=lambda r: order.index(r["bucket"]))
-    ax.plot(
-      [r["bucket"] for r in rs],
-      [r["speedup_vs_per_leaf"] for r in rs],
-      "o-",
-      label=f"{model} ({leaves} leaves), {alg}",
-    )
-  ax.axhline(1.0, color="0.5", lw=0.8)
-  ax.set_yscale("log")
-  ax.set_xlabel("bucket size (per-leaf = no fusion; one = one bucket per dtype)")
-  ax.set_ylabel("speedup over per-leaf all-reduce (median times)")
-  ax.set_title(f"tensor fusion on {rows[0]['n_devices']} {rows[0]['backend']} devices")
-  ax.legend(fontsize=8)
-  ax.grid(True, which="both", alpha=0.3)
-  fig.tight_layout()
-  Path(path).parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--devices", type=int, default=8, help="emulated CPU devices (default 8)")
+  add_devices(parser)
   parser.add_argument(
     "--algorithms", type=csv_list, default=["ring", "psum"], help="default ring,psum"
   )
@@ -313,12 +263,6 @@ def run(args: argparse.Namespace) -> int:
   if main and rows_all:
     print(format_rows(rows_all))
     fig = Path(args.plot) if args.plot else out.with_suffix(".png")
-    plot(rows_all, fig)
+    _plot.save(_plot.fusion(rows_all, list(BUCKETS)), fig)
     print(f"# rows: {out}  figure: {fig}")
   return 0 if all(r["wrong"] == 0 for r in rows_all) else 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-  from allreduce_jax.cli import main as _main
-
-  sys.exit(_main(["fusion", *sys.argv[1:]]))

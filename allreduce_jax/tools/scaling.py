@@ -18,7 +18,6 @@ stops being the best choice, per message size, and by how much it loses at the e
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "halving_doubling", "hierarchical")
@@ -104,53 +103,6 @@ def crossovers(rows: list[dict], tolerance: float = 0.05) -> list[dict]:
   return out
 
 
-def plot(rows: list[dict], path) -> None:
-  """Predicted time vs p per size (one panel each), the crossover marked."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  from allreduce_jax.tools.bench import format_size
-
-  scenarios = sorted({r["scenario"] for r in rows})
-  sizes = sorted({r["bytes"] for r in rows})
-  fig, axes = plt.subplots(
-    len(scenarios), len(sizes), figsize=(5 * len(sizes), 4 * len(scenarios)), squeeze=False
-  )
-  cross = {(c["scenario"], c["bytes"]): c for c in crossovers(rows)}
-  for si, sc in enumerate(scenarios):
-    for ni, n in enumerate(sizes):
-      ax = axes[si][ni]
-      mine = [r for r in rows if r["scenario"] == sc and r["bytes"] == n]
-      for a in dict.fromkeys(r["algorithm"] for r in mine):
-        rs = sorted((r for r in mine if r["algorithm"] == a), key=lambda r: r["p"])
-        ax.plot([r["p"] for r in rs], [r["predicted_us"] for r in rs], "o-", ms=3, label=a)
-      c = cross[(sc, n)]
-      if c["ring_loses_at"]:
-        ax.axvline(c["ring_loses_at"], color="tab:red", ls=":", lw=1)
-        ax.text(
-          c["ring_loses_at"],
-          max(r["predicted_us"] for r in mine),
-          f" ring loses at p={c['ring_loses_at']}\n to {c['winner_there']};"
-          f"\n {c['ring_over_best_at_max_p']:.1f}x slower at p={c['max_p']}",
-          fontsize=7,
-          color="tab:red",
-          va="top",
-        )
-      ax.set_xscale("log", base=2)
-      ax.set_yscale("log")
-      ax.set_title(f"{sc}: {format_size(n)} per device", fontsize=9)
-      ax.set_xlabel("participants p")
-      ax.set_ylabel("predicted time (µs)")
-      ax.grid(True, which="both", alpha=0.3)
-      ax.legend(fontsize=7)
-  fig.tight_layout()
-  Path(path).parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--inner", default="nvlink4", help="'latency_us,GBps' or a preset")
   parser.add_argument("--outer", default="ib_ndr", help="'latency_us,GBps' or a preset")
@@ -166,7 +118,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
   from allreduce_jax import cost_model
-  from allreduce_jax.tools.bench import format_size, parse_size
+  from allreduce_jax.tools._args import format_size, parse_size
 
   try:
     sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",") if s.strip()]
@@ -215,12 +167,8 @@ def run(args: argparse.Namespace) -> int:
       f" ({c['best_at_max_p']})"
     )
   fig = Path(args.plot) if args.plot else out.with_suffix(".png")
-  plot(rows, fig)
+  from allreduce_jax.tools import _plot
+
+  _plot.save(_plot.scaling(rows, crossovers(rows)), fig, dpi=110)
   print(f"# rows: {out}  figure: {fig}")
   return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-  from allreduce_jax.cli import main as _main
-
-  sys.exit(_main(["scaling", *sys.argv[1:]]))

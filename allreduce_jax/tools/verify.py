@@ -15,7 +15,6 @@ compiles only a few dozen programs.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -28,12 +27,11 @@ from jax.sharding import PartitionSpec as P
 from allreduce_jax import _devices
 from allreduce_jax._api import ALGORITHMS, all_reduce
 from allreduce_jax._ops import OPS, get_op
-from allreduce_jax.tools._args import csv_list
+from allreduce_jax.tools._args import add_devices, csv_list
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
 KINDS: tuple[str, ...] = ("verifiable", "random", "special")
 SHAPES: tuple[tuple[int, ...], ...] = ((), (1,), (13,), (3, 7))
-PARTICIPANTS: tuple[int, ...] = (1, 2, 3, 4, 5, 8)
 
 
 @dataclass(frozen=True)
@@ -150,16 +148,14 @@ def _compare(x: np.ndarray, got: np.ndarray, ref: np.ndarray, op: str, kind: str
 
 
 def _mesh_and_axis(algorithm: str, p: int):
-  if algorithm == "hierarchical" and jax.process_count() > 1:
+  if ALGORITHMS[algorithm].axes == 2 and jax.process_count() > 1:
     # One mesh axis per process level: outer = processes, inner = local devices.
     if p != jax.device_count():
       raise ValueError(
-        f"across processes hierarchical needs all {jax.device_count()} devices, got p={p}."
+        f"across processes {algorithm} needs all {jax.device_count()} devices, got p={p}."
       )
     return _devices.process_mesh(("outer", "inner")), ("outer", "inner")
-  if algorithm == "hierarchical":
-    return _devices.submesh(_devices.factor_2d(p), ("outer", "inner")), ("outer", "inner")
-  return _devices.submesh((p,), ("i",)), "i"
+  return _devices.mesh_for(algorithm, p)
 
 
 def run_case(
@@ -246,7 +242,7 @@ def format_table(table: list[dict]) -> str:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--devices", type=int, default=8, help="emulated CPU devices (default 8)")
+  add_devices(parser)
   parser.add_argument(
     "--algorithms",
     type=csv_list,
@@ -347,9 +343,3 @@ def run(args: argparse.Namespace) -> int:
       for r in rows:
         f.write(json.dumps(asdict(r)) + "\n")
   return 1 if failed else 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-  from allreduce_jax.cli import main
-
-  sys.exit(main(["verify", *sys.argv[1:]]))

@@ -1,0 +1,221 @@
+"""Every figure of the tools: each function returns a ``matplotlib.figure.Figure``.
+
+The figures are built without ``pyplot`` and without choosing a backend, so the same
+function serves a headless command (:func:`save` writes a PNG) and a notebook (show
+the returned figure, e.g. as a cell's last expression or with ``display(fig)``).
+Reference lines are styled alike everywhere: ``psum`` (XLA's own all-reduce) is
+black and thicker, and every algorithm keeps one color, marker and line style.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib import rcParams
+from matplotlib.figure import Figure
+
+from allreduce_jax.tools._args import format_size
+
+REFERENCE = "psum"
+_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*")
+_LINESTYLES = ("-", "--", "-.", ":")
+
+
+def style(algorithm: str, k: int) -> dict:
+  """Line style of the ``k``-th algorithm of a figure: psum black and thick, the
+  others a color, a marker and a line style each (overlapping lines stay visible)."""
+  if algorithm == REFERENCE:
+    return {"color": "black", "lw": 2.6, "marker": "o", "ls": "-", "zorder": 5}
+  colors = rcParams["axes.prop_cycle"].by_key()["color"]
+  colors = [c for c in colors if c not in ("black", "#000000", "k")]
+  return {
+    "color": colors[k % len(colors)],
+    "lw": 1.4,
+    "marker": _MARKERS[k % len(_MARKERS)],
+    "ls": _LINESTYLES[k % len(_LINESTYLES)],
+    "zorder": 3,
+  }
+
+
+def save(fig: Figure, path, dpi: int = 120) -> Path:
+  """Writes ``fig`` to ``path`` (folders created); returns the path."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(path, dpi=dpi)
+  return path
+
+
+def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
+  """Measured time vs size per algorithm (log-log, bars min–max) with the model
+  dashed; the latency-bound region (below ring's α/β balance point) shaded and the
+  sizes where the model's argmin changes marked. None if no row has p > 1."""
+  from allreduce_jax import _devices, cost_model
+  from allreduce_jax._api import ALGORITHMS
+
+  rows = [r for r in rows if r["n_devices"] > 1]
+  if not rows:
+    return None
+  p = rows[0]["n_devices"]
+  fig = Figure(figsize=(9, 6))
+  ax = fig.subplots()
+  algs = sorted({r["algorithm"] for r in rows}, key=lambda a: (a == REFERENCE, a))
+  sizes = np.geomspace(min(r["bytes"] for r in rows), max(r["bytes"] for r in rows), 200)
+  for k, alg in enumerate(algs):
+    mine = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["bytes"])
+    st = style(alg, k)
+    ax.errorbar(
+      [r["bytes"] for r in mine],
+      [r["time_us"] for r in mine],
+      yerr=[
+        [r["time_us"] - r["time_us_min"] for r in mine],
+        [r["time_us_max"] - r["time_us"] for r in mine],
+      ],
+      ms=4,
+      label=alg + (" (XLA, reference)" if alg == REFERENCE else ""),
+      capsize=2,
+      **st,
+    )
+    record = ALGORITHMS.get(alg)
+    if record is not None and record.schedule is not None:
+      inner = _devices.inner_size(alg, p)
+      pred = [cost_model.predict_us(alg, p, n, params, inner=inner) for n in sizes]
+      ax.plot(sizes, pred, "--", color=st["color"], alpha=0.6, lw=1)
+  n_star = cost_model.balance_bytes("ring", p, params)
+  if math.isfinite(n_star):
+    ax.axvspan(sizes[0], max(min(n_star, sizes[-1]), sizes[0]), color="0.9", zorder=0)
+    ax.axvline(n_star, color="0.5", lw=0.8)
+    ax.text(
+      n_star,
+      min(r["time_us"] for r in rows),
+      f" ring: latency = bandwidth term\n at {format_size(int(n_star))}",
+      fontsize=8,
+      color="0.3",
+    )
+  for n, before, after in cost_model.switch_points(p, params, sizes[0], sizes[-1]):
+    ax.axvline(n, color="tab:red", ls=":", lw=1)
+    ax.text(
+      n,
+      max(r["time_us"] for r in rows),
+      f" {before}→{after}\n {format_size(int(n))}",
+      fontsize=7,
+      color="tab:red",
+      va="top",
+    )
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("log")
+  ax.set_xlabel("bytes per participant")
+  ax.set_ylabel("time (µs): median, bars min–max; dashed: fitted model")
+  ax.set_title(title or f"all-reduce time on {p} devices (shaded: latency-bound)")
+  ax.legend(fontsize=8)
+  ax.grid(True, which="both", alpha=0.3)
+  fig.tight_layout()
+  return fig
+
+
+def fusion(rows: Sequence[dict], buckets: Sequence[str] | None = None) -> Figure:
+  """Speedup over per-leaf vs bucket size, one line per (model, algorithm)."""
+  fig = Figure(figsize=(8, 5))
+  ax = fig.subplots()
+  groups: dict[tuple, list[dict]] = {}
+  for r in rows:
+    groups.setdefault((r["model"], r["algorithm"], r["n_leaves"]), []).append(r)
+  order = list(buckets or dict.fromkeys(r["bucket"] for r in rows))
+  algs = sorted({g[1] for g in groups}, key=lambda a: (a == REFERENCE, a))
+  models = sorted({g[0] for g in groups})
+  for (model, alg, leaves), rs in groups.items():
+    rs = sorted(rs, key=lambda r: order.index(r["bucket"]) if r["bucket"] in order else 99)
+    st = style(alg, algs.index(alg))
+    st["ls"] = _LINESTYLES[models.index(model) % len(_LINESTYLES)]
+    ax.plot(
+      [r["bucket"] for r in rs],
+      [r["speedup_vs_per_leaf"] for r in rs],
+      label=f"{model} ({leaves} leaves), {alg}",
+      **st,
+    )
+  ax.axhline(1.0, color="0.5", lw=0.8)
+  ax.set_yscale("log")
+  ax.set_xlabel("bucket size (per-leaf = no fusion; one = one bucket per dtype)")
+  ax.set_ylabel("speedup over per-leaf all-reduce (median times)")
+  if rows:
+    ax.set_title(f"tensor fusion on {rows[0]['n_devices']} {rows[0]['backend']} devices")
+  ax.legend(fontsize=8)
+  ax.grid(True, which="both", alpha=0.3)
+  fig.tight_layout()
+  return fig
+
+
+def audit(rows: Sequence[dict]) -> Figure:
+  """Left: max bytes sent per participant / n vs p, from compiled HLO. Right: compile
+  time vs p. One marker and line style per algorithm, so lines that coincide (every
+  bandwidth-optimal algorithm sends 2(p-1)/p·n) stay distinguishable."""
+  fig = Figure(figsize=(11, 4.5))
+  ax1, ax2 = fig.subplots(1, 2)
+  algs = list(dict.fromkeys(r["algorithm"] for r in rows))
+  for k, alg in enumerate(algs):
+    rs = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["p"])
+    ps = [r["p"] for r in rs]
+    st = style(alg, k)
+    ms = 9 - 1.2 * (k % 4)  # overlapping markers: larger ones drawn behind smaller ones
+    ax1.plot(ps, [r["sent_over_n"] for r in rs], ms=ms, mfc="none", label=alg, **st)
+    ax2.plot(ps, [r["compile_s"] for r in rs], ms=ms, mfc="none", label=alg, **st)
+  ax1.axhline(2.0, color="0.5", ls="--", lw=0.8)
+  ax1.text(2, 2.05, "2n (ring's limit)", fontsize=7, color="0.4")
+  for ax, ylabel in ((ax1, "max bytes sent per participant / n (from HLO)"), (ax2, "compile (s)")):
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("participants p")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+  ax1.set_yscale("log")
+  ax1.set_title("bytes each participant sends")
+  ax2.set_title("compile time (no execution)")
+  ax1.legend(fontsize=7, title="algorithm", title_fontsize=7)
+  fig.tight_layout()
+  return fig
+
+
+def scaling(rows: Sequence[dict], crossovers: Sequence[dict] = ()) -> Figure:
+  """Predicted time vs p, one panel per (scenario, size), the ring's crossover marked
+  (``crossovers``: ``tools.scaling.crossovers(rows)``)."""
+  scenarios = sorted({r["scenario"] for r in rows})
+  sizes = sorted({r["bytes"] for r in rows})
+  fig = Figure(figsize=(5 * len(sizes), 4 * len(scenarios)))
+  axes = fig.subplots(len(scenarios), len(sizes), squeeze=False)
+  cross = {(c["scenario"], c["bytes"]): c for c in crossovers}
+  algs = list(dict.fromkeys(r["algorithm"] for r in rows))
+  for si, sc in enumerate(scenarios):
+    for ni, n in enumerate(sizes):
+      ax = axes[si][ni]
+      mine = [r for r in rows if r["scenario"] == sc and r["bytes"] == n]
+      for a in dict.fromkeys(r["algorithm"] for r in mine):
+        rs = sorted((r for r in mine if r["algorithm"] == a), key=lambda r: r["p"])
+        ax.plot(
+          [r["p"] for r in rs],
+          [r["predicted_us"] for r in rs],
+          ms=3,
+          label=a,
+          **style(a, algs.index(a)),
+        )
+      c = cross.get((sc, n))
+      if c and c["ring_loses_at"]:
+        ax.axvline(c["ring_loses_at"], color="tab:red", ls=":", lw=1)
+        ax.text(
+          c["ring_loses_at"],
+          max(r["predicted_us"] for r in mine),
+          f" ring loses at p={c['ring_loses_at']}\n to {c['winner_there']};"
+          f"\n {c['ring_over_best_at_max_p']:.1f}x slower at p={c['max_p']}",
+          fontsize=7,
+          color="tab:red",
+          va="top",
+        )
+      ax.set_xscale("log", base=2)
+      ax.set_yscale("log")
+      ax.set_title(f"{sc}: {format_size(n)} per device", fontsize=9)
+      ax.set_xlabel("participants p")
+      ax.set_ylabel("predicted time (µs)")
+      ax.grid(True, which="both", alpha=0.3)
+      ax.legend(fontsize=7)
+  fig.tight_layout()
+  return fig
