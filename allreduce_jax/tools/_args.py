@@ -91,7 +91,221 @@ def add_devices(parser: argparse.ArgumentParser, default: int = 8) -> None:
   """``--devices N``: how many devices to run on (emulated CPU devices when on CPU)."""
   parser.add_argument(
     "--devices",
-    type=int,
+    type=positive_int,
     default=default,
     help="devices to use (on CPU: emulated devices; ignored under jax.distributed)",
   )
+
+
+# ----------------------------------------------------------------------------------------
+# Checked values: every input problem found while parsing, as one line naming the option.
+# argparse ``type`` functions raise ArgumentTypeError ("argument --dtype: ..."); the
+# ``check_*`` / ``*_store`` helpers, used in ``run`` before any work, raise SystemExit.
+# ----------------------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+  """An integer ≥ 1 (an argparse ``type``).
+
+  Example:
+    >>> positive_int("3")
+    3
+  """
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+  return value
+
+
+def nonnegative_int(text: str) -> int:
+  """An integer ≥ 0 (an argparse ``type``)."""
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}") from None
+  if value < 0:
+    raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+  return value
+
+
+def nonempty(parse):
+  """Wraps a list parser (``csv_list``, ``int_list``, ``size_list``) so that an empty
+  list (``--sizes ''``) is an error instead of "everything" or nothing.
+
+  Example:
+    >>> nonempty(csv_list)("a,b")
+    ['a', 'b']
+  """
+
+  def parse_nonempty(text: str):
+    values = parse(text)
+    if not values:
+      raise argparse.ArgumentTypeError(f"expected at least one value, got {text!r}")
+    return values
+
+  parse_nonempty.__name__ = getattr(parse, "__name__", "list")
+  return parse_nonempty
+
+
+def positive_int_list(text: str) -> list[int]:
+  """``"2,4,8"`` -> ``[2, 4, 8]``, every entry ≥ 1 and at least one."""
+  values = nonempty(int_list)(text)
+  bad = [v for v in values if v < 1]
+  if bad:
+    raise argparse.ArgumentTypeError(f"every value must be at least 1, got {bad[0]}")
+  return values
+
+
+def choice_list(choices, what: str = "names"):
+  """A comma-list parser accepting only ``choices`` (a sequence, or a function
+  returning one, so registry lookups happen at parse time) and at least one."""
+
+  def parse(text: str) -> list[str]:
+    allowed = tuple(choices() if callable(choices) else choices)
+    values = csv_list(text)
+    if not values:
+      raise argparse.ArgumentTypeError(f"expected some of {', '.join(allowed)}; got none")
+    for v in values:
+      if v not in allowed:
+        raise argparse.ArgumentTypeError(
+          f"unknown {what[:-1] if what.endswith('s') else what} {v!r}; expected some of"
+          f" {', '.join(allowed)}"
+        )
+    return values
+
+  return parse
+
+
+def _algorithm_names() -> tuple[str, ...]:
+  from allreduce_jax._api import names
+
+  return names()
+
+
+def _op_names() -> tuple[str, ...]:
+  from allreduce_jax._ops import OPS
+
+  return OPS
+
+
+#: ``--algorithms`` / ``--ops``: comma lists checked against the registry and OPS.
+algorithm_list = choice_list(_algorithm_names, "algorithms")
+op_list = choice_list(_op_names, "ops")
+
+
+def op_choice(text: str) -> str:
+  """One op of :data:`allreduce_jax._ops.OPS` (an argparse ``type``)."""
+  if text not in _op_names():
+    raise argparse.ArgumentTypeError(
+      f"unknown op {text!r}; expected one of {', '.join(_op_names())}"
+    )
+  return text
+
+
+def dtype_choice(text: str) -> str:
+  """A dtype ``all_reduce`` can reduce and this process can hold, as its canonical
+  name (an argparse ``type``): numeric, whole bytes per element (no ``int4``), and
+  64-bit only with ``JAX_ENABLE_X64=1`` (JAX would silently use 32 bits).
+
+  Example:
+    >>> dtype_choice("float32"), dtype_choice("bfloat16")
+    ('float32', 'bfloat16')
+  """
+  import jax
+  import jax.numpy as jnp
+
+  try:
+    dt = jnp.dtype(text)
+  except TypeError:
+    raise argparse.ArgumentTypeError(f"unknown dtype {text!r}") from None
+  kinds = (jnp.integer, jnp.floating, jnp.complexfloating)
+  if not any(jnp.issubdtype(dt, k) for k in kinds):
+    raise argparse.ArgumentTypeError(
+      f"dtype {dt.name} cannot be all-reduced; expected a numeric dtype"
+      " (float32, bfloat16, float16, int32, ...)"
+    )
+  if jnp.issubdtype(dt, jnp.integer) or jnp.issubdtype(dt, jnp.floating):
+    info = jnp.iinfo(dt) if jnp.issubdtype(dt, jnp.integer) else jnp.finfo(dt)
+    if info.bits < 8 * dt.itemsize:
+      raise argparse.ArgumentTypeError(
+        f"dtype {dt.name} packs {info.bits}-bit elements; expected a dtype of whole bytes"
+      )
+  bits = 8 * dt.itemsize // (2 if dt.kind == "c" else 1)  # complex: per component
+  if bits == 64 and not jax.config.read("jax_enable_x64"):
+    raise argparse.ArgumentTypeError(
+      f"dtype {dt.name} needs 64-bit mode, which is off (JAX would silently use 32 bits);"
+      " set JAX_ENABLE_X64=1"
+    )
+  return dt.name
+
+
+def dtype_list(text: str) -> list[str]:
+  """Comma-separated :func:`dtype_choice` values, at least one."""
+  return [dtype_choice(v) for v in nonempty(csv_list)(text)]
+
+
+def check_op_dtypes(
+  ops: list[str], dtypes: list[str], ops_arg: str = "--op", dtypes_arg: str = "--dtype"
+) -> None:
+  """Before any work: every requested (op, dtype) pair is defined (``mean`` needs a
+  float, ``max``/``min`` a real dtype); raises SystemExit naming both options."""
+  from allreduce_jax._ops import get_op
+
+  for op in ops:
+    for dtype in dtypes:
+      try:
+        get_op(op, dtype)
+      except (TypeError, ValueError) as e:
+        raise SystemExit(f"{ops_arg} {op} with {dtypes_arg} {dtype}: {e}") from None
+
+
+def output_path(path, arg: str = "--out"):
+  """Before any work: ``path`` (a file to write, e.g. a figure or a fit) can be
+  written: its folder exists or can be made, and it is not a folder. Returns a Path."""
+  import os
+  from pathlib import Path
+
+  path = Path(path)
+  if path.is_dir():
+    raise SystemExit(f"{arg} {path}: is a folder; expected a file path.")
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise SystemExit(f"{arg} {path}: cannot create its folder ({e.strerror or e}).") from None
+  if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    raise SystemExit(f"{arg} {path}: cannot be written (permission denied).")
+  return path
+
+
+def output_dir(path, arg: str = "--log-dir"):
+  """Before any work: ``path`` is (or can be made) a writable folder. Returns a Path."""
+  import os
+  from pathlib import Path
+
+  path = Path(path)
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise SystemExit(f"{arg} {path}: cannot create the folder ({e.strerror or e}).") from None
+  if not os.access(path, os.W_OK):
+    raise SystemExit(f"{arg} {path}: cannot be written (permission denied).")
+  return path
+
+
+def row_store(path, kind: str, *, fresh: bool = False, context=None, arg: str = "--out"):
+  """Before any work: the :class:`~allreduce_jax.results.RowStore` behind ``arg``,
+  checked (ours or absent, writable) and, with ``fresh``, emptied; a foreign file
+  (``--out notes.csv``, another command's rows) is refused with one line."""
+  from allreduce_jax.results import RowsError, RowStore
+
+  store = RowStore(path, kind, context=context)
+  try:
+    store.check()
+    if fresh:
+      store.reset()
+  except RowsError as e:
+    raise SystemExit(f"{arg}: {e}") from None
+  return store
