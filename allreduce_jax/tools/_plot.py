@@ -62,7 +62,10 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
   fig = Figure(figsize=(9, 6))
   ax = fig.subplots()
   algs = sorted({r["algorithm"] for r in rows}, key=lambda a: (a == REFERENCE, a))
-  sizes = np.geomspace(min(r["bytes"] for r in rows), max(r["bytes"] for r in rows), 200)
+  lo, hi = min(r["bytes"] for r in rows), max(r["bytes"] for r in rows)
+  if lo == hi:  # a single-size sweep: draw the model over a span around it
+    lo, hi = lo / 2, hi * 2
+  sizes = np.geomspace(lo, hi, 200)
   for k, alg in enumerate(algs):
     mine = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["bytes"])
     st = style(alg, k)
