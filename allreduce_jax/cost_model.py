@@ -218,6 +218,11 @@ PRESETS: dict[str, Params] = {
   "nvlink4": Params.from_link(latency_us=3.4, bandwidth_gbps=450.0, reduce_gbps=1000.0),
   "ib_ndr": Params.from_link(latency_us=5.0, bandwidth_gbps=50.0, reduce_gbps=1000.0),
   "tpu_v5e_ici": Params.from_link(latency_us=1.0, bandwidth_gbps=45.0, reduce_gbps=1000.0),
+  # Ethernet: IEEE 802.3ae (10 Gb/s) and 802.3ba (100 Gb/s) line rates, i.e. 1.25 and
+  # 12.5 GB/s per direction; α is NCCL's per-hop network latency for the Simple-protocol
+  # ring (9.6 µs, ``hwLat[NET]`` in ``src/graph/tuning.cc``). Kernel TCP is slower.
+  "10gbe": Params.from_link(latency_us=9.6, bandwidth_gbps=1.25, reduce_gbps=1000.0),
+  "100gbe": Params.from_link(latency_us=9.6, bandwidth_gbps=12.5, reduce_gbps=1000.0),
   "default": DEFAULT_PARAMS,
 }
 
@@ -335,28 +340,28 @@ def _features(algorithm: str, p: int, n: float, inner: int | None = None) -> lis
   return [float(s.steps), float(s.beta_bytes), float(s.gamma_bytes)]
 
 
-def _nnls(a, b):
-  """Non-negative least squares for a handful of columns: the best of the
-  unconstrained solutions on every subset of columns that comes out non-negative."""
-  import itertools
+def gamma_identifiable(rows) -> bool:
+  """Whether rows ``(algorithm, p, n_bytes, seconds)`` can tell γ from β.
 
+  γ (per byte reduced) is identifiable only if the rows' ``gamma_bytes`` are not a
+  fixed multiple of their ``beta_bytes`` (plus steps): for one algorithm at one p
+  they always are (the ring sends 2(p-1)/p·n and reduces (p-1)/p·n, ratio 2:1), so a
+  per-algorithm fit at fixed p can only give β + γ/2 together. Mixing algorithms
+  with different byte ratios (the shared fit) or several p separates them.
+
+  Example:
+    >>> gamma_identifiable([("ring", 8, n, 1.0) for n in (1e3, 1e6)])
+    False
+    >>> gamma_identifiable([(a, 8, n, 1.0) for a in ("ring", "recursive_doubling") for n in (1e3, 1e6)])
+    True
+  """
   import numpy as np
 
-  k = a.shape[1]
-  best, best_res = np.zeros(k), float(np.sum(b**2))
-  for r in range(1, k + 1):
-    for cols in itertools.combinations(range(k), r):
-      sub = a[:, cols]
-      if np.linalg.matrix_rank(sub) < r:
-        continue
-      x, *_ = np.linalg.lstsq(sub, b, rcond=None)
-      if np.any(x < 0):
-        continue
-      res = float(np.sum((sub @ x - b) ** 2))
-      if res < best_res:
-        best_res, best = res, np.zeros(k)
-        best[list(cols)] = x
-  return best
+  a = np.array([_features(alg, p, n) for alg, p, n, _ in rows], dtype=np.float64)
+  if len(a) < 3:
+    return False
+  a = a / np.maximum(np.max(np.abs(a), axis=0), 1e-300)
+  return bool(np.linalg.matrix_rank(a, tol=1e-9) == 3)
 
 
 def fit(rows, relative: bool = True) -> Params:
@@ -373,7 +378,8 @@ def fit(rows, relative: bool = True) -> Params:
     relative: minimize relative rather than absolute squared error.
 
   Returns:
-    The fitted :class:`Params`.
+    The fitted :class:`Params`. Where γ is not identifiable from ``rows``
+    (:func:`gamma_identifiable`), γ is 0 and β absorbs the reduction cost.
 
   Example:
     >>> true = Params(10e-6, 1e-9, 0.5e-9)
@@ -393,25 +399,38 @@ def fit(rows, relative: bool = True) -> Params:
   if np.any(t <= 0):
     raise ValueError("fit: measured times must be positive.")
   w = 1.0 / t if relative else np.ones_like(t)
+  from scipy.optimize import nnls
+
+  cols = 3 if gamma_identifiable(rows) else 2  # else: no γ column, β absorbs it
+  a = a[:, :cols]
   scale = np.maximum(np.max(np.abs(a), axis=0), 1e-300)  # condition the columns
-  x = _nnls(a * w[:, None] / scale, t * w) / scale
+  x, _ = nnls(a * w[:, None] / scale, t * w)
+  x = np.append(x / scale, [0.0] * (3 - cols))
   return Params(float(x[0]), float(x[1]), float(x[2]))
 
 
 def fit_all(rows, per_algorithm: bool = True, meta: dict | None = None) -> FittedParams:
   """One shared fit over the hand-written algorithms' rows plus (if ``per_algorithm``)
   one fit per algorithm (``psum`` too: modelled as a ring, its own fit gives XLA's
-  effective α, β, γ; it is left out of the shared fit)."""
+  effective α, β, γ; it is left out of the shared fit).
+
+  ``meta["gamma_identified"]`` says, for ``"shared"`` and each algorithm, whether
+  its γ could be told from β (:func:`gamma_identifiable`); where not, γ is 0 and
+  should be shown as unknown, not as 0."""
+  from allreduce_jax._api import ALGORITHMS
+
   rows = list(rows)
-  ours = [r for r in rows if r[0] != "psum"]  # XLA's psum is not one of our schedules
+  ours = [r for r in rows if ALGORITHMS[r[0]].hand_written]  # XLA's is not our schedule
   shared = fit(ours or rows)
+  identified = {"shared": gamma_identifiable(ours or rows)}
   per: dict[str, Params] = {}
   if per_algorithm:
     for alg in sorted({r[0] for r in rows}):
       mine = [r for r in rows if r[0] == alg]
       if len({r[2] for r in mine}) >= 2:
         per[alg] = fit(mine)
-  return FittedParams(shared, per, dict(meta or {}))
+        identified[alg] = gamma_identifiable(mine)
+  return FittedParams(shared, per, {**(meta or {}), "gamma_identified": identified})
 
 
 def choose(
