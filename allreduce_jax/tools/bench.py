@@ -312,6 +312,22 @@ def fit_report(rows: Sequence[dict], fitted) -> tuple[str, list[dict]]:
   return "\n".join(lines), table
 
 
+def fit_params_table(fitted) -> list[dict]:
+  """One row per fit (shared, then each algorithm): α (µs), β (ns/B), bandwidth
+  (GB/s) and γ (ns/B), γ None where the rows could not identify it
+  (``cost_model.gamma_identifiable``)."""
+  from allreduce_jax import cost_model
+
+  known = fitted.meta.get("gamma_identified", {})
+  table = []
+  for name, q in [("shared", fitted.shared), *fitted.per_algorithm.items()]:
+    d = cost_model.params_to_dict(q)
+    if not known.get(name, True):
+      d["gamma_ns_per_byte"] = None
+    table.append({"fit": name, **d})
+  return table
+
+
 def fit_and_save(rows: Sequence[dict], path) -> tuple:
   """Fits α, β, γ (shared and per algorithm) from bench rows and saves them."""
   from allreduce_jax import cost_model
@@ -463,12 +479,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
       raise SystemExit(str(e)) from None
     print(f"# fit from {len(mine)} rows -> {path}")
-    for name, q in [("shared", fitted.shared), *fitted.per_algorithm.items()]:
-      d = cost_model.params_to_dict(q)
+    for d in fit_params_table(fitted):
+      gamma = "—" if d["gamma_ns_per_byte"] is None else f"{d['gamma_ns_per_byte']:.4f} ns/B"
       print(
-        f"#   {name:>18}: α = {d['alpha_us']:9.2f} µs  β = {d['beta_ns_per_byte']:.4f} ns/B"
-        f" ({d['bandwidth_gbps']:.2f} GB/s)  γ = {d['gamma_ns_per_byte']:.4f} ns/B"
+        f"#   {d['fit']:>18}: α = {d['alpha_us']:9.2f} µs  β = {d['beta_ns_per_byte']:.4f} ns/B"
+        f" ({d['bandwidth_gbps']:.2f} GB/s)  γ = {gamma}"
       )
+    print("#   γ —: not identifiable from one algorithm at one p (β includes it)")
     print(text)
     params = fitted
   if main:
