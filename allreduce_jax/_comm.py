@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Sequence
 
 import jax
@@ -68,13 +69,39 @@ _message_log: list | None = None
 
 @contextlib.contextmanager
 def recording_messages():
-  """While active, every :func:`send` traced appends ``(axis_name, pairs, received)``."""
+  """While active, every :func:`send` traced appends ``(axis_name, pairs, received)``;
+  each entry's ``.step`` is the :func:`concurrent` block it was sent in (None: its own step)."""
   global _message_log
   previous, _message_log = _message_log, []
   try:
     yield _message_log
   finally:
     _message_log = previous
+
+
+class _Message(tuple):
+  """A log entry ``(axis_name, pairs, received)`` with the ``step`` it belongs to."""
+
+  step: int | None = None
+
+
+_step: int | None = None  # the open concurrent() block, if any
+_steps = itertools.count()
+
+
+@contextlib.contextmanager
+def concurrent():
+  """The sends traced inside form ONE message step: independent transfers in flight
+  together, like the two lanes of a bidirectional ring. Outside such a block every
+  send is its own step. Only the recorded schedule (``topology.traced_messages``)
+  reads this; the program is unchanged."""
+  global _step
+  previous = _step
+  _step = next(_steps) if previous is None else previous
+  try:
+    yield
+  finally:
+    _step = previous
 
 
 def send(x: jax.Array, axis_name: AxisName, pairs: Sequence[tuple[int, int]]) -> jax.Array:
@@ -84,7 +111,9 @@ def send(x: jax.Array, axis_name: AxisName, pairs: Sequence[tuple[int, int]]) ->
   """
   received = lax.ppermute(x, axes_tuple(axis_name), perm=list(pairs))
   if _message_log is not None:
-    _message_log.append((axis_name, list(pairs), received))
+    entry = _Message((axis_name, list(pairs), received))
+    entry.step = _step
+    _message_log.append(entry)
   return received
 
 

@@ -44,13 +44,14 @@ def _reduce_scatter_lanes(
   # after step s holds chunk i - d*(s+2) summed over s+2 participants.
   accs = [_comm.chunk(f, (i - d) % p, c) for f, d in zip(flats, dirs)]  # [T[c]]
   for s in range(p - 1):
-    accs = [
-      combine(
-        _comm.send(acc, axis_name, _comm.shift_pairs(p, d)),
-        _comm.chunk(f, (i - d * (s + 2)) % p, c),
-      )
-      for acc, f, d in zip(accs, flats, dirs)
-    ]
+    with _comm.concurrent():  # the lanes of one step are in flight together
+      accs = [
+        combine(
+          _comm.send(acc, axis_name, _comm.shift_pairs(p, d)),
+          _comm.chunk(f, (i - d * (s + 2)) % p, c),
+        )
+        for acc, f, d in zip(accs, flats, dirs)
+      ]
   return accs  # after p-1 steps: chunk i - d*p = i, reduced over all p
 
 
@@ -69,7 +70,8 @@ def _all_gather_lanes(
   ]
   curs = list(blocks)
   for s in range(p - 1):
-    curs = [_comm.send(cur, axis_name, _comm.shift_pairs(p, d)) for cur, d in zip(curs, dirs)]
+    with _comm.concurrent():
+      curs = [_comm.send(cur, axis_name, _comm.shift_pairs(p, d)) for cur, d in zip(curs, dirs)]
     # The block received in step s started at participant i - d*(s+1).
     outs = [
       lax.dynamic_update_slice_in_dim(out, cur, ((i - d * (s + 1)) % p) * c, 0)
