@@ -33,7 +33,8 @@ from jax import lax
 
 from allreduce_jax.training import models
 
-#: Per-worker compute-time models, all with mean 1.
+#: Per-worker compute-time models, all with mean 1. A model may carry a parameter
+#: after a colon: ``lognormal:1.0`` (σ), ``pareto:1.2`` (α > 1), ``slow:8`` (factor).
 COMPUTE_MODELS = ("constant", "exponential", "lognormal", "pareto", "slow")
 
 #: Methods of the async replay: the gradient transform applied before the optimizer.
@@ -42,35 +43,110 @@ ASYNC_METHODS = ("async", "async_eta_tau", "dcasgd")
 #: DC-ASGD's λ (Zheng et al. 2017; MXNet's default).
 DC_LAMBDA = 0.04
 
+_DEFAULT_PARAM = {"lognormal": 0.5, "pareto": 1.5, "slow": 4.0}
+
+
+def parse_compute_model(spec: str) -> tuple[str, float | None]:
+  """``"lognormal:1.0"`` -> ``("lognormal", 1.0)``; ``"exponential"`` -> ``("exponential", None)``.
+
+  Example:
+    >>> parse_compute_model("pareto:1.2"), parse_compute_model("lognormal")
+    (('pareto', 1.2), ('lognormal', 0.5))
+  """
+  name, _, arg = str(spec).partition(":")
+  if name not in COMPUTE_MODELS:
+    raise ValueError(
+      f"compute model {spec!r} is not supported; expected one of {COMPUTE_MODELS}"
+      " (optionally with a parameter, e.g. lognormal:1.0)."
+    )
+  if not arg:
+    return name, _DEFAULT_PARAM.get(name)
+  if name not in _DEFAULT_PARAM:
+    raise ValueError(f"compute model {spec!r}: {name} takes no parameter.")
+  try:
+    value = float(arg)
+  except ValueError:
+    raise ValueError(f"compute model {spec!r}: the parameter must be a number.") from None
+  ok = {"lognormal": value >= 0, "pareto": value > 1, "slow": value >= 1}[name]
+  if not ok:
+    raise ValueError(
+      f"compute model {spec!r}: expected σ >= 0 (lognormal), α > 1 (pareto), factor >= 1 (slow)."
+    )
+  return name, value
+
 
 def draw_compute_times(model: str, rng: np.random.Generator, workers: np.ndarray) -> np.ndarray:
   """One compute time per entry of ``workers`` (i32[...] worker ids), mean 1.
 
   * ``constant``: 1.
   * ``exponential``: Exp(mean 1).
-  * ``lognormal``: LogNormal(μ=-σ²/2, σ=0.5).
-  * ``pareto``: (Lomax(α=1.5) + 1) / 3 (Pareto with α=1.5, x_min=1/3: infinite variance).
-  * ``slow``: worker 0 takes 4x as long; all times are jittered by U(0.9, 1.1). Its
-    mean is not 1 (it is (N+3)/N); the others' is.
+  * ``lognormal[:σ]``: LogNormal(μ=-σ²/2, σ), σ = 0.5 by default.
+  * ``pareto[:α]``: Pareto with shape α (1.5 by default) and x_min = (α-1)/α
+    (α <= 2: infinite variance).
+  * ``slow[:k]``: worker 0 takes k (4) times as long; all times are jittered by
+    U(0.9, 1.1). Its mean is not 1 (it is (N+k-1)/N); the others' is.
 
   Example:
     >>> t = draw_compute_times("exponential", np.random.default_rng(0), np.zeros(100_000, int))
     >>> bool(abs(t.mean() - 1) < 0.02)
     True
   """
+  name, param = parse_compute_model(model)
   workers = np.asarray(workers)
   shape = workers.shape
-  if model == "constant":
+  if name == "constant":
     return np.ones(shape)
-  if model == "exponential":
+  if name == "exponential":
     return rng.exponential(1.0, shape)
-  if model == "lognormal":
-    return rng.lognormal(-0.125, 0.5, shape)
-  if model == "pareto":
-    return (rng.pareto(1.5, shape) + 1.0) / 3.0
-  if model == "slow":
-    return np.where(workers == 0, 4.0, 1.0) * rng.uniform(0.9, 1.1, shape)
-  raise ValueError(f"compute model {model!r} is not supported; expected one of {COMPUTE_MODELS}.")
+  if name == "lognormal":
+    return rng.lognormal(-0.5 * param * param, param, shape)
+  if name == "pareto":
+    return (rng.pareto(param, shape) + 1.0) * ((param - 1.0) / param)
+  return np.where(workers == 0, param, 1.0) * rng.uniform(0.9, 1.1, shape)
+
+
+class ComputeTimes:
+  """The compute times of N workers: ``times(i, k)`` is worker ``i``'s k-th gradient.
+
+  Drawn row by row from one generator (row k = every worker's k-th time) and
+  multiplied by a per-worker ``scale`` (seconds per mean gradient, slower workers
+  or larger batches). The synchronous and the event-driven schedules read the same
+  rows, so they see the same compute times for the same seed.
+
+  Example:
+    >>> c = ComputeTimes("constant", 2, seed=0, scale=(1.0, 3.0))
+    >>> c(1, 5), c.rows(2).tolist()
+    (3.0, [[1.0, 3.0], [1.0, 3.0]])
+  """
+
+  def __init__(self, model: str, n_workers: int, seed: int, scale=None, block: int = 256):
+    parse_compute_model(model)
+    if n_workers < 1:
+      raise ValueError(f"n_workers must be >= 1, got {n_workers}.")
+    self.model, self.n = model, n_workers
+    self.scale = np.ones(n_workers) if scale is None else np.asarray(scale, np.float64)
+    if self.scale.shape != (n_workers,) or not (self.scale > 0).all():
+      raise ValueError(f"scale must be {n_workers} positive numbers, got {scale!r}.")
+    self._rng = np.random.default_rng(seed)
+    self._block = block
+    self._rows = np.zeros((0, n_workers))
+
+  def _grow(self, k: int) -> None:
+    while self._rows.shape[0] <= k:
+      more = max(self._block, self._rows.shape[0])
+      ids = np.broadcast_to(np.arange(self.n), (more, self.n))
+      base = draw_compute_times(self.model, self._rng, ids)
+      self._rows = np.concatenate([self._rows, base * self.scale])
+
+  def rows(self, k: int) -> np.ndarray:
+    """f64[k, N]: the first ``k`` rows."""
+    if k > 0:
+      self._grow(k - 1)
+    return self._rows[:k]
+
+  def __call__(self, i: int, k: int) -> float:
+    self._grow(k)
+    return float(self._rows[k, i])
 
 
 @dataclass(frozen=True)
@@ -79,13 +155,17 @@ class AsyncSchedule:
 
   ``staleness``: i32[T] (τ of update t); ``worker``: i32[T]; ``time``: f64[T] the
   simulated time at which update t is applied; ``dropped``: gradients discarded
-  because they were staler than the buffer allows.
+  because they were staler than the buffer allows; ``read``: i32[T] the version
+  the gradient was computed at (``t - staleness``); ``clock``: i32[T] the
+  worker's iteration count of that gradient (0-based).
   """
 
   staleness: np.ndarray
   worker: np.ndarray
   time: np.ndarray
   dropped: int = 0
+  read: np.ndarray | None = None
+  clock: np.ndarray | None = None
 
 
 def fixed_tau_schedule(tau: int, n_updates: int) -> AsyncSchedule:
@@ -110,17 +190,117 @@ def fixed_tau_schedule(tau: int, n_updates: int) -> AsyncSchedule:
   )
 
 
+def ps_schedule(
+  times: ComputeTimes,
+  n_updates: int,
+  *,
+  staleness_bound: int | None = None,
+  max_staleness: int | None = None,
+  push_s: float = 0.0,
+  pull_s: float = 0.0,
+  duplex: bool = True,
+) -> AsyncSchedule:
+  """Event simulation of N workers around a parameter server, with bounded staleness.
+
+  Each worker loops: pull the parameters (their version is the number of updates
+  applied when the pull starts), compute a gradient (``times(i, k)``), push it;
+  the server applies it the moment the push has arrived. Pushes and pulls cross
+  the server's link one at a time in arrival order (a FIFO queue): a push takes
+  ``push_s`` and a pull ``pull_s`` seconds on it. On a full-duplex link
+  (``duplex=True``) pushes and pulls have a queue each; otherwise they share one.
+  With S server shards, each holding 1/S of the parameters on its own link, every
+  shard sees the same queue, so the caller passes ``α + β·M/S`` per message.
+
+  SSP (Ho et al. 2013): a worker that has finished c iterations starts the next
+  only if ``c - min_j c_j <= staleness_bound``; ``0`` is bulk-synchronous,
+  ``None`` (∞) is plain asynchronous SGD. Gradients staler than
+  ``max_staleness`` are dropped (not applied; the worker carries on).
+
+  Closed forms (tested): with zero compute and one full-duplex link the server
+  applies ``1 / max(push_s, pull_s)`` updates per second, ``1 / (push_s +
+  pull_s)`` when the link is shared; with ``staleness_bound=0`` and no
+  communication, the k-th round ends at the sync schedule's time of step k.
+
+  Ties are broken by stage (an arriving push is applied, and its worker's next
+  pull starts, before another worker's gradient finishing at the same instant is
+  queued) and then by worker id.
+
+  Returns:
+    An :class:`AsyncSchedule` of ``n_updates`` applied updates.
+  """
+  if n_updates < 1:
+    raise ValueError(f"n_updates must be >= 1, got {n_updates}.")
+  if staleness_bound is not None and staleness_bound < 0:
+    raise ValueError(f"staleness_bound must be >= 0 or None, got {staleness_bound}.")
+  if push_s < 0 or pull_s < 0:
+    raise ValueError(f"push_s and pull_s must be >= 0, got {push_s}, {pull_s}.")
+  n = times.n
+  READY, APPLY, PULL = 0, 1, 2  # stages; a later stage goes first at equal times
+  free = {"in": 0.0, "out": 0.0}
+  out_q = "out" if duplex else "in"
+  heap: list = []
+  version, dropped = 0, 0
+  done_iters = np.zeros(n, np.int64)  # c_i: finished (pushed and applied) iterations
+  read_v = np.zeros(n, np.int64)
+  waiting: set[int] = set()
+  stal = np.empty(n_updates, np.int32)
+  who = np.empty(n_updates, np.int32)
+  when = np.empty(n_updates, np.float64)
+  read = np.empty(n_updates, np.int32)
+  clock = np.empty(n_updates, np.int32)
+
+  def start_pull(i: int, now: float) -> None:
+    begin = max(now, free[out_q])
+    free[out_q] = begin + pull_s
+    heapq.heappush(heap, (begin, -PULL, i))
+
+  def may_start(i: int) -> bool:
+    return staleness_bound is None or done_iters[i] - done_iters.min() <= staleness_bound
+
+  for i in range(n):
+    start_pull(i, 0.0)
+  while version < n_updates:
+    now, stage, i = heapq.heappop(heap)
+    stage = -stage
+    if stage == PULL:  # parameters leave the server now: the worker computes on them
+      read_v[i] = version
+      heapq.heappush(heap, (now + pull_s + times(i, int(done_iters[i])), -READY, i))
+    elif stage == READY:  # gradient done: queue the push
+      begin = max(now, free["in"])
+      free["in"] = begin + push_s
+      heapq.heappush(heap, (begin + push_s, -APPLY, i))
+    else:  # the push has arrived: apply it
+      tau = version - int(read_v[i])
+      if max_staleness is not None and tau > max_staleness:
+        dropped += 1
+      else:
+        stal[version], who[version], when[version] = tau, i, now
+        read[version], clock[version] = read_v[i], done_iters[i]
+        version += 1
+      done_iters[i] += 1
+      for j in sorted(waiting | {i}):
+        if may_start(j):
+          waiting.discard(j)
+          start_pull(j, now)
+        else:
+          waiting.add(j)
+  return AsyncSchedule(
+    staleness=stal, worker=who, time=when, dropped=dropped, read=read, clock=clock
+  )
+
+
 def event_schedule(
   model: str, n_workers: int, n_updates: int, seed: int, max_staleness: int | None = None
 ) -> AsyncSchedule:
-  """Event-driven async schedule from per-worker compute times.
+  """Event-driven async schedule from per-worker compute times (no communication).
 
   All workers read ``w_0`` at time 0; whenever one finishes, its gradient is
   applied (unless staler than ``max_staleness``: dropped), and it reads the new
   parameters and starts again. Mean staleness in steady state is ``N - 1``.
+  (:func:`ps_schedule` with unit-mean compute times and free communication.)
 
   Args:
-    model: a key of :data:`COMPUTE_MODELS`.
+    model: a key of :data:`COMPUTE_MODELS` (optionally ``name:param``).
     n_workers: N >= 1.
     n_updates: number of applied updates to schedule.
     seed: seed of the compute times (independent of data and init).
@@ -138,39 +318,7 @@ def event_schedule(
     raise ValueError(f"n_workers must be >= 1, got {n_workers}.")
   if n_updates < 1:
     raise ValueError(f"n_updates must be >= 1, got {n_updates}.")
-  rng = np.random.default_rng(seed)
-  ids = np.arange(n_workers)
-  # Draw times in blocks (vectorized); each worker consumes its own column.
-  block = max(64, 2 * n_updates // n_workers + 64)
-  times = draw_compute_times(model, rng, np.broadcast_to(ids, (block, n_workers)))
-  used = np.zeros(n_workers, np.int64)
-
-  def next_time(i: int) -> float:
-    nonlocal times
-    if used[i] >= times.shape[0]:
-      times = np.concatenate(
-        [times, draw_compute_times(model, rng, np.broadcast_to(ids, (block, n_workers)))]
-      )
-    v = times[used[i], i]
-    used[i] += 1
-    return float(v)
-
-  heap = [(next_time(i), i, 0) for i in range(n_workers)]  # (finish time, worker, version read)
-  heapq.heapify(heap)
-  stal = np.empty(n_updates, np.int32)
-  who = np.empty(n_updates, np.int32)
-  when = np.empty(n_updates, np.float64)
-  version, dropped = 0, 0
-  while version < n_updates:
-    t, i, read = heapq.heappop(heap)
-    tau = version - read
-    if max_staleness is not None and tau > max_staleness:
-      dropped += 1
-    else:
-      stal[version], who[version], when[version] = tau, i, t
-      version += 1
-    heapq.heappush(heap, (t + next_time(i), i, version))
-  return AsyncSchedule(staleness=stal, worker=who, time=when, dropped=dropped)
+  return ps_schedule(ComputeTimes(model, n_workers, seed), n_updates, max_staleness=max_staleness)
 
 
 @dataclass(frozen=True)
@@ -188,7 +336,13 @@ class SyncSchedule:
 
 
 def sync_schedule(
-  model: str, n_workers: int, n_steps: int, seed: int, backups: int = 0, allreduce_time: float = 0.0
+  model: str,
+  n_workers: int,
+  n_steps: int,
+  seed: int,
+  backups: int = 0,
+  allreduce_time: float = 0.0,
+  times: ComputeTimes | None = None,
 ) -> SyncSchedule:
   """Sync steps with ``b = backups`` backup workers (the slowest ``b`` dropped).
 
@@ -197,12 +351,13 @@ def sync_schedule(
   ``E[step] = H_N - H_b``, so ``H_N`` with no backups.
 
   Args:
-    model: a key of :data:`COMPUTE_MODELS`.
+    model: a key of :data:`COMPUTE_MODELS` (ignored when ``times`` is given).
     n_workers: N.
     n_steps: S.
-    seed: seed of the compute times.
+    seed: seed of the compute times (ignored when ``times`` is given).
     backups: b in ``0..N-1``.
-    allreduce_time: modelled all-reduce time per step, in mean-compute units.
+    allreduce_time: modelled all-reduce time per step, in the unit of the times.
+    times: the compute times (row k = step k); default ``ComputeTimes(model, N, seed)``.
 
   Example:
     >>> s = sync_schedule("constant", 4, 3, seed=0, backups=1, allreduce_time=0.5)
@@ -217,9 +372,10 @@ def sync_schedule(
     raise ValueError(f"n_steps must be >= 1, got {n_steps}.")
   if allreduce_time < 0:
     raise ValueError(f"allreduce_time must be >= 0, got {allreduce_time}.")
-  rng = np.random.default_rng(seed)
-  ids = np.broadcast_to(np.arange(n_workers), (n_steps, n_workers))
-  t = draw_compute_times(model, rng, ids)  # f64[S, N]
+  times = times or ComputeTimes(model, n_workers, seed)
+  if times.n != n_workers:
+    raise ValueError(f"times has {times.n} workers, expected n_workers={n_workers}.")
+  t = times.rows(n_steps)  # f64[S, N]
   order = np.argsort(t, axis=1, kind="stable")
   kept = order[:, : n_workers - backups]
   mask = np.zeros((n_steps, n_workers), np.float32)

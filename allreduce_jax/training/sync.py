@@ -186,6 +186,7 @@ def train_sync(
   bucket_bytes: int | None = None,
   axis: str | tuple[str, ...] = "data",
   chunk_fn: Callable | None = None,
+  evaluate: Callable[..., float] | None = None,
 ) -> SyncResult:
   """Trains synchronously over ``mesh`` on the batches ``idx``.
 
@@ -203,6 +204,8 @@ def train_sync(
     axis: the mesh axis (or tuple of axes, as in :func:`make_sync_chunk`).
     chunk_fn: a prebuilt :func:`make_sync_chunk` for this mesh/algorithm/masking,
       reused across runs so it compiles once (built here if ``None``).
+    evaluate: ``evaluate(params, x, y) -> float`` (default: test accuracy,
+      :func:`make_evaluator`); ``test_acc`` holds what it returns.
 
   Returns:
     A :class:`SyncResult`.
@@ -232,11 +235,11 @@ def train_sync(
   )
   rep = NamedSharding(mesh, P())
   col = NamedSharding(mesh, P(None, axis))
-  x_all = _devices.put(data.x_train.shape, np.float32, rep, lambda i: data.x_train[i])
-  y_all = _devices.put(data.y_train.shape, np.int32, rep, lambda i: data.y_train[i])
+  x_all = _devices.put(data.x_train.shape, data.x_train.dtype, rep, lambda i: data.x_train[i])
+  y_all = _devices.put(data.y_train.shape, data.y_train.dtype, rep, lambda i: data.y_train[i])
   w = replicate(params, mesh, axis)
   s = replicate(tx.init(params), mesh, axis)
-  evaluate = make_evaluator(graphdef, rest)
+  evaluate = evaluate or make_evaluator(graphdef, rest)
   eval_steps, test_acc, losses = [0], [evaluate(params, data.x_test, data.y_test)], []
   identical = True
   for start in range(0, steps, eval_every):
@@ -264,9 +267,13 @@ def train_sync(
   )
 
 
-def make_evaluator(graphdef: Any, rest: Any) -> Callable[..., float]:
-  """``evaluate(params, x, y) -> float`` test accuracy, jitted (one compile per shape)."""
-  acc = jax.jit(lambda w, x, y: models.accuracy(graphdef, w, rest, x, y))
+def make_evaluator(graphdef: Any, rest: Any, metric: str = "accuracy") -> Callable[..., float]:
+  """``evaluate(params, x, y) -> float``: accuracy (``metric="accuracy"``) or mean
+  loss (``"loss"``), jitted (one compile per shape)."""
+  fns = {"accuracy": models.accuracy, "loss": models.loss_fn}
+  if metric not in fns:
+    raise ValueError(f"metric={metric!r} is not supported; expected one of {sorted(fns)}.")
+  acc = jax.jit(lambda w, x, y: fns[metric](graphdef, w, rest, x, y))
 
   def evaluate(params, x, y) -> float:
     return float(acc(params, jnp.asarray(x), jnp.asarray(y)))

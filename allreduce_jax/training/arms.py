@@ -1,0 +1,706 @@
+"""Training arms as records: one interface for sync, backups, async, SSP, and the rest.
+
+An :class:`Arm` is one way of training N data-parallel workers. Every arm answers
+the same four questions, so a sweep loops over arms without branching on names
+(optax's ``GradientTransformation`` is the model: many methods, one shape):
+
+* ``make_schedule(setup, seed) -> Timeline``: when each update is applied, in
+  simulated seconds, compute (the straggler model) plus communication priced by
+  the cost model, and what the training replays (a mask, a staleness schedule...);
+* ``comm_seconds(setup) -> float``: the time of one communication event (one
+  all-reduce, one push or pull through the server's link, one neighbour exchange);
+* ``bytes_per_sample(setup) -> float``: bytes all workers send per training sample;
+* ``run(setup, workload, timeline, seed) -> Curve``: trains the workload along the
+  timeline and returns the metric after every ``eval_every`` rounds.
+
+The time model (one for every arm). A worker's k-th gradient takes
+``compute_s × scale_i × x`` seconds, ``x`` drawn from the compute model (mean 1,
+:class:`~.async_sim.ComputeTimes`), ``scale_i`` = its batch share over its speed.
+Messages are priced by :mod:`allreduce_jax.cost_model` on a network preset
+(``cost_model.PRESETS``) for ``model_params × bytes_per_param`` bytes, the model's
+real size or a larger *virtual* one:
+
+* sync all-reduce: the step ends when the kept workers are done, plus
+  ``cost_model.predict_seconds(algorithm, p, bytes)``;
+* parameter server: every gradient is pushed and the parameters pulled through the
+  server's link, one message at a time (a FIFO queue; :func:`.async_sim.ps_schedule`),
+  ``α + β·bytes/S`` each with S server shards;
+* gossip: one neighbour exchange per step; Local SGD / DiLoCo: one all-reduce every
+  H steps (those arms live in their own modules and register here).
+
+Arms defined here: ``sync`` (equal batches), ``sync_b{b}`` (backup workers: the
+slowest b gradients dropped), ``sync_balanced`` (batch ∝ speed), ``sync_isolate``
+(slow-node isolation), ``async``, ``async_eta_tau``, ``dcasgd`` and ``ssp{s}`` on a
+parameter server. :func:`register` adds one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from allreduce_jax import cost_model
+from allreduce_jax.training import async_sim
+
+# ------------------------------------------------------------------ the setup every arm reads
+
+
+@dataclass(frozen=True)
+class Setup:
+  """What every arm is priced and scheduled on (the config classes extend it).
+
+  Attributes:
+    workers: N data-parallel workers.
+    batch_per_worker: samples per worker per gradient (B); a sync step uses N·B.
+    gradients: the budget: per-worker gradients computed in all (sync: steps × N).
+    compute: compute-time model, e.g. ``lognormal:0.5`` (see ``async_sim``).
+    speeds: relative worker speeds (empty: all 1); ``(1,)*7 + (0.25,)`` is one 4×-slow node.
+    compute_s: seconds of one mean gradient computation on B samples at speed 1.
+    network: a key of ``cost_model.PRESETS``.
+    bandwidth_gbps: overrides the preset's link bandwidth (GB/s), e.g. for the phase diagram.
+    algorithm: the all-reduce algorithm of the sync arms (a key of ``ALGORITHMS``).
+    model_params: parameters priced (0: the workload's real count).
+    bytes_per_param: 4 (float32 gradients and parameters).
+    server_shards: S parameter-server shards, each with its own link.
+    duplex: whether the server's link carries pushes and pulls at once.
+    max_staleness: asynchronous gradients staler than this are dropped.
+    eval_every: sync rounds (N gradients) between evaluations.
+  """
+
+  workers: int = 8
+  batch_per_worker: int = 16
+  gradients: int = 1600
+  compute: str = "lognormal:0.5"
+  speeds: tuple[float, ...] = ()
+  compute_s: float = 0.025
+  network: str = "100gbe"
+  bandwidth_gbps: float | None = None
+  algorithm: str = "ring"
+  model_params: int = 0
+  bytes_per_param: int = 4
+  server_shards: int = 1
+  duplex: bool = True
+  max_staleness: int = 64
+  eval_every: int = 10
+
+  def check(self) -> None:
+    """Raises ``ValueError`` naming the first bad field."""
+    from allreduce_jax import ALGORITHMS
+
+    def need(ok: bool, name: str, expected: str) -> None:
+      if not ok:
+        raise ValueError(f"{name}={getattr(self, name)!r} is invalid: expected {expected}.")
+
+    need(self.workers >= 1, "workers", "an integer >= 1")
+    need(self.batch_per_worker >= 1, "batch_per_worker", "an integer >= 1")
+    need(self.gradients >= self.workers, "gradients", "at least `workers`")
+    async_sim.parse_compute_model(self.compute)
+    need(
+      not self.speeds or (len(self.speeds) == self.workers and min(self.speeds) > 0),
+      "speeds",
+      f"empty or {self.workers} positive numbers",
+    )
+    need(self.compute_s > 0, "compute_s", "a number > 0")
+    need(self.network in cost_model.PRESETS, "network", f"one of {sorted(cost_model.PRESETS)}")
+    need(self.bandwidth_gbps is None or self.bandwidth_gbps > 0, "bandwidth_gbps", "None or > 0")
+    need(self.algorithm in ALGORITHMS, "algorithm", f"one of {sorted(ALGORITHMS)}")
+    need(self.model_params >= 0, "model_params", "an integer >= 0")
+    need(self.bytes_per_param >= 1, "bytes_per_param", "an integer >= 1")
+    need(self.server_shards >= 1, "server_shards", "an integer >= 1")
+    need(self.max_staleness >= 1, "max_staleness", "an integer >= 1")
+    need(self.eval_every >= 1, "eval_every", "an integer >= 1")
+
+
+def setup_of(cfg: Any, **overrides) -> Setup:
+  """The :class:`Setup` fields of ``cfg`` (any config that extends it), with overrides."""
+  names = {f.name for f in dataclasses.fields(Setup)}
+  return Setup(**{**{k: v for k, v in dataclasses.asdict(cfg).items() if k in names}, **overrides})
+
+
+def link(setup: Setup) -> cost_model.Params:
+  """The α-β-γ parameters of the setup's network (preset, bandwidth override)."""
+  p = cost_model.PRESETS[setup.network]
+  if setup.bandwidth_gbps is not None:
+    p = dataclasses.replace(p, beta=1.0 / (setup.bandwidth_gbps * 1e9))
+  return p
+
+
+def model_bytes(setup: Setup) -> float:
+  """Bytes of one copy of the parameters (or of one gradient) as priced."""
+  if setup.model_params < 1:
+    raise ValueError("model_params is 0: the harness fills in the workload's parameter count.")
+  return float(setup.model_params * setup.bytes_per_param)
+
+
+def speeds(setup: Setup) -> np.ndarray:
+  """f64[N] relative speeds (all 1 by default)."""
+  return np.asarray(setup.speeds or (1.0,) * setup.workers, np.float64)
+
+
+def allreduce_seconds(setup: Setup, p: int | None = None) -> float:
+  """One all-reduce of the parameters over ``p`` (default N) workers, in seconds."""
+  from allreduce_jax import ALGORITHMS, _devices
+
+  p = setup.workers if p is None else p
+  if p <= 1:
+    return 0.0
+  axes = ALGORITHMS[setup.algorithm].axes
+  inner = _devices.factor_axes(p, axes)[-1] if axes > 1 else None
+  return cost_model.predict_seconds(setup.algorithm, p, model_bytes(setup), link(setup), inner)
+
+
+def allreduce_bytes(setup: Setup, p: int | None = None) -> float:
+  """Bytes all ``p`` participants send in one all-reduce (p × the busiest sender's)."""
+  from allreduce_jax import ALGORITHMS, _devices
+
+  p = setup.workers if p is None else p
+  if p <= 1:
+    return 0.0
+  axes = ALGORITHMS[setup.algorithm].axes
+  inner = _devices.factor_axes(p, axes)[-1] if axes > 1 else None
+  return p * cost_model.schedule(setup.algorithm, p, model_bytes(setup), inner).max_sent_bytes
+
+
+def ps_message_seconds(setup: Setup) -> float:
+  """One push (or pull) through one server shard's link: ``α + β·bytes/S``."""
+  q = link(setup)
+  return q.alpha + q.beta * model_bytes(setup) / setup.server_shards
+
+
+# ------------------------------------------------------------------ records
+
+
+@dataclass(frozen=True)
+class Timeline:
+  """When an arm's updates happen and what its training replays.
+
+  Attributes:
+    time: f64[U] simulated seconds at which update u (0-based) is applied.
+    gradients: i64[U] cumulative per-worker gradients *computed* by update u.
+    samples: float, training samples consumed per update (for bytes per sample).
+    bytes_sent: float, bytes all workers send over the U updates.
+    comm_s: float, communication seconds on the critical path over the U updates
+      (sync arms; for the server it is the busiest link's busy time).
+    plan: what ``run`` replays (a f32[U, N] mask, an ``AsyncSchedule``, ...).
+    info: numbers for the result row (mean staleness, isolated workers, ...).
+  """
+
+  time: np.ndarray
+  gradients: np.ndarray
+  samples: float
+  bytes_sent: float
+  comm_s: float
+  plan: Any = None
+  info: dict[str, Any] = field(default_factory=dict)
+
+  def time_at(self, update: int) -> float:
+    """Simulated seconds when ``update`` updates (1-based count) have been applied."""
+    return 0.0 if update <= 0 else float(self.time[update - 1])
+
+
+@dataclass(frozen=True)
+class Curve:
+  """What training along a timeline produced: ``metric`` after ``eval_updates``
+  updates (0 = initial), ``diverged`` (a non-finite loss), ``final_loss``."""
+
+  eval_updates: list[int]
+  metric: list[float]
+  diverged: bool
+  final_loss: float
+  info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Workload:
+  """A training task: data, model, optimizer and the target that counts as trained.
+
+  Attributes:
+    name: registry key (``digits_mlp``, ...).
+    data: an object with ``x_train, y_train, x_test, y_test`` arrays and ``n_train``.
+    make_model: ``seed -> nnx.Module`` mapping ``x`` batches to logits.
+    metric: ``"accuracy"`` (higher is better) or ``"loss"`` (test loss, lower is better).
+    target: the metric value that counts as reached.
+    optimizer: ``models.make_optimizer`` name for every arm's per-gradient optimizer.
+    lr: per-gradient learning rate (parameter-server arms; batch B).
+    sync_lr_scale: ``"linear"`` (sync uses N·lr for its N·B batch, Goyal et al.) or
+      ``"none"`` (the same lr, e.g. for Adam).
+    momentum: for ``optimizer="momentum"``.
+  """
+
+  name: str
+  data: Any
+  make_model: Callable[[int], Any]
+  metric: str = "accuracy"
+  target: float = 0.95
+  optimizer: str = "momentum"
+  lr: float = 0.02
+  sync_lr_scale: str = "linear"
+  momentum: float = 0.9
+
+  def reached(self, value: float) -> bool:
+    """Whether ``value`` meets the target."""
+    if not math.isfinite(value):
+      return False
+    return value >= self.target if self.metric == "accuracy" else value <= self.target
+
+  def sync_lr(self, n: int) -> float:
+    return self.lr * n if self.sync_lr_scale == "linear" else self.lr
+
+  def tx(self, lr: float):
+    from allreduce_jax.training import models
+
+    return models.make_optimizer(self.optimizer, lr, self.momentum)
+
+
+@dataclass(frozen=True)
+class Arm:
+  """One training arm (see the module docstring for the interface).
+
+  Attributes:
+    name: unique label, also the row's ``arm`` field.
+    family: ``"sync"``, ``"ps"``, ``"local"`` or ``"gossip"``: plot style only.
+    make_schedule: ``(setup, seed) -> Timeline``.
+    comm_seconds: ``setup -> seconds`` of one communication event.
+    bytes_per_sample: ``setup -> bytes`` all workers send per training sample.
+    run: ``(setup, workload, timeline, seed) -> Curve``.
+    summary: one line for tables and ``--help``.
+  """
+
+  name: str
+  family: str
+  make_schedule: Callable[[Setup, int], Timeline]
+  comm_seconds: Callable[[Setup], float]
+  bytes_per_sample: Callable[[Setup], float]
+  run: Callable[[Setup, Workload, Timeline, int], Curve]
+  summary: str = ""
+
+
+ARMS: dict[str, Arm] = {}
+WORKLOADS: dict[str, Callable[[bool], Workload]] = {}
+
+
+def register(arm: Arm) -> Arm:
+  """Adds ``arm`` to :data:`ARMS` (replacing one of the same name) and returns it."""
+  ARMS[arm.name] = arm
+  return arm
+
+
+def register_workload(name: str, build: Callable[[bool], Workload]) -> None:
+  """Adds a workload builder ``build(smoke) -> Workload`` to :data:`WORKLOADS`."""
+  WORKLOADS[name] = build
+
+
+def get_arm(name: str) -> Arm:
+  """The registered arm ``name``; ``ssp{s}`` and ``sync_b{b}`` are built on demand."""
+  if name not in ARMS:
+    for prefix, make in _FAMILIES.items():
+      rest = name[len(prefix) :]
+      if name.startswith(prefix) and rest.isdigit():
+        return register(make(int(rest)))
+    raise ValueError(f"arm={name!r} is not registered; expected one of {sorted(ARMS)}.")
+  return ARMS[name]
+
+
+def get_workload(name: str, smoke: bool = False) -> Workload:
+  if name not in WORKLOADS:
+    raise ValueError(f"workload={name!r} is not registered; expected one of {sorted(WORKLOADS)}.")
+  return WORKLOADS[name](smoke)
+
+
+# ------------------------------------------------------------------ schedules
+
+
+def sync_rounds(setup: Setup) -> int:
+  """Sync steps in the budget: ``gradients // N``."""
+  return max(1, setup.gradients // setup.workers)
+
+
+def _times(setup: Setup, seed: int, work: np.ndarray | None = None) -> async_sim.ComputeTimes:
+  scale = setup.compute_s / speeds(setup)
+  if work is not None:
+    scale = scale * work
+  return async_sim.ComputeTimes(setup.compute, setup.workers, 2000 + seed, scale=scale)
+
+
+def _sync_timeline(setup: Setup, seed: int, backups: int = 0, work=None) -> Timeline:
+  n, S = setup.workers, sync_rounds(setup)
+  ar = allreduce_seconds(setup)
+  s = async_sim.sync_schedule(
+    setup.compute, n, S, seed, backups=backups, allreduce_time=ar, times=_times(setup, seed, work)
+  )
+  kept = int(n - backups)
+  return Timeline(
+    time=s.time,
+    gradients=np.arange(1, S + 1) * n,
+    samples=float(kept * setup.batch_per_worker),
+    bytes_sent=S * allreduce_bytes(setup),
+    comm_s=S * ar,
+    plan=s.mask,
+    info={"dropped": backups * S, "allreduce_s": ar},
+  )
+
+
+def balanced_batches(total: int, speed: np.ndarray) -> np.ndarray:
+  """i64[N] batch sizes ∝ speed summing to ``total`` (largest remainders, each >= 1).
+
+  Example:
+    >>> balanced_batches(64, np.array([1.0, 1.0, 1.0, 0.25])).tolist()
+    [20, 20, 19, 5]
+  """
+  want = total * speed / speed.sum()
+  b = np.maximum(np.floor(want).astype(np.int64), 1)
+  order = np.argsort(-(want - np.floor(want)), kind="stable")
+  k = 0
+  while b.sum() < total:
+    b[order[k % len(b)]] += 1
+    k += 1
+  while b.sum() > total:
+    b[np.argmax(b)] -= 1
+  return b
+
+
+def _balanced_timeline(setup: Setup, seed: int) -> Timeline:
+  B = setup.batch_per_worker
+  batches = balanced_batches(setup.workers * B, speeds(setup))
+  tl = _sync_timeline(setup, seed, work=batches / B)
+  return dataclasses.replace(tl, info={**tl.info, "batches": batches.tolist()})
+
+
+def _isolate_timeline(setup: Setup, seed: int, threshold: float, window: int = 10) -> Timeline:
+  """Slow-node isolation: after ``window`` steps, a worker whose mean compute time
+  over the last ``window`` steps exceeds ``threshold ×`` the median of the active
+  workers' is removed; the global batch is redistributed over the others (each
+  takes N/n_active as many samples, and as much longer), at most N/2 removed."""
+  n, S = setup.workers, sync_rounds(setup)
+  rows = _times(setup, seed).rows(S)  # f64[S, N], per-worker time at batch B
+  active = np.ones(n, bool)
+  step = np.empty(S)
+  removed_at: dict[int, int] = {}
+  comm = 0.0
+  sent = 0.0
+  ar = {p: (allreduce_seconds(setup, p), allreduce_bytes(setup, p)) for p in range(1, n + 1)}
+  for k in range(S):
+    p = int(active.sum())
+    step[k] = (rows[k, active] * (n / p)).max() + ar[p][0]
+    comm += ar[p][0]
+    sent += ar[p][1]
+    if k + 1 >= window and p > n // 2:
+      recent = rows[k + 1 - window : k + 1].mean(axis=0)
+      med = np.median(recent[active])
+      slow = np.flatnonzero(active & (recent > threshold * med))
+      if slow.size:
+        worst = int(slow[np.argmax(recent[slow])])
+        active[worst] = False
+        removed_at[worst] = k + 1
+  return Timeline(
+    time=np.cumsum(step),
+    gradients=np.arange(1, S + 1) * n,
+    samples=float(n * setup.batch_per_worker),
+    bytes_sent=sent,
+    comm_s=comm,
+    plan=np.ones((S, n), np.float32),  # the whole global batch is used every step
+    info={"isolated": {str(w): k for w, k in removed_at.items()}},
+  )
+
+
+def _ps_timeline(setup: Setup, seed: int, staleness_bound: int | None) -> Timeline:
+  msg = ps_message_seconds(setup)
+  U = setup.gradients
+  s = async_sim.ps_schedule(
+    _times(setup, seed),
+    U,
+    staleness_bound=staleness_bound,
+    max_staleness=setup.max_staleness,
+    push_s=msg,
+    pull_s=msg,
+    duplex=setup.duplex,
+  )
+  return Timeline(
+    time=s.time,
+    gradients=np.arange(1, U + 1),
+    samples=float(setup.batch_per_worker),
+    bytes_sent=2.0 * model_bytes(setup) * (U + s.dropped),
+    comm_s=(2.0 if not setup.duplex else 1.0) * msg * (U + s.dropped),
+    plan=s,
+    info={
+      "staleness_mean": float(s.staleness.mean()),
+      "staleness_p95": float(np.percentile(s.staleness, 95)),
+      "staleness_max": int(s.staleness.max()),
+      "dropped": int(s.dropped),
+      "message_s": msg,
+    },
+  )
+
+
+# ------------------------------------------------------------------ training along a timeline
+
+
+def param_count(params: Any) -> int:
+  import jax
+
+  return int(sum(np.size(a) for a in jax.tree.leaves(params)))
+
+
+_compiled: dict[Any, Any] = {}
+
+
+def _final_loss(losses) -> float:
+  finite = np.asarray(losses, np.float64)
+  finite = finite[np.isfinite(finite)]
+  return float(finite.mean()) if finite.size else float("nan")
+
+
+def run_sync_curve(setup: Setup, workload: Workload, timeline: Timeline, seed: int) -> Curve:
+  """Synchronous data-parallel training on the emulated devices along ``timeline.plan``
+  (an f32[S, N] mask of the gradients kept), with the workload's sync learning rate."""
+  from allreduce_jax import _devices
+  from allreduce_jax.training import data as data_mod
+  from allreduce_jax.training import models, sync
+
+  n, d = setup.workers, workload.data
+  mask = np.asarray(timeline.plan, np.float32)
+  graphdef, params, rest = models.split(workload.make_model(seed))
+  lr = workload.sync_lr(n)
+  key = ("sync", workload.name, n, setup.algorithm, lr)
+  if key not in _compiled:
+    mesh, axis = _devices.mesh_for(setup.algorithm, n)
+    tx = workload.tx(lr)
+    chunk = sync.make_sync_chunk(graphdef, rest, tx, mesh, setup.algorithm, axis=axis, masked=True)
+    _compiled[key] = (mesh, axis, tx, chunk, sync.make_evaluator(graphdef, rest, workload.metric))
+  mesh, axis, tx, chunk, evaluate = _compiled[key]
+  idx = data_mod.batch_indices(d.n_train, n * setup.batch_per_worker, mask.shape[0], 1000 + seed)
+  res = sync.train_sync(
+    graphdef,
+    params,
+    rest,
+    tx,
+    d,
+    idx,
+    mesh=mesh,
+    axis=axis,
+    algorithm=setup.algorithm,
+    mask=mask,
+    eval_every=setup.eval_every,
+    chunk_fn=chunk,
+    evaluate=evaluate,
+  )
+  return Curve(
+    eval_updates=res.eval_steps,
+    metric=res.test_acc,
+    diverged=bool(not np.isfinite(res.losses).all()),
+    final_loss=_final_loss(res.losses[-setup.eval_every :]),
+    info={"replicas_identical": res.replicas_identical},
+  )
+
+
+def run_ps_curve(
+  setup: Setup, workload: Workload, timeline: Timeline, seed: int, method: str = "async"
+) -> Curve:
+  """Replays the parameter-server schedule ``timeline.plan`` (stale gradients from a
+  ring buffer of snapshots, :func:`.async_sim.make_replay`) with ``method``."""
+  from allreduce_jax.training import data as data_mod
+  from allreduce_jax.training import models, sync
+
+  d = workload.data
+  sched = timeline.plan
+  K = setup.max_staleness + 1
+  graphdef, params, rest = models.split(workload.make_model(seed))
+  key = ("ps", workload.name, K, workload.lr)
+  if key not in _compiled:
+    tx = workload.tx(workload.lr)
+    _compiled[key] = (
+      tx,
+      async_sim.make_replay(graphdef, rest, tx, K),
+      sync.make_evaluator(graphdef, rest, workload.metric),
+    )
+  tx, replay, evaluate = _compiled[key]
+  T = len(sched.staleness)
+  idx = data_mod.batch_indices(d.n_train, setup.batch_per_worker, T, 1000 + seed)
+  res = async_sim.run_async(
+    replay,
+    params,
+    tx,
+    d,
+    sched,
+    idx,
+    buffer_size=K,
+    method=method,
+    chunk=setup.eval_every * setup.workers,
+    evaluate=evaluate,
+  )
+  return Curve(
+    eval_updates=res.eval_updates,
+    metric=res.test_acc,
+    diverged=res.diverged,
+    final_loss=_final_loss(res.losses[-setup.eval_every * setup.workers :]),
+  )
+
+
+# ------------------------------------------------------------------ the arms
+
+
+def _sync_bytes(setup: Setup, backups: int = 0) -> float:
+  return allreduce_bytes(setup) / ((setup.workers - backups) * setup.batch_per_worker)
+
+
+def _ps_bytes(setup: Setup) -> float:
+  return 2.0 * model_bytes(setup) / setup.batch_per_worker
+
+
+def sync_arm(backups: int = 0) -> Arm:
+  """Synchronous all-reduce SGD with ``backups`` backup workers (Chen et al. 2016:
+  each step keeps the fastest N - b gradients of a fixed pool of N)."""
+  name = "sync" if backups == 0 else f"sync_b{backups}"
+
+  def schedule(setup: Setup, seed: int) -> Timeline:
+    if not 0 <= backups < setup.workers:
+      raise ValueError(f"arm {name}: backups must be in 0..{setup.workers - 1}.")
+    return _sync_timeline(setup, seed, backups)
+
+  return Arm(
+    name,
+    "sync",
+    schedule,
+    allreduce_seconds,
+    lambda setup: _sync_bytes(setup, backups),
+    run_sync_curve,
+    "all-reduce SGD" + (f", {backups} backup worker(s)" if backups else ", equal batches"),
+  )
+
+
+def balanced_arm() -> Arm:
+  """Sync with batch sizes ∝ worker speed (the global batch, hence the training, is
+  the same as ``sync``'s; only the step time changes)."""
+  return Arm(
+    "sync_balanced",
+    "sync",
+    _balanced_timeline,
+    allreduce_seconds,
+    _sync_bytes,
+    run_sync_curve,
+    "all-reduce SGD, batch per worker ∝ its speed",
+  )
+
+
+def isolate_arm(threshold: float = 2.0) -> Arm:
+  """Sync with slow-node isolation (``threshold ×`` the median running mean)."""
+  return Arm(
+    "sync_isolate",
+    "sync",
+    lambda setup, seed: _isolate_timeline(setup, seed, threshold),
+    allreduce_seconds,
+    _sync_bytes,
+    run_sync_curve,
+    f"all-reduce SGD, a worker > {threshold:g}× the median is isolated, its data redistributed",
+  )
+
+
+def ps_arm(method: str = "async", staleness_bound: int | None = None, name: str = "") -> Arm:
+  """A parameter-server arm: ``method`` in ``async_sim.ASYNC_METHODS`` on the SSP
+  schedule with ``staleness_bound`` (``None``: fully asynchronous)."""
+  name = name or (method if staleness_bound is None else f"ssp{staleness_bound}")
+  bound = "" if staleness_bound is None else f", SSP s={staleness_bound}"
+  return Arm(
+    name,
+    "ps",
+    lambda setup, seed: _ps_timeline(setup, seed, staleness_bound),
+    ps_message_seconds,
+    _ps_bytes,
+    lambda setup, wl, tl, seed: run_ps_curve(setup, wl, tl, seed, method),
+    f"parameter server, {method}{bound}",
+  )
+
+
+_FAMILIES: dict[str, Callable[[int], Arm]] = {
+  "sync_b": sync_arm,
+  "ssp": lambda s: ps_arm("async", s),
+}
+
+for _arm in (
+  sync_arm(0),
+  sync_arm(1),
+  sync_arm(2),
+  balanced_arm(),
+  isolate_arm(),
+  ps_arm("async"),
+  ps_arm("async_eta_tau"),
+  ps_arm("dcasgd"),
+  ps_arm("async", 1),
+  ps_arm("async", 4),
+):
+  register(_arm)
+
+
+# ------------------------------------------------------------------ workloads
+
+
+def _digits(model: str, target: float) -> Callable[[bool], Workload]:
+  def build(smoke: bool) -> Workload:
+    from allreduce_jax.training import data, models
+
+    return Workload(
+      name=f"digits_{model}",
+      data=data.load_digits(),
+      make_model=lambda seed: models.make_model(model, seed),
+      metric="accuracy",
+      target=0.9 if smoke else target,
+    )
+
+  return build
+
+
+register_workload("digits_mlp", _digits("mlp", 0.95))
+register_workload("digits_cnn", _digits("cnn", 0.97))
+
+
+# ------------------------------------------------------------------ one run -> one row
+
+
+def run_arm(arm: Arm, setup: Setup, workload: Workload, seed: int) -> dict[str, Any]:
+  """Schedules and trains ``arm`` once; returns the result row (without key/env).
+
+  ``setup.model_params = 0`` is replaced by the workload model's real count.
+  Time to target: the simulated seconds at the first evaluation that meets the
+  workload's target (None if never).
+  """
+  from allreduce_jax.training import models
+
+  if setup.model_params == 0:
+    _, params, _ = models.split(workload.make_model(seed))
+    setup = dataclasses.replace(setup, model_params=param_count(params))
+  setup.check()
+  tl = arm.make_schedule(setup, seed)
+  curve = arm.run(setup, workload, tl, seed)
+  times = [tl.time_at(u) for u in curve.eval_updates]
+  hit = next((i for i, m in enumerate(curve.metric) if workload.reached(m)), None)
+  return {
+    "arm": arm.name,
+    "family": arm.family,
+    "workload": workload.name,
+    "metric": workload.metric,
+    "target": workload.target,
+    "seed": seed,
+    "model_params": setup.model_params,
+    "final_metric": curve.metric[-1],
+    "best_metric": (max if workload.metric == "accuracy" else min)(curve.metric),
+    "eval_updates": curve.eval_updates,
+    "eval_gradients": [int(tl.gradients[u - 1]) if u else 0 for u in curve.eval_updates],
+    "eval_time": times,
+    "test_metric": curve.metric,
+    "updates_to_target": None if hit is None else curve.eval_updates[hit],
+    "time_to_target": None if hit is None else times[hit],
+    "total_time": float(tl.time[-1]),
+    "comm_s": tl.comm_s,
+    "comm_event_s": arm.comm_seconds(setup),
+    "bytes_per_sample": arm.bytes_per_sample(setup),
+    "bytes_per_sample_measured": tl.bytes_sent / (len(tl.time) * tl.samples),
+    "diverged": curve.diverged,
+    "final_loss": curve.final_loss,
+    **{k: v for k, v in tl.info.items()},
+    **curve.info,
+  }
