@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import io
 import json
+import math
 import os
 import platform
 import shutil
@@ -22,10 +23,6 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-ALL_BUT_AUTO = (
-  "ring,bidirectional_ring,tree,recursive_doubling,halving_doubling,naive,hierarchical,psum"
-)
 
 
 @dataclass
@@ -57,57 +54,111 @@ class _Tee(io.TextIOBase):
     self.stream.flush()
 
 
+#: Each experiment's settings, full and smoke: the one definition of their sizes.
+#: :func:`plan` turns them into the commands the report runs; the notebooks read them
+#: with :func:`settings`. Option names are the subcommands' (``min_bytes`` ->
+#: ``--min-bytes``; True: a flag).
+EXPERIMENTS: dict[str, dict[str, dict]] = {
+  "verify": {
+    "full": {"shapes": "scalar,13,3x7"},
+    "smoke": {"dtypes": "float32,int32", "shapes": "13", "kinds": "verifiable,random"},
+  },
+  "audit": {
+    "full": {"ps": "2,4,8,16,32", "bytes": 1 << 16},
+    "smoke": {"ps": "2,4", "bytes": 1 << 16},
+  },
+  "bench": {
+    "full": {"min_bytes": "1KiB", "max_bytes": "16MiB", "factor": 4, "iters": 7, "warmup": 3},
+    "smoke": {"min_bytes": "1KiB", "max_bytes": "64KiB", "factor": 8, "iters": 3, "warmup": 1},
+  },
+  "fusion": {
+    "full": {"layers": 16, "d_model": 128, "iters": 5, "warmup": 2},
+    "smoke": {"layers": 2, "d_model": 16, "iters": 3, "warmup": 1},
+  },
+  "scaling": {"full": {"max_p": 16384}, "smoke": {"max_p": 64}},
+  "train": {"full": {}, "smoke": {"smoke": True}},
+}
+
+
+def settings(experiment: str, smoke: bool = False) -> dict:
+  """One experiment's settings (a copy), e.g. ``settings("bench", smoke=True)["iters"]``.
+
+  Example:
+    >>> settings("bench")["max_bytes"], settings("bench", smoke=True)["max_bytes"]
+    ('16MiB', '64KiB')
+  """
+  return dict(EXPERIMENTS[experiment]["smoke" if smoke else "full"])
+
+
+def _flags(options: dict) -> list[str]:
+  """``{"min_bytes": "1KiB", "smoke": True}`` -> ``["--min-bytes", "1KiB", "--smoke"]``."""
+  argv: list[str] = []
+  for name, value in options.items():
+    flag = "--" + name.replace("_", "-")
+    if value is True:
+      argv.append(flag)
+    elif value is not False and value is not None:
+      argv += [flag, str(value)]
+  return argv
+
+
+def algorithms(experiment: str) -> list[str]:
+  """The algorithms an experiment runs, derived from the registry records: bench
+  times every algorithm with a cost schedule; auto runs against its candidates and
+  the reference; fusion buckets the ring and the reference.
+
+  Example:
+    >>> algorithms("auto")[0], "psum" in algorithms("bench")
+    ('auto', True)
+  """
+  from allreduce_jax._api import names
+
+  reference = list(names(hand_written=False, axes=1))
+  if experiment == "bench":
+    return list(names(priced=True))
+  if experiment == "auto":
+    return ["auto", *names(auto=True), *reference]
+  if experiment == "fusion":
+    return ["ring", *reference]
+  raise ValueError(f"no algorithm list for experiment {experiment!r}")
+
+
 def plan(out: Path, smoke: bool, devices: int) -> list[Section]:
-  """The sections and the exact commands behind them."""
+  """The sections and the exact commands behind them, from :data:`EXPERIMENTS`."""
   d = str(devices)
   o = out.as_posix()
-  if smoke:
-    bench_sizes = ["--min-bytes", "1KiB", "--max-bytes", "64KiB", "--factor", "8", "--iters", "3"]
-    bench_algos, audit_ps, train_flag = (
-      "ring,recursive_doubling,halving_doubling,psum",
-      "2,4",
-      ["--smoke"],
-    )
-    verify_extra = [
-      "--algorithms",
-      "ring,halving_doubling,psum",
-      "--dtypes",
-      "float32,int32",
-      "--shapes",
-      "13",
-    ]
-    fusion_extra, scaling_extra = ["--smoke"], ["--smoke"]
-  else:
-    bench_sizes = ["--min-bytes", "1KiB", "--max-bytes", "16MiB", "--factor", "4", "--iters", "7"]
-    bench_algos, audit_ps, train_flag = ALL_BUT_AUTO, "2,4,8,16,32", []
-    verify_extra = ["--shapes", "scalar,13,3x7"]
-    fusion_extra, scaling_extra = ["--iters", "5"], []
+
+  def opts(key: str) -> list[str]:
+    return _flags(settings(key, smoke))
+
+  bench_sizes = [a for a in opts("bench")]
   return [
     Section("verify", "Verification against XLA's collectives",
-            "Every algorithm x op x dtype on verifiable (bit-exact), random and NaN/Inf inputs.",
-            [["verify", "--devices", d, *verify_extra, "--out", f"{o}/verify.jsonl"]]),
+            "Every algorithm × op × dtype on verifiable inputs (integer-valued, so every sum is exact: the result must equal XLA's bit for bit), random inputs (within the floating-point summation bound) and NaN/±Inf inputs (propagated as XLA does).",
+            [["verify", "--devices", d, *opts("verify"), "--out", f"{o}/verify.jsonl"]]),
     Section("audit", "Communication audit from compiled HLO",
-            "collective-permute count and bytes sent per participant, compiled at each p (no execution), vs the closed-form schedule.",
-            [["audit", "--ps", audit_ps, "--out", f"{o}/hlo_audit.jsonl"]]),
+            "Each algorithm is compiled (never run) at each participant count p; the `collective-permute` ops and the bytes each participant sends are read from the HLO and compared with the closed-form schedule of `cost_model`.",
+            [["audit", *opts("audit"), "--out", f"{o}/hlo_audit.jsonl"]]),
     Section("bench", "Bus bandwidth (nccl-tests conventions) and the fitted α-β-γ model",
-            "Median of timed calls, all algorithms timed round robin at each size; busbw = algbw·2(p-1)/p; every result checked (#wrong).",
-            [["bench", "--devices", d, "--algorithms", bench_algos, *bench_sizes,
+            "At each size every algorithm is compiled apart and timed round robin (the median of the timed calls; bars: min–max), each result checked against `lax.psum`. As in nccl-tests, algbw = n/t and busbw = algbw·2(p−1)/p. The α-β-γ model is then fitted to these rows (`--fit`).",
+            [["bench", "--devices", d, "--algorithms", ",".join(algorithms("bench")), *bench_sizes,
               "--out", f"{o}/bench.jsonl", "--fit", "--params", f"{o}/cost_params.json"]]),
     Section("auto", "auto: the model's choice, measured side by side",
-            "auto uses the parameters fitted above (ALLREDUCE_JAX_COST_PARAMS).",
-            [["bench", "--devices", d, "--algorithms", "auto,ring,recursive_doubling,halving_doubling,psum",
+            "`algorithm=\"auto\"` picks, at trace time, the candidate with the smallest predicted time under the parameters fitted above; here it is timed next to every candidate.",
+            [["bench", "--devices", d, "--algorithms", ",".join(algorithms("auto")),
               *bench_sizes, "--out", f"{o}/bench_auto.jsonl"]]),
     Section("fusion", "Tensor fusion: per-leaf vs bucketed",
-            "A real model's gradient pytree and a transformer-like one with hundreds of leaves.",
-            [["fusion", "--devices", d, "--algorithms", "ring,psum", *fusion_extra, "--out", f"{o}/fusion.jsonl"]]),
+            "Each all-reduce pays its latency term whatever its size, so a gradient pytree reduced leaf by leaf pays it once per leaf. Here the training CNN's gradient (6 leaves) and a GPT-like transformer's (hundreds of leaves) are all-reduced per leaf and in buckets, side by side.",
+            [["fusion", "--devices", d, "--algorithms", ",".join(algorithms("fusion")), *opts("fusion"),
+              "--out", f"{o}/fusion.jsonl"]]),
     Section("scaling", "Scaling by model to thousands of participants",
-            "Predicted time, 8 devices per node on NVLink, nodes on InfiniBand (presets), plus this machine's fit.",
-            [["scaling", *scaling_extra, "--params", f"{o}/cost_params.json", "--out", f"{o}/scaling.jsonl"]]),
+            "No collective runs here: predicted times from the α-β-γ model for nodes of 8 devices on NVLink joined by InfiniBand (documented presets), and for a flat machine with this run's fitted parameters.",
+            [["scaling", *opts("scaling"), "--params", f"{o}/cost_params.json", "--out", f"{o}/scaling.jsonl"]]),
     Section("train", "Synchronous data-parallel training, asynchronous SGD, stragglers",
-            "Flax NNX on scikit-learn digits; sync over the hand-written ring; simulated async on stale gradients.",
-            [["train", "sync", *train_flag, "--devices", d, "--out", f"{o}/train/sync"],
-             ["train", "staleness", *train_flag, "--devices", d, "--out", f"{o}/train/staleness"],
-             ["train", "stragglers", *train_flag, "--devices", d, "--out", f"{o}/train/stragglers"]]),
+            "Flax NNX on scikit-learn digits: synchronous data-parallel SGD over the hand-written ring, and simulated asynchronous SGD on stale gradients (fixed staleness τ, then straggling workers with and without backup workers).",
+            [["train", "sync", *opts("train"), "--devices", d, "--out", f"{o}/train/sync"],
+             ["train", "staleness", *opts("train"), "--devices", d, "--out", f"{o}/train/staleness"],
+             ["train", "stragglers", *opts("train"), "--devices", d, "--out", f"{o}/train/stragglers"]]),
   ]  # fmt: skip
 
 
@@ -144,85 +195,499 @@ def environment() -> dict:
   }
 
 
-def headlines(out: Path) -> list[str]:
-  """A few numbers read back from the rows this report wrote."""
-  from allreduce_jax.tools.bench import read_rows
+# ----------------------------------------------------------------------------------------
+# Rendering: the summary, then one section per experiment, from the rows on disk.
+# ----------------------------------------------------------------------------------------
 
-  lines = []
-  rows = read_rows(out / "bench.jsonl")
-  by = {(r["algorithm"], r["bytes"]): r for r in rows}
-  sizes = sorted({r["bytes"] for r in rows})
-  if sizes and ("psum", sizes[-1]) in by and ("ring", sizes[-1]) in by:
-    s = sizes[-1]
-    lines.append(f"ring busbw / psum busbw at {s / 2**20:.4g} MiB: "
-                 f"{by[('ring', s)]['busbw_gbps'] / by[('psum', s)]['busbw_gbps']:.2f}")  # fmt: skip
-  if sizes and ("recursive_doubling", sizes[0]) in by and ("ring", sizes[0]) in by:
-    s = sizes[0]
-    lines.append(f"ring time / recursive doubling time at {s} B: "
-                 f"{by[('ring', s)]['time_us'] / by[('recursive_doubling', s)]['time_us']:.2f}")  # fmt: skip
-  if rows:
-    lines.append(f"wrong elements over all timed results: {sum(int(r['wrong']) for r in rows)}")
-  auto_rows = read_rows(out / "bench_auto.jsonl")
-  if auto_rows:
-    ratios = []
-    for s in sorted({r["bytes"] for r in auto_rows}):
-      at = {r["algorithm"]: r["time_us"] for r in auto_rows if r["bytes"] == s}
-      custom = [t for a, t in at.items() if a not in ("auto", "psum")]
-      if "auto" in at and custom:
-        ratios.append(at["auto"] / min(custom))
-    if ratios:
-      lines.append(f"auto time / fastest hand-written time: median {statistics.median(ratios):.2f}, "
-                   f"worst {max(ratios):.2f} over {len(ratios)} sizes")  # fmt: skip
-  fusion = read_rows(out / "fusion.jsonl")
-  speedups = [r["speedup_vs_per_leaf"] for r in fusion if r.get("speedup_vs_per_leaf")]
-  if speedups:
-    lines.append(f"best fused vs per-leaf speedup: {max(speedups):.2f}x")
-  sync = out / "train" / "sync" / "sync.jsonl"
-  if sync.exists():
-    accs = [
-      json.loads(line)["final_test_acc"] for line in sync.read_text().splitlines() if line.strip()
+
+def _rows(path: Path) -> list[dict]:
+  """The JSON objects of a JSON Lines file (none if it is missing; bad lines skipped)."""
+  if not path.exists():
+    return []
+  rows = []
+  for line in path.read_text().splitlines():
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError:
+      continue
+    if isinstance(row, dict):
+      rows.append(row)
+  return rows
+
+
+def num(x, digits: int = 3) -> str:
+  """A rounded number for a table: 3 significant digits, thousands separated, "—" for
+  a missing value.
+
+  Example:
+    >>> num(32.12119005000001), num(0.000123456), num(123456.7), num(None)
+    ('32.1', '0.000123', '123,457', '—')
+  """
+  if x is None or (isinstance(x, float) and math.isnan(x)):
+    return "—"
+  if isinstance(x, bool):
+    return "yes" if x else "no"
+  if isinstance(x, int):
+    return f"{x:,}"
+  if x == 0:
+    return "0"
+  if abs(x) >= 10 ** (digits - 1):
+    return f"{x:,.0f}"
+  return f"{x:.{digits}g}"
+
+
+def to_markdown(rows: list[dict], columns: dict[str, str] | None = None) -> str:
+  """A markdown table of ``rows`` (numbers through :func:`num`); ``columns`` maps a
+  row key to its header (default: every key of the first row)."""
+  if not rows:
+    return "*no rows*"
+  columns = columns or {k: k for k in rows[0]}
+
+  def cell(v) -> str:
+    text = v if isinstance(v, str) else num(v)
+    return text.replace("|", "\\|").replace("\n", " ")
+
+  lines = ["| " + " | ".join(columns.values()) + " |", "|" + "---|" * len(columns)]
+  for r in rows:
+    lines.append("| " + " | ".join(cell(r.get(k)) for k in columns) + " |")
+  return "\n".join(lines)
+
+
+def _details(summary: str, body: str) -> list[str]:
+  return ["<details>", f"<summary>{summary}</summary>", "", body, "", "</details>", ""]
+
+
+def _table(rows: list[dict], columns: dict[str, str], what: str, short: int = 12) -> list[str]:
+  """A table, folded into ``<details>`` when it has more than ``short`` rows."""
+  text = to_markdown(rows, columns)
+  if len(rows) > short:
+    return _details(f"{what} ({len(rows)} rows)", text)
+  return [text, ""]
+
+
+def _size(n) -> str:
+  from allreduce_jax.tools._args import format_size
+
+  return format_size(int(n))
+
+
+def _fit(out: Path):
+  from allreduce_jax import cost_model
+
+  path = out / "cost_params.json"
+  try:
+    return cost_model.load_params(path) if path.exists() else None
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+
+
+def _render_verify(out: Path) -> list[str]:
+  rows = _rows(out / "verify.jsonl")
+  if not rows:
+    return []
+  failed = [r for r in rows if not r["passed"]]
+  exact = [r for r in rows if r["kind"] == "verifiable"]
+  ps = sorted({r["p"] for r in rows})
+  md = [
+    f"**{len(rows):,} cases** compared (p = {', '.join(map(str, ps))}): "
+    f"**{len(rows) - len(failed):,} passed, {len(failed):,} failed**; "
+    f"bit-exact on {sum(r['bit_exact'] for r in exact):,} of {len(exact):,} verifiable cases.",
+    "",
+    "Cases passed per algorithm and dtype (all ops, input kinds and shapes):",
+    "",
+  ]
+  dtypes = list(dict.fromkeys(r["dtype"] for r in rows))
+  pivot = []
+  for alg in dict.fromkeys(r["algorithm"] for r in rows):
+    line = {"algorithm": alg}
+    for dt in dtypes:
+      mine = [r for r in rows if r["algorithm"] == alg and r["dtype"] == dt]
+      ok = sum(r["passed"] for r in mine)
+      line[dt] = f"{'✓' if ok == len(mine) else '✗'} {ok}/{len(mine)}"
+    pivot.append(line)
+  md += [to_markdown(pivot, {"algorithm": "algorithm", **{d: d for d in dtypes}}), ""]
+  if failed:
+    cols = {k: k for k in ("algorithm", "op", "dtype", "p", "kind", "max_abs_err", "tolerance")}
+    md += _table(failed, cols, "failed cases", short=0)
+  return md
+
+
+def _render_audit(out: Path) -> list[str]:
+  rows = _rows(out / "hlo_audit.jsonl")
+  if not rows:
+    return []
+  ps = sorted({r["p"] for r in rows})
+  table = []
+  for alg in dict.fromkeys(r["algorithm"] for r in rows):
+    mine = {r["p"]: r for r in rows if r["algorithm"] == alg}
+    top = mine[max(mine)]
+    table.append(
+      {
+        "algorithm": alg,
+        "permutes": ", ".join(str(mine[p]["permutes"]) if p in mine else "—" for p in ps),
+        "sent": top["sent_over_n"],
+        "compile": top["compile_s"],
+        "match": "✓" if all(r["match"] and not r["all_reduce_ops"] for r in mine.values()) else "✗",
+      }
+    )
+  cols = {
+    "algorithm": "algorithm",
+    "permutes": f"collective-permutes at p = {', '.join(map(str, ps))}",
+    "sent": f"bytes sent per participant / n at p = {ps[-1]}",
+    "compile": f"compile (s) at p = {ps[-1]}",
+    "match": "HLO = schedule",
+  }
+  return [to_markdown(table, cols), ""]
+
+
+def _bench_table(rows: list[dict], fitted) -> tuple[list[dict], dict[str, str]]:
+  from allreduce_jax import _devices, cost_model
+  from allreduce_jax._api import ALGORITHMS
+
+  psum = {r["bytes"]: r["busbw_gbps"] for r in rows if r["algorithm"] == "psum"}
+  table = []
+  for r in sorted(rows, key=lambda r: (r["bytes"], r["time_us"])):
+    line = {
+      "size": _size(r["bytes"]),
+      "algorithm": r["algorithm"] + (f" → {r['chosen']}" if r.get("chosen") else ""),
+      "time": r["time_us"],
+      "spread": f"{num(r['time_us_min'])}–{num(r['time_us_max'])}",
+      "algbw": r["algbw_gbps"],
+      "busbw": r["busbw_gbps"],
+      "vs_psum": r["busbw_gbps"] / psum[r["bytes"]] if psum.get(r["bytes"]) else None,
+      "wrong": r["wrong"],
+    }
+    record = ALGORITHMS.get(r["algorithm"])
+    if fitted is not None and record is not None and record.schedule is not None:
+      inner = _devices.inner_size(r["algorithm"], r["n_devices"])
+      line["model"] = cost_model.predict_us(
+        r["algorithm"], r["n_devices"], r["bytes"], fitted, inner=inner
+      )
+    table.append(line)
+  cols = {
+    "size": "size / participant",
+    "algorithm": "algorithm",
+    "time": "time (µs)",
+    "spread": "min–max (µs)",
+    "algbw": "algbw (GB/s)",
+    "busbw": "busbw (GB/s)",
+    "vs_psum": "busbw / psum's",
+    "wrong": "#wrong",
+  }
+  if fitted is not None:
+    cols["model"] = "fitted model (µs)"
+  return table, cols
+
+
+def _render_bench(out: Path) -> list[str]:
+  from allreduce_jax.tools.bench import fit_params_table
+
+  rows = _rows(out / "bench.jsonl")
+  if not rows:
+    return []
+  fitted = _fit(out)
+  p = rows[0]["n_devices"]
+  top = max(r["bytes"] for r in rows)
+  table, cols = _bench_table(rows, fitted)
+  md = [f"{len(rows)} rows on {p} devices. At the largest size, {_size(top)} per participant:", ""]
+  md += [to_markdown([t for t in table if t["size"] == _size(top)], cols), ""]
+  if fitted is not None:
+    fits = fit_params_table(fitted)
+    md += [
+      "The fitted parameters (shared: every hand-written algorithm's rows together; then one fit"
+      " per algorithm). γ is shown as — where the rows cannot identify it: for one algorithm at"
+      " one p the bytes reduced are a fixed multiple of the bytes sent, so γ is not separable"
+      " from β, and β includes it.",
+      "",
+      to_markdown(
+        fits,
+        {
+          "fit": "fit",
+          "alpha_us": "α (µs / step)",
+          "beta_ns_per_byte": "β (ns / B)",
+          "bandwidth_gbps": "1/β (GB/s)",
+          "gamma_ns_per_byte": "γ (ns / B reduced)",
+        },
+      ),
+      "",
     ]
-    if accs:
-      lines.append(f"synchronous data-parallel test accuracy (ring all-reduce): "
-                   f"{statistics.mean(accs):.4f} over {len(accs)} runs")  # fmt: skip
-  return lines
+  md += _table(table, cols, "every size", short=0)
+  return md
+
+
+def _render_auto(out: Path) -> list[str]:
+  rows = _rows(out / "bench_auto.jsonl")
+  if not rows:
+    return []
+  from allreduce_jax._api import ALGORITHMS
+
+  table = []
+  for n in sorted({r["bytes"] for r in rows}):
+    at = {r["algorithm"]: r for r in rows if r["bytes"] == n}
+    custom = [r for a, r in at.items() if a in ALGORITHMS and ALGORITHMS[a].auto]
+    if "auto" not in at or not custom:
+      continue
+    best = min(custom, key=lambda r: r["time_us"])
+    table.append(
+      {
+        "size": _size(n),
+        "picks": at["auto"].get("chosen") or "—",
+        "auto": at["auto"]["time_us"],
+        "fastest": best["algorithm"],
+        "best": best["time_us"],
+        "ratio": at["auto"]["time_us"] / best["time_us"],
+      }
+    )
+  cols = {
+    "size": "size / participant",
+    "picks": "auto picks",
+    "auto": "auto (µs)",
+    "fastest": "fastest measured",
+    "best": "its time (µs)",
+    "ratio": "auto / fastest",
+  }
+  return [to_markdown(table, cols), ""]
+
+
+def _render_fusion(out: Path) -> list[str]:
+  rows = _rows(out / "fusion.jsonl")
+  if not rows:
+    return []
+  short = []
+  for key in dict.fromkeys((r["model"], r["algorithm"]) for r in rows):
+    mine = [r for r in rows if (r["model"], r["algorithm"]) == key]
+    per_leaf = next((r for r in mine if r["bucket"] == "per-leaf"), None)
+    best = min(mine, key=lambda r: r["time_us"])
+    short.append(
+      {
+        "model": f"{key[0]} ({mine[0]['n_leaves']} leaves, {mine[0]['bytes'] / 2**20:.2f} MiB)",
+        "algorithm": key[1],
+        "per_leaf": per_leaf["time_us"] / 1e3 if per_leaf else None,
+        "best_bucket": f"{best['bucket']} ({best['n_buckets']} all-reduces)",
+        "best": best["time_us"] / 1e3,
+        "speedup": best.get("speedup_vs_per_leaf"),
+      }
+    )
+  cols = {
+    "model": "gradient pytree",
+    "algorithm": "algorithm",
+    "per_leaf": "per-leaf (ms)",
+    "best_bucket": "fastest bucketing",
+    "best": "its time (ms)",
+    "speedup": "speedup ×",
+  }
+  full_cols = {
+    "model": "model",
+    "algorithm": "algorithm",
+    "bucket": "bucket",
+    "n_buckets": "all-reduces",
+    "time_ms": "time (ms)",
+    "speedup_vs_per_leaf": "speedup ×",
+    "wrong": "#wrong",
+  }
+  full = [{**r, "time_ms": r["time_us"] / 1e3} for r in rows]
+  return [to_markdown(short, cols), "", *_table(full, full_cols, "every bucket size", short=0)]
+
+
+def _render_scaling(out: Path) -> list[str]:
+  from allreduce_jax.tools.scaling import crossovers
+
+  rows = _rows(out / "scaling.jsonl")
+  if not rows:
+    return []
+  table = [
+    {
+      **c,
+      "size": _size(c["bytes"]),
+      "until": c["ring_competitive_until"] or "never",
+      "loses_at": c["ring_loses_at"] or "—",
+    }
+    for c in crossovers(rows)
+  ]
+  cols = {
+    "scenario": "machine",
+    "size": "size / device",
+    "until": "ring within 5 % of the best up to p",
+    "loses_at": "ring loses from p",
+    "winner_there": "to",
+    "ring_over_best_at_max_p": "ring / best at the largest p",
+    "best_at_max_p": "best there",
+    "max_p": "largest p",
+  }
+  return [to_markdown(table, cols), ""]
+
+
+def _render_train(out: Path) -> list[str]:
+  md: list[str] = []
+  sync = [r for path in sorted((out / "train").glob("sync/*.jsonl")) for r in _rows(path)]
+  accs = [r["final_test_acc"] for r in sync if r.get("final_test_acc") is not None]
+  if accs:
+    sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+    md += [
+      f"Synchronous data-parallel SGD over the ring: final test accuracy"
+      f" **{statistics.mean(accs):.1%}** ± {sd:.1%} over {len(accs)} run(s).",
+      "",
+    ]
+  for table in sorted((out / "train").rglob("*.md")):
+    lines = [
+      "#### " + line.lstrip("#").strip() if line.startswith("#") else line
+      for line in table.read_text().splitlines()
+    ]
+    rows = sum(line.startswith("|") for line in lines) - 2
+    body = "\n".join(lines).strip()
+    md += (
+      _details(f"{table.relative_to(out).as_posix()} ({rows} rows)", body)
+      if rows > 12
+      else [body, ""]
+    )
+  return md
+
+
+RENDER = {
+  "verify": _render_verify,
+  "audit": _render_audit,
+  "bench": _render_bench,
+  "auto": _render_auto,
+  "fusion": _render_fusion,
+  "scaling": _render_scaling,
+  "train": _render_train,
+}
+
+
+def _claim(text: str, value: str, threshold: str, passed: bool) -> dict:
+  return {
+    "claim": text,
+    "measured": value,
+    "threshold": threshold,
+    "result": "✓ pass" if passed else "✗ fail",
+  }
+
+
+def claims(out: Path) -> list[dict]:
+  """The summary: each claim with its measured number, its threshold and pass/fail,
+  read back from the rows this report wrote (a claim whose rows are missing is left out)."""
+  found = []
+  verify = _rows(out / "verify.jsonl")
+  timed = [r for f in ("bench.jsonl", "bench_auto.jsonl", "fusion.jsonl") for r in _rows(out / f)]
+  if verify or timed:
+    failed = sum(not r["passed"] for r in verify)
+    wrong = sum(int(r.get("wrong", 0)) for r in timed)
+    found.append(_claim(
+      "Every algorithm returns XLA's result (verify), and every timed result is right",
+      f"{failed} of {len(verify):,} verify cases failed; {wrong} wrong elements in {len(timed)} timed results",
+      "0 and 0", failed == 0 and wrong == 0))  # fmt: skip
+  audit = _rows(out / "hlo_audit.jsonl")
+  if audit:
+    ok = sum(bool(r["match"]) and not r["all_reduce_ops"] for r in audit)
+    found.append(_claim(
+      "The compiled programs send exactly what the closed-form schedules say",
+      f"{ok} of {len(audit)} (algorithm, p) match", "all", ok == len(audit)))  # fmt: skip
+  fitted = _fit(out)
+  errs = (fitted.meta.get("max_abs_err_ge_1MiB") or {}) if fitted else {}
+  if "ring" in errs:
+    found.append(_claim(
+      "The fitted α-β-γ model predicts the ring's time at ≥ 1 MiB",
+      f"worst error {errs['ring']:.0%}", "≤ 25 %", errs["ring"] <= 0.25))  # fmt: skip
+  from allreduce_jax._api import ALGORITHMS
+
+  ratios = []
+  rows = _rows(out / "bench_auto.jsonl")
+  for n in sorted({r["bytes"] for r in rows}):
+    at = {r["algorithm"]: r["time_us"] for r in rows if r["bytes"] == n}
+    custom = [t for a, t in at.items() if a in ALGORITHMS and ALGORITHMS[a].auto]
+    if "auto" in at and custom:
+      ratios.append(at["auto"] / min(custom))
+  if ratios:
+    med = statistics.median(ratios)
+    found.append(_claim(
+      "`auto` is as fast as the fastest hand-written algorithm",
+      f"auto / fastest: median {med:.2f}×, worst {max(ratios):.2f}× over {len(ratios)} sizes",
+      "median ≤ 1.10×", med <= 1.10))  # fmt: skip
+  fusion = [r for r in _rows(out / "fusion.jsonl") if r.get("speedup_vs_per_leaf")]
+  if fusion:
+    best = max(fusion, key=lambda r: r["speedup_vs_per_leaf"])
+    found.append(_claim(
+      "Bucketing a many-leaf gradient beats reducing it leaf by leaf",
+      f"{best['speedup_vs_per_leaf']:.1f}× ({best['model']}, {best['bucket']} buckets)",
+      "≥ 2×", best["speedup_vs_per_leaf"] >= 2))  # fmt: skip
+  accs = [r["final_test_acc"] for p in sorted((out / "train").glob("sync/*.jsonl"))
+          for r in _rows(p) if r.get("final_test_acc") is not None]  # fmt: skip
+  if accs:
+    acc = statistics.mean(accs)
+    found.append(_claim(
+      "Data-parallel training over the hand-written ring learns",
+      f"test accuracy {acc:.1%} ({len(accs)} run(s))", "≥ 90 %", acc >= 0.9))  # fmt: skip
+  return found
 
 
 def write_markdown(out: Path, sections: list[Section], env: dict, smoke: bool) -> Path:
+  """Writes ``REPORT.md`` (and ``REPORT.html`` when the ``markdown`` package is
+  installed): the summary first, one section per experiment, the environment last.
+  Each section's console output goes to ``logs/<section>.log``, linked from it."""
   md = [
-    "# allreduce-jax report" + (" (smoke)" if smoke else ""),
+    "# allreduce-jax report" + (" (smoke: tiny sizes)" if smoke else ""),
     "",
-    "Written by `allreduce-jax report" + (" --smoke" if smoke else "") + "`. "
-    "Every number below was measured in this run; the commands reproduce each section.",
+    f"Measured by `allreduce-jax report{' --smoke' if smoke else ''}` on {env.get('devices')}"
+    f" {env.get('backend')} device(s), {env.get('date')}. Every number below comes from the rows"
+    " this run wrote next to this file; each section says how to reproduce it.",
     "",
-    "## Environment",
-    "",
-    "| | |",
-    "|---|---|",
-    *[f"| {k} | {v} |" for k, v in env.items()],
+    "## Summary",
     "",
   ]
-  heads = headlines(out)
-  if heads:
-    md += ["## Headlines", "", *[f"- {h}" for h in heads], ""]
+  found = claims(out)
+  md += [to_markdown(found, {"claim": "claim", "measured": "measured", "threshold": "threshold",
+                             "result": "result"}) if found else "*no section has run yet*", ""]  # fmt: skip
+  if (out / "bench.png").exists():
+    md += ["![all-reduce time vs size](bench.png)", ""]
+  failed = [s.title for s in sections if s.status]
+  if failed:
+    md += [f"**{len(failed)} section(s) failed:** {', '.join(failed)}.", ""]
+  logs = out / "logs"
   for s in sections:
-    md += [f"## {s.title}", "", s.intro, ""]
+    md += [f"## {s.title}", ""]
     if s.status is None:
-      md += ["*not run yet*", ""]
+      md += [s.intro, "", "*not run yet*", ""]
       continue
-    md += ["```bash", *[f"allreduce-jax {' '.join(c)}" for c in s.commands], "```", ""]
-    status = "ok" if s.status == 0 else f"exit status {s.status}"
-    md += [f"{status}, {s.seconds:.0f} s", "", "```text", s.text.rstrip(), "```", ""]
+    if s.status:
+      md += [f"**✗ failed** (exit status {s.status}); what it wrote is shown below.", ""]
+    md += [s.intro, ""]
+    try:
+      md += RENDER[s.key](out) if s.key in RENDER else []
+    except Exception as e:  # a partial or foreign file must not hide the other sections
+      md += [f"*could not render this section's rows: {type(e).__name__}: {e}*", ""]
     for fig in s.figures:
       md += [f"![{Path(fig).stem}]({fig})", ""]
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / f"{s.key}.log").write_text(s.text)
+    commands = "\n".join(f"allreduce-jax {' '.join(c)}" for c in s.commands)
+    md += _details(
+      f"Reproduce ({s.seconds:.0f} s here)",
+      f"```bash\n{commands}\n```\n\nConsole output: [logs/{s.key}.log](logs/{s.key}.log)",
+    )
+  md += [
+    "## Environment",
+    "",
+    to_markdown([{"k": k, "v": v} for k, v in env.items()], {"k": "", "v": ""}),
+    "",
+  ]
   md += [
     "## Notebooks",
     "",
-    "The notebooks in `notebooks/` teach and re-run each part interactively (`make lab`).",
+    "`notebooks/` re-runs each part interactively and explains it (`make lab`).",
     "",
   ]
   path = out / "REPORT.md"
-  path.write_text("\n".join(md))
+  text = "\n".join(md)
+  path.write_text(text)
+  try:
+    import markdown
+  except ImportError:
+    pass
+  else:
+    body = markdown.markdown(text, extensions=["tables", "fenced_code"])
+    (out / "REPORT.html").write_text(
+      f"<!doctype html><meta charset='utf-8'><title>allreduce-jax report</title>\n{body}\n"
+    )
   return path
 
 
@@ -243,7 +708,10 @@ def run_report(out: Path, smoke: bool = False, devices: int = 8, only=None, fres
       )
   os.environ["ALLREDUCE_JAX_COST_PARAMS"] = str(out / "cost_params.json")
   state_path = out / "sections.json"
-  state = json.loads(state_path.read_text()) if state_path.exists() else {}
+  from allreduce_jax.results import load_json, save_json
+
+  state = load_json(state_path, {})  # a truncated file: a warning, and start over
+  state = state if isinstance(state, dict) else {}
   for s in sections:  # keep what earlier runs of the same commands printed
     old = state.get(s.key)
     if old and old.get("commands") == s.commands:
@@ -269,7 +737,12 @@ def run_report(out: Path, smoke: bool = False, devices: int = 8, only=None, fres
         try:
           rc = _run_command(argv)
         except SystemExit as e:  # a subcommand's argument error
+          if e.code is not None and not isinstance(e.code, int):
+            print(f"error: {e.code}")
           rc = e.code if isinstance(e.code, int) else 2
+        except Exception as e:  # one failed section must not stop the others
+          print(f"error: {type(e).__name__}: {e}")
+          rc = 1
         s.status = s.status or rc
     s.seconds = time.perf_counter() - t0
     s.text = tee.buffer.getvalue()
@@ -281,7 +754,7 @@ def run_report(out: Path, smoke: bool = False, devices: int = 8, only=None, fres
     failures += s.status != 0
     state[s.key] = {"commands": s.commands, "text": s.text, "figures": s.figures,
                     "seconds": s.seconds, "status": s.status}  # fmt: skip
-    state_path.write_text(json.dumps(state, indent=1))
+    save_json(state_path, state)  # atomic: an interrupted write keeps the previous state
     write_markdown(out, sections, env, smoke)
   path = write_markdown(out, sections, env, smoke)
   print(f"\n# wrote {path} ({failures} section(s) failed)")
