@@ -2,7 +2,7 @@
 
 Compiles both forms of the same ring all-reduce (the library's unrolled one, and a
 ``fori_loop`` variant written here only for this comparison) and times them side by
-side with the project's timing helper, with ``psum`` as the yardstick.
+side with the tools' one timer (``tools._timing``), with ``psum`` as the yardstick.
 
     python experiments/ring_loop_choice.py            # 8 devices, 4 KiB / 1 MiB / 16 MiB
     python experiments/ring_loop_choice.py --smoke
@@ -11,7 +11,6 @@ side with the project's timing helper, with ``psum`` as the yardstick.
 from __future__ import annotations
 
 import argparse
-import statistics
 from dataclasses import dataclass
 
 
@@ -66,7 +65,7 @@ def main(argv=None) -> None:
   from jax.sharding import PartitionSpec as P
 
   from allreduce_jax import _devices, all_reduce
-  from allreduce_jax.tools import bench
+  from allreduce_jax.tools._timing import time_round_robin
 
   mesh = _devices.submesh((cfg.devices,), ("i",))
   variants = {
@@ -78,21 +77,16 @@ def main(argv=None) -> None:
   for nbytes in cfg.sizes:
     n = nbytes // 4
     x = jax.device_put(jnp.ones((cfg.devices * n,), jnp.float32), NamedSharding(mesh, P("i")))
-    compiled = {}
-    for name, fn in variants.items():
-      jitted = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
-      compiled[name] = bench.compile_timed(jitted, x)
-    medians = {name: [] for name in variants}
-    for _ in range(cfg.trials):
-      times = bench.time_round_robin([(c[0], (x,)) for c in compiled.values()], cfg.iters, 2)
-      for name, t in zip(variants, times):
-        medians[name].append(statistics.median(t))
-    psum = statistics.median(medians["psum"])
-    for name in variants:
-      med = statistics.median(medians[name])
+    programs = [
+      (jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=P("i"), out_specs=P("i"))), (x,))
+      for fn in variants.values()
+    ]
+    timings = dict(zip(variants, time_round_robin(programs, cfg.iters, 2, cfg.trials)))
+    psum = timings["psum"].median_s
+    for name, t in timings.items():
       print(
-        f"{nbytes:>10} {name:<10} {compiled[name][1] * 1e3:>10.0f} {med * 1e6:>10.0f}"
-        f" {med / psum:>7.2f}x"
+        f"{nbytes:>10} {name:<10} {t.compile_s * 1e3:>10.0f} {t.median_s * 1e6:>10.0f}"
+        f" {t.median_s / psum:>7.2f}x"
       )
 
 
