@@ -187,17 +187,6 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
   return True
 
 
-def describe() -> str:
-  """One line: processes, devices and backend of the current run."""
-  import jax
-
-  return (
-    f"process {jax.process_index()} of {jax.process_count()},"
-    f" {jax.local_device_count()} local / {jax.device_count()} global"
-    f" {jax.default_backend()} devices"
-  )
-
-
 def main_guard(argv0: str = "allreduce-jax") -> None:
   """Initializes from the environment, turning a bad variable into a clean exit."""
   try:

@@ -22,7 +22,7 @@
 #
 # The machine: nodes of 8 GPUs on NVLink 4 (3.4 µs per hop, 450 GB/s per direction),
 # nodes joined by InfiniBand NDR (5 µs per message step, 50 GB/s per NIC, one NIC per
-# GPU): `cost_model.PRESETS`, DESIGN.md §10. Override them with measured values.
+# GPU): `cost_model.PRESETS`, where each number is sourced. Override them with measured values.
 
 # %% tags=["parameters"]
 import os
