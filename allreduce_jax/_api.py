@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from allreduce_jax import _comm, cost_model
+from allreduce_jax import _comm, cost_model, topology
 from allreduce_jax._comm import AxisName
 from allreduce_jax._hierarchical import hierarchical
 from allreduce_jax._naive import naive
@@ -153,36 +153,42 @@ for _record in (
     "ring",
     ring,
     schedule=cost_model.ring_schedule,
+    messages=topology.ring_messages,
     summary="reduce-scatter + all-gather around a ring, 2(p-1) steps",
   ),
   Algorithm(
     "bidirectional_ring",
     bidirectional_ring,
     schedule=cost_model.bidirectional_ring_schedule,
+    messages=topology.bidirectional_ring_messages,
     summary="two rings in opposite directions, half the buffer each",
   ),
   Algorithm(
     "tree",
     tree,
     schedule=cost_model.tree_schedule,
+    messages=topology.tree_messages,
     summary="binomial reduce to a root, then binomial broadcast",
   ),
   Algorithm(
     "recursive_doubling",
     recursive_doubling,
     schedule=cost_model.recursive_doubling_schedule,
+    messages=topology.recursive_doubling_messages,
     summary="lg p full-buffer exchanges with XOR partners",
   ),
   Algorithm(
     "halving_doubling",
     halving_doubling,
     schedule=cost_model.halving_doubling_schedule,
+    messages=topology.halving_doubling_messages,
     summary="Rabenseifner: recursive-halving RS + recursive-doubling AG",
   ),
   Algorithm(
     "naive",
     naive,
     schedule=cost_model.naive_schedule,
+    messages=topology.naive_messages,
     summary="parameter server: everyone to a root and back",
   ),
   Algorithm(
@@ -199,6 +205,7 @@ for _record in (
     hand_written=False,
     auto=False,
     schedule=cost_model.ring_schedule,
+    messages=topology.ring_messages,  # modelled as a ring
     summary="XLA's own collective (the reference)",
   ),
   Algorithm("auto", auto, auto=False, summary="the cost model's choice for this p and size"),

@@ -1,0 +1,233 @@
+"""Topology replay: generators equal the traced schedules, replay equals closed forms,
+the issue-12 table, the flat model on a switch and the two-level model on islands."""
+
+import math
+
+import numpy as np
+import pytest
+
+from allreduce_jax import ALGORITHMS, cost_model, topology
+from allreduce_jax.topology import Params
+
+REPLAYABLE = [n for n, r in ALGORITHMS.items() if r.messages is not None and r.hand_written]
+PRICED = [n for n, r in ALGORITHMS.items() if r.messages is not None and r.schedule is not None]
+
+
+def _canon(steps, flags: bool):
+  return [
+    sorted(
+      (int(m[0]), int(m[1]), round(float(m[2]), 12)) + ((bool(m[3]),) if flags else ()) for m in s
+    )
+    for s in steps
+  ]
+
+
+def _generate(name, sizes):
+  gen = ALGORITHMS[name].messages
+  return gen(sizes, n_bytes=None) if topology._takes_size(gen) else gen(sizes)
+
+
+@pytest.mark.parametrize("name", REPLAYABLE)
+def test_generator_equals_trace(name):
+  """Every record's generator equals the schedule recorded from its real trace, at every
+  p = 2..8 (pairs, bytes, step grouping; the combined flags where the generator has them)."""
+  for p in range(2, 9):
+    sizes, traced = topology.traced_messages(name, p)
+    generated = _generate(name, sizes)
+    flags = all(len(m) > 3 for s in generated for m in s)
+    assert _canon(generated, flags) == _canon(traced, flags), (name, p, sizes)
+
+
+def test_trace_marks_reduction_and_lanes():
+  _, steps = topology.traced_messages("bidirectional_ring", 4)
+  assert len(steps) == 6 and all(len(s) == 8 for s in steps)  # two lanes per step
+  assert [s[0][3] for s in steps] == [True] * 3 + [False] * 3
+
+
+# -- closed forms and the issue's table (reduce-scatter bandwidth term in units of n·β) -----
+
+
+def _rho(s):
+  return sum((-2) ** i for i in range(s + 1))
+
+
+def _near_first(p):  # reference generator: XOR partners, nearest first
+  return [
+    [(r, r ^ (1 << s), 2.0 ** -(s + 1), True) for r in range(p)] for s in range(p.bit_length() - 1)
+  ]
+
+
+def _swing(p):  # reference generator: r ± ρ(s)
+  return [
+    [
+      (r, (r + _rho(s)) % p if r % 2 == 0 else (r - _rho(s)) % p, 2.0 ** -(s + 1), True)
+      for r in range(p)
+    ]
+    for s in range(p.bit_length() - 1)
+  ]
+
+
+def _rs(name, p, fallback=None):
+  """The reduce-scatter half of a registered generator (its first lg p / p-1 steps), or
+  the reference generator while the algorithm is not registered."""
+  if name not in ALGORITHMS:
+    return fallback(p)
+  steps = ALGORITHMS[name].messages((p,))
+  return steps[: len(steps) // 2]
+
+
+@pytest.mark.parametrize("p", [8, 64, 1024])
+def test_closed_forms_on_a_ring(p):
+  ring1d = topology.torus((p,))
+  far = topology.bandwidth_term(_rs("halving_doubling", p), ring1d)
+  near = topology.bandwidth_term(_rs("halving_doubling_near", p, _near_first), ring1d)
+  assert far == pytest.approx(p / 3 * (1 - 1 / p**2), abs=1e-9)
+  assert near == pytest.approx(math.log2(p) / 2, abs=1e-9)
+  assert topology.bandwidth_term(_rs("ring", p), ring1d) == pytest.approx((p - 1) / p, abs=1e-9)
+
+
+def test_issue_table_at_64():
+  """Issue 12's table (exact values of the replay; the issue rounds them)."""
+  ring1d, tapered = topology.torus((64,)), topology.fat_tree(8, 7)
+  rows = {
+    "ring": _rs("ring", 64),
+    "far": _rs("halving_doubling", 64),
+    "near": _rs("halving_doubling_near", 64, _near_first),
+    "swing": _rs("swing", 64, _swing),
+  }
+  got = {k: topology.bandwidth_term(v, ring1d) for k, v in rows.items()}
+  assert got == pytest.approx(
+    {"ring": 0.984375, "far": 21.328125, "near": 3.0, "swing": 1.546875}, abs=1e-9
+  )
+  got = {k: topology.bandwidth_term(v, tapered) for k, v in rows.items()}
+  assert got == pytest.approx(
+    {"ring": 0.984375, "far": 6.234375, "near": 1.640625, "swing": 1.8125}, abs=1e-9
+  )
+  # Flat α-β: every one of them is (p-1)/p.
+  got = {k: topology.bandwidth_term(v, topology.switch()) for k, v in rows.items()}
+  assert got == pytest.approx(dict.fromkeys(rows, 63 / 64), abs=1e-9)
+
+
+@pytest.mark.parametrize("r", [1, 2, 4, 7])
+def test_fat_tree_matches_reference_script(r):
+  """An independent copy of the reference computation (host links 1, leaf uplinks k/r)."""
+
+  def reference(sched, k):
+    tot = 0.0
+    for step in sched:
+      host, up = {}, {}
+      for s, t, m, _ in step:
+        host[("o", s)] = host.get(("o", s), 0) + m
+        host[("i", t)] = host.get(("i", t), 0) + m
+        if s // k != t // k:
+          up[("u", s // k)] = up.get(("u", s // k), 0) + m
+          up[("d", t // k)] = up.get(("d", t // k), 0) + m
+      tot += max(max(host.values()), max(up.values(), default=0) / (k / r))
+    return tot
+
+  for p, k in ((64, 8), (256, 16)):
+    for sched in (_rs("halving_doubling", p), _near_first(p), _swing(p), _rs("ring", p)):
+      assert topology.bandwidth_term(sched, topology.fat_tree(k, r)) == pytest.approx(
+        reference(sched, k), abs=1e-9
+      )
+
+
+# -- switch = flat model; islands = the two-level model ---------------------------------
+
+
+@pytest.mark.parametrize("name", PRICED)
+def test_switch_equals_flat_model(name):
+  q = cost_model.DEFAULT_PARAMS
+  k = ALGORITHMS[name].axes
+  for p in (2, 3, 5, 8, 12, 64):
+    if k > 1 and p in (2, 3, 5):
+      continue
+    sizes = topology.axis_sizes(name, p)
+    inner = sizes[-1] if k > 1 else None
+    for n in (1e3, 1e6, 1e9):
+      flat = cost_model.predict_seconds(name, p, n, q, inner=inner)
+      assert topology.predict_seconds(name, p, n, q) == pytest.approx(flat, rel=0.01), (p, n)
+
+
+@pytest.mark.parametrize("name", ["hierarchical", "halving_doubling", "recursive_doubling", "tree"])
+def test_islands_equal_two_level_model(name):
+  presets = cost_model.PRESETS
+  machine = cost_model.TwoLevel(presets["nvlink4"], presets["ib_ndr"], 8, 8)
+  net = topology.islands(8, "nvlink4", "ib_ndr")
+  for p in (16, 64, 1024):
+    for n in (1e3, 1e8):
+      got = topology.predict_seconds(name, p, n, presets["ib_ndr"], net)
+      want = cost_model.predict_two_level_seconds(name, p, n, machine)
+      assert got == pytest.approx(want, rel=1e-9), (p, n)
+
+
+def test_islands_ring_differs_from_nccl_channels():
+  """The closed form credits NCCL's ring with every NIC (channels); one replayed ring
+  pays the one NIC its boundary message crosses, α₂ on every step."""
+  presets = cost_model.PRESETS
+  machine = cost_model.TwoLevel(presets["nvlink4"], presets["ib_ndr"], 8, 8)
+  net = topology.islands(8, "nvlink4", "ib_ndr")
+  got = topology.predict_seconds("ring", 64, 1e8, presets["ib_ndr"], net)
+  assert got > 4 * cost_model.predict_two_level_seconds("ring", 64, 1e8, machine)
+
+
+# -- topologies --------------------------------------------------------------------------
+
+
+def test_torus_dimension_order_routing():
+  t = topology.torus((4, 4))
+  # (0,0) -> (2,3): dim 0 forward 2 hops (tie goes forward), dim 1 backward 1 hop (wrap).
+  loads = topology.step_link_loads([(0, 11, 1.0)], t)
+  assert loads["dim0+"].sum() == 2 and loads["dim1-"].sum() == 1 and loads["dim1+"].sum() == 0
+  assert loads["dim0+"][0, 0] == 1 and loads["dim0+"][0, 1] == 1  # column 0, links 0->1->2
+  assert loads["dim1-"][2, 0] == 1  # row 2 (routed dim 0 first), link 0 -> 3 (wrap)
+  assert topology.torus((4, 4), wrap=False).hops(np.array([0]), np.array([15]))[0] == 6
+  assert topology.torus((4, 4)).hops(np.array([0]), np.array([15]))[0] == 2
+
+
+def test_torus_family_and_capacity():
+  assert topology.even_dims(16384, 3) == (32, 32, 16)
+  assert topology.torus("3d").fit(64).dims == (4, 4, 4)
+  with pytest.raises(ValueError, match="does not fit"):
+    topology.torus((4, 4)).fit(17)
+
+
+def test_replay_terms():
+  q = Params(2e-6, 1e-9, 1e-10)
+  steps = ALGORITHMS["ring"].messages((8,))
+  r = topology.replay(steps, topology.torus((8,), hop_latency=1e-7), 8e6, q)
+  # 14 steps of α + 1 hop + n/8·β, plus γ on the 7 reduce-scatter steps.
+  want = 14 * (2e-6 + 1e-7 + 1e6 * 1e-9) + 7 * 1e6 * 1e-10
+  assert r.seconds == pytest.approx(want, rel=1e-12)
+  assert r.max_load.tolist() == [1 / 8] * 14
+  one_nic = topology.replay(
+    ALGORITHMS["bidirectional_ring"].messages((8,)), topology.switch(1), 8e6, q
+  )
+  assert one_nic.max_load.tolist() == [1 / 8] * 14  # both lanes share the NIC
+
+
+def test_parse_topologies():
+  assert topology.parse("switch") == topology.switch()
+  assert topology.parse("torus:16x16x16").dims == (16, 16, 16)
+  assert topology.parse("torus:8x8:nowrap").wrap is False
+  assert topology.parse("torus:3d").ndim == 3
+  assert topology.parse("fat_tree:8:7") == topology.fat_tree(8, 7)
+  isl = topology.parse("islands:8:nvlink4:ib_ndr")
+  assert isl.group == 8 and isl.inter == cost_model.PRESETS["ib_ndr"]
+  assert topology.parse("islands:4:3,450:5,50").intra.beta == pytest.approx(1 / 450e9)
+  for bad in ("torus", "torus:16xx", "torus:4d", "fat_tree:8", "islands:8:nvlink4:warp", "mesh"):
+    with pytest.raises(ValueError, match="--topology") as e:
+      topology.parse(bad)
+    assert "\n" not in str(e.value)
+
+
+def test_choose_by_replayed_cost():
+  q = Params(5e-6, 1e-10, 0.0)
+  # Flat α-β ties ring and halving-doubling on bytes and prefers the fewer steps;
+  # on a 1-D torus halving-doubling's far steps lose.
+  assert topology.choose(64, 64 << 20, q, topology.switch(), ("ring", "halving_doubling")) == (
+    "halving_doubling"
+  )
+  assert (
+    topology.choose(64, 64 << 20, q, topology.torus((64,)), ("ring", "halving_doubling")) == "ring"
+  )
