@@ -1,10 +1,15 @@
-"""scikit-learn's handwritten digits: a fixed stratified split, standardized.
+"""The data: scikit-learn's handwritten digits, and a byte-level text corpus that ships with Python.
 
-The data ships inside scikit-learn (no download): 1797 images of 8x8 pixels, 10
+Digits ship inside scikit-learn (no download): 1797 images of 8x8 pixels, 10
 classes. The split and the standardization are fixed by a seed, so every run and
 every method sees exactly the same train and test sets. Mini-batch orders are
 drawn in NumPy from their own seed (independent of model init and of the
 compute-time schedules).
+
+The text (:func:`load_text`) is Python's own: the help topics of ``pydoc_data`` or
+the standard library's source files, cut into next-byte windows with a fixed
+train/validation split. Both datasets expose ``x_train, y_train, x_test, y_test``
+and ``n_train``, so every trainer takes either.
 """
 
 from __future__ import annotations
@@ -93,3 +98,144 @@ def batch_indices(n: int, batch_size: int, steps: int, seed: int) -> np.ndarray:
   epochs = -(-need // n) if need else 0
   order = np.concatenate([rng.permutation(n) for _ in range(epochs)] or [np.zeros(0, np.int64)])
   return order[:need].reshape(steps, batch_size).astype(np.int32)
+
+
+# ------------------------------------------------------------------ a text corpus for the LM
+
+#: Text sources that ship with Python (no download).
+TEXT_SOURCES = ("topics", "stdlib")
+
+
+@dataclass(frozen=True)
+class TextCorpus:
+  """A byte-level language-modelling split, shaped like :class:`Digits`.
+
+  ``x_*``: i32[n, T] windows of bytes; ``y_*``: i32[n, T] the same windows shifted by
+  one byte (the next-byte targets). The vocabulary is the 256 byte values.
+  ``sha256`` fingerprints the raw text (it changes with the Python version that
+  ships it); ``n_bytes`` is its length.
+  """
+
+  x_train: np.ndarray
+  y_train: np.ndarray
+  x_test: np.ndarray
+  y_test: np.ndarray
+  source: str
+  sha256: str
+  n_bytes: int
+  vocab_size: int = 256
+
+  @property
+  def n_train(self) -> int:
+    return int(self.x_train.shape[0])
+
+  @property
+  def context(self) -> int:
+    return int(self.x_train.shape[1])
+
+
+def corpus_text(source: str = "topics", max_bytes: int | None = None) -> bytes:
+  """The raw text of a corpus that ships with Python, as UTF-8 bytes.
+
+  * ``"topics"``: ``pydoc_data.topics.topics`` (the language reference's help
+    topics, ~466 KB of English prose and grammar on CPython 3.11), joined in sorted
+    key order.
+  * ``"stdlib"``: the standard library's own ``Lib/*.py`` files (top level only,
+    sorted by name), read from ``sysconfig.get_paths()["stdlib"]``.
+
+  Args:
+    source: one of :data:`TEXT_SOURCES`.
+    max_bytes: keep only the first this many bytes (``None``: all).
+
+  Example:
+    >>> corpus_text("topics", max_bytes=24)
+    b'The "assert" statement\\n*'
+  """
+  if source == "topics":
+    from pydoc_data.topics import topics
+
+    raw = "".join(topics[k] for k in sorted(topics)).encode("utf-8")
+  elif source == "stdlib":
+    import sysconfig
+    from pathlib import Path
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts, total = [], 0
+    for path in sorted(root.glob("*.py"), key=lambda p: p.name):
+      parts.append(path.read_bytes())
+      total += len(parts[-1])
+      if max_bytes is not None and total >= max_bytes:
+        break
+    raw = b"".join(parts)
+  else:
+    raise ValueError(f"source={source!r} is not supported; expected one of {TEXT_SOURCES}.")
+  if max_bytes is not None:
+    if max_bytes < 1:
+      raise ValueError(f"max_bytes must be >= 1 or None, got {max_bytes}.")
+    raw = raw[:max_bytes]
+  return raw
+
+
+@functools.lru_cache(maxsize=4)
+def load_text(
+  source: str = "topics",
+  context: int = 64,
+  val_every: int = 10,
+  max_val_windows: int | None = 256,
+  max_bytes: int | None = None,
+) -> TextCorpus:
+  """Cuts a bundled corpus into next-byte windows with a fixed train/validation split.
+
+  The byte stream is cut into consecutive non-overlapping blocks of ``context + 1``
+  bytes; block ``k`` gives ``x = block[:-1]``, ``y = block[1:]``. Every
+  ``val_every``-th block (``k % val_every == val_every - 1``) is validation, the
+  rest is training: no window is in both, both sample the whole text. Nothing is
+  random, so the split is the same on every call (and on every machine with the
+  same Python).
+
+  Args:
+    source: one of :data:`TEXT_SOURCES`.
+    context: T, bytes per window.
+    val_every: one block in this many is held out (>= 2).
+    max_val_windows: keep this many validation windows, evenly spaced (``None``:
+      all); bounds the evaluation's cost.
+    max_bytes: use only the first this many bytes of the text.
+
+  Returns:
+    A :class:`TextCorpus`.
+
+  Example:
+    >>> c = load_text(context=64)
+    >>> c.x_train.shape[1], c.x_test.shape, c.vocab_size
+    (64, (256, 64), 256)
+    >>> bool((c.x_train[:, 1:] == c.y_train[:, :-1]).all())
+    True
+  """
+  import hashlib
+
+  if context < 1:
+    raise ValueError(f"context must be >= 1, got {context}.")
+  if val_every < 2:
+    raise ValueError(f"val_every must be >= 2, got {val_every}.")
+  raw = corpus_text(source, max_bytes)
+  stream = np.frombuffer(raw, np.uint8).astype(np.int32)
+  n_blocks = stream.size // (context + 1)
+  if n_blocks < val_every:
+    raise ValueError(
+      f"the text has {stream.size} bytes: fewer than {val_every} blocks of {context + 1}."
+    )
+  blocks = stream[: n_blocks * (context + 1)].reshape(n_blocks, context + 1)
+  is_val = np.arange(n_blocks) % val_every == val_every - 1
+  train, val = blocks[~is_val], blocks[is_val]
+  if max_val_windows is not None and val.shape[0] > max_val_windows:
+    keep = np.linspace(0, val.shape[0] - 1, max_val_windows).round().astype(np.int64)
+    val = val[keep]
+  return TextCorpus(
+    x_train=np.ascontiguousarray(train[:, :-1]),
+    y_train=np.ascontiguousarray(train[:, 1:]),
+    x_test=np.ascontiguousarray(val[:, :-1]),
+    y_test=np.ascontiguousarray(val[:, 1:]),
+    source=source,
+    sha256=hashlib.sha256(raw).hexdigest(),
+    n_bytes=len(raw),
+  )
