@@ -1,4 +1,5 @@
-"""Test setup: 8 emulated CPU devices, fixed before any JAX backend starts."""
+"""Test setup for tests/ and the doctests in allreduce_jax/: 8 emulated CPU devices, fixed
+before any JAX backend starts."""
 
 import os
 
