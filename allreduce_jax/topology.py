@@ -711,7 +711,7 @@ def axis_sizes(algorithm: str, p: int, topology: Topology | None = None) -> tupl
   if isinstance(top, Torus) and math.prod(top.dims) == p:
     if len(top.dims) == k:
       return top.dims
-    if k == 2:  # the inner axis on one ring of the last dimension
+    if k == 2 and len(top.dims) > 1:  # the inner axis on one ring of the last dimension
       return (p // top.dims[-1], top.dims[-1])
   return tuple(sorted(even_dims(p, k)))
 

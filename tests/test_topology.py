@@ -233,3 +233,28 @@ def test_choose_by_replayed_cost():
   assert (
     topology.choose(64, 64 << 20, q, topology.torus((64,)), ("ring", "halving_doubling")) == "ring"
   )
+
+
+def test_scaling_topology_cli(tmp_path):
+  import json
+
+  from allreduce_jax.cli import main
+
+  out = tmp_path / "scaling.jsonl"
+  argv = ["scaling", "--topology", "torus:2d", "--topology", "fat_tree:8:7", "--max-p", "32"]
+  assert (
+    main([*argv, "--sizes", "1MiB", "--algorithms", "ring,halving_doubling", "--out", str(out)])
+    == 0
+  )
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert {r["scenario"] for r in rows} == {"torus:2d", "fat_tree:8:7"}
+  assert {r["p"] for r in rows} == {8, 16, 32} and {r["algorithm"] for r in rows} == {
+    "ring",
+    "halving_doubling",
+  }
+  assert all(r["predicted_us"] >= r["flat_us"] * (1 - 1e-9) for r in rows)  # no network beats flat
+  assert out.with_suffix(".png").exists()
+  for bad, arg in (("torus:16xx", "--topology"), ("fast", "--link")):
+    opt = ["--topology", bad] if arg == "--topology" else ["--topology", "switch", "--link", bad]
+    with pytest.raises(SystemExit, match=arg):
+      main(["scaling", *opt, "--out", str(out)])

@@ -114,9 +114,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--out", default="results/scaling.jsonl")
   parser.add_argument("--plot", default=None, help="figure (default: --out with .png)")
   parser.add_argument("--smoke", action="store_true", help="p up to 64 only")
+  parser.add_argument(
+    "--topology",
+    action="append",
+    default=None,
+    metavar="SPEC",
+    help="replay every algorithm's message steps on a network instead of the two-level"
+    " model (repeatable): switch[:ports], torus:16x16x16 | torus:3d, fat_tree:8:7,"
+    " islands:8:nvlink4:ib_ndr",
+  )
+  parser.add_argument(
+    "--link", default="ib_ndr", help="with --topology: one link, 'latency_us,GBps' or a preset"
+  )
+  parser.add_argument(
+    "--hop-latency-us", type=float, default=0.0, help="with --topology: latency per hop"
+  )
+  parser.add_argument(
+    "--algorithms", default=None, help="with --topology: comma-separated (default: all replayable)"
+  )
 
 
 def run(args: argparse.Namespace) -> int:
+  if args.topology:
+    return run_topology(args)
   from allreduce_jax import cost_model
   from allreduce_jax.tools._args import format_size, parse_size
 
@@ -172,3 +192,149 @@ def run(args: argparse.Namespace) -> int:
   _plot.save(_plot.scaling(rows, crossovers(rows)), fig, dpi=110)
   print(f"# rows: {out}  figure: {fig}")
   return 0
+
+
+# ----------------------------------------------------------------------------------------
+# --topology: replay each algorithm's message steps on a network (allreduce_jax.topology).
+# ----------------------------------------------------------------------------------------
+
+#: Algorithms priced with ``--topology`` (those registered with a message generator).
+TOPOLOGY_ALGORITHMS: tuple[str, ...] = (
+  "ring",
+  "bidirectional_ring",
+  "tree",
+  "double_binary_tree",
+  "halving_doubling",
+  "halving_doubling_near",
+  "swing",
+  "hierarchical",
+)
+
+
+def topology_algorithms(names=None) -> tuple[str, ...]:
+  """``names`` (default :data:`TOPOLOGY_ALGORITHMS`) that are registered with a message
+  generator."""
+  from allreduce_jax import ALGORITHMS
+
+  names = TOPOLOGY_ALGORITHMS if names is None else tuple(names)
+  return tuple(a for a in names if a in ALGORITHMS and ALGORITHMS[a].messages is not None)
+
+
+def sweep_topology(top, params, ps=PS, sizes=SIZES, algorithms=None) -> list[dict]:
+  """One row per (size, p, algorithm): the replayed time on ``top``, the flat model's
+  (the same steps on ``topology.switch()``), the bandwidth term in units of n·β, the
+  best algorithm there and the ring's slowdown against it. ``params``: one link's α, β,
+  γ (islands use their own α, β per level)."""
+  from allreduce_jax import topology
+
+  algorithms = topology_algorithms(algorithms)
+  flat = topology.switch()
+  rows = []
+  for n in sizes:
+    for p in ps:
+      if top.capacity() is not None and p > top.capacity():
+        continue
+      t = {a: topology.predict_seconds(a, p, n, params, top) for a in algorithms}
+      best = min(t, key=t.get)
+      for a in algorithms:
+        prof = topology.algorithm_profile(a, p, top, n)
+        flat_s = topology.predict_seconds(a, p, n, params, flat)
+        rows.append(
+          {
+            "scenario": top.name,
+            "algorithm": a,
+            "p": p,
+            "bytes": n,
+            "predicted_us": t[a] * 1e6,
+            "flat_us": flat_s * 1e6,
+            "over_flat": t[a] / flat_s if flat_s else None,
+            "bandwidth_nbeta": float(prof.max_load().sum()),
+            "steps": prof.steps,
+            "sizes": list(topology.axis_sizes(a, p, top)),
+            "best": best,
+            "ring_over_best": t["ring"] / t[best] if "ring" in t else None,
+          }
+        )
+  return rows
+
+
+def run_topology(args: argparse.Namespace) -> int:
+  """``scaling --topology ...``: the replayed sweep, its JSONL rows and figure."""
+  import dataclasses
+
+  from allreduce_jax import topology
+  from allreduce_jax.tools._args import format_size, output_path, row_store
+
+  tops = []
+  for text in args.topology:
+    try:
+      top = topology.parse(text)
+    except ValueError as e:
+      raise SystemExit(str(e)) from None
+    if hasattr(top, "hop_latency"):
+      top = dataclasses.replace(top, hop_latency=args.hop_latency_us * 1e-6)
+    tops.append(top)
+  params = _link(args.link, "--link")
+  sizes = args.sizes
+  if isinstance(sizes, str):  # not yet parsed by the argument type
+    from allreduce_jax.tools._args import parse_size
+
+    try:
+      sizes = [parse_size(s, "--sizes") for s in sizes.split(",") if s.strip()]
+    except ValueError as e:
+      raise SystemExit(str(e)) from None
+  names = [a.strip() for a in args.algorithms.split(",")] if args.algorithms else None
+  algorithms = topology_algorithms(names)
+  if names and set(names) - set(algorithms):
+    raise SystemExit(
+      f"--algorithms: {', '.join(sorted(set(names) - set(algorithms)))} cannot be replayed;"
+      f" choose from {', '.join(topology_algorithms(tuple(_registered())))}."
+    )
+  if "ring" not in algorithms:
+    raise SystemExit("--algorithms must include ring (the figure marks where it loses).")
+  max_p = 64 if args.smoke else args.max_p
+  ps = [p for p in PS if p <= max_p]
+  context = {"topology": [t.name for t in tops], "link": args.link}
+  context |= {"hop_latency_us": args.hop_latency_us}
+  store = row_store(args.out, "scaling", context=context)
+  fig = output_path(args.plot or Path(args.out).with_suffix(".png"), "--plot")
+  rows = []
+  for top in tops:
+    rows += sweep_topology(top, params, ps, sizes, algorithms)
+  for r in rows:
+    r.update(link=args.link, hop_latency_us=args.hop_latency_us)
+  store.reset()  # cheap: recomputed whole
+  store.extend(rows, [store.key(scenario=r["scenario"], algorithm=r["algorithm"], p=r["p"],
+                                bytes=r["bytes"]) for r in rows])  # fmt: skip
+  print(f"# scaling by replay: link {args.link}, topologies {', '.join(t.name for t in tops)}")
+  print("# predicted µs replayed on each topology; '(flat)': the flat α-β model at the largest p")
+  width = max(len(a) for a in algorithms) + 1
+  print(f"{'p':>6} " + " ".join(f"{a:>{width}}" for a in algorithms))
+  for sc in dict.fromkeys(r["scenario"] for r in rows):
+    for n in sizes:
+      mine = [r for r in rows if (r["scenario"], r["bytes"]) == (sc, n)]
+      print(f"# {sc}, {format_size(n)} per participant")
+      for p in sorted({r["p"] for r in mine}):
+        t = {r["algorithm"]: r["predicted_us"] for r in mine if r["p"] == p}
+        print(f"{p:>6} " + " ".join(f"{t[a]:>{width}.1f}" for a in algorithms))
+      last = max(r["p"] for r in mine)
+      flat = {r["algorithm"]: r["flat_us"] for r in mine if r["p"] == last}
+      print(f"{'(flat)':>6} " + " ".join(f"{flat[a]:>{width}.1f}" for a in algorithms))
+  print("# the best algorithm at each topology's largest p, and the ring's slowdown there:")
+  for c in crossovers(rows):
+    print(
+      f"#   {c['scenario']:>24} {format_size(c['bytes']):>7}: p={c['max_p']}: {c['best_at_max_p']};"
+      f" ring {c['ring_over_best_at_max_p']:.2f}x; ring last within 5% at"
+      f" p={c['ring_competitive_until']}"
+    )
+  from allreduce_jax.tools import _plot
+
+  _plot.save(_plot.scaling(rows, crossovers(rows)), fig, dpi=110)
+  print(f"# rows: {args.out}  figure: {fig}")
+  return 0
+
+
+def _registered():
+  from allreduce_jax import ALGORITHMS
+
+  return ALGORITHMS
