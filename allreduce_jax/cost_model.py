@@ -438,8 +438,13 @@ def choose(
   nbytes: float,
   params: AnyParams | None = None,
   candidates: tuple[str, ...] | None = None,
+  topology=None,
 ) -> str:
   """NCCL-style selection: the candidate with the smallest predicted time.
+
+  With ``topology`` (a network of :mod:`allreduce_jax.topology`: ``torus((16, 16, 16))``,
+  ``fat_tree(8, 7)``...) each candidate that has a message generator is priced by
+  replaying its steps on that network instead of the flat formula.
 
   :math:`\\arg\\min_a\\, α_a·\\mathrm{steps}_a(p) + β_a·\\mathrm{bytes}_a(p, n) + γ_a·\\mathrm{reduced}_a(p, n)`.
   Ties go to the earlier candidate (ring first).
@@ -453,7 +458,15 @@ def choose(
   candidates = auto_candidates() if candidates is None else tuple(candidates)
   if not candidates:
     raise ValueError("choose needs at least one candidate algorithm.")
-  times = [predict_seconds(a, p, nbytes, resolve(params, a)) for a in candidates]
+  if topology is not None:
+    from allreduce_jax import topology as replay  # lazy: it imports this module
+
+    candidates = tuple(a for a in candidates if a in replay.candidates(candidates))
+    if not candidates:
+      raise ValueError("choose: no candidate has a message generator to replay.")
+    times = [replay.predict_seconds(a, p, nbytes, params, topology) for a in candidates]
+  else:
+    times = [predict_seconds(a, p, nbytes, resolve(params, a)) for a in candidates]
   return candidates[min(range(len(candidates)), key=times.__getitem__)]
 
 

@@ -787,11 +787,12 @@ def predict_seconds(
   return t
 
 
-def candidates() -> tuple[str, ...]:
-  """``auto``'s candidates that have a message generator."""
+def candidates(names: Sequence[str] | None = None) -> tuple[str, ...]:
+  """``names`` (default: ``auto``'s candidates) that have a message generator."""
   from allreduce_jax._api import ALGORITHMS
 
-  return tuple(a for a in cost_model.auto_candidates() if ALGORITHMS[a].messages is not None)
+  names = cost_model.auto_candidates() if names is None else names
+  return tuple(a for a in names if a in ALGORITHMS and ALGORITHMS[a].messages is not None)
 
 
 def choose(

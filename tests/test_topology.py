@@ -235,6 +235,13 @@ def test_choose_by_replayed_cost():
   )
 
 
+def test_cost_model_choose_takes_a_topology():
+  q = Params(5e-6, 1e-10, 0.0)
+  pair = ("ring", "halving_doubling")
+  assert cost_model.choose(64, 64 << 20, q, pair) == "halving_doubling"  # flat: fewer steps
+  assert cost_model.choose(64, 64 << 20, q, pair, topology=topology.torus((64,))) == "ring"
+
+
 def test_scaling_topology_cli(tmp_path):
   import json
 
