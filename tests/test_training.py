@@ -7,7 +7,6 @@ formulas (H_N) for straggler times.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -325,44 +324,12 @@ def test_sync_rejects_too_many_workers():
 
 
 def test_cli_train_smoke(tmp_path, capsys):
-  assert cli_main(["train", "--smoke", "--workers", "4", "--out", str(tmp_path)]) == 0
+  assert cli_main(["train", "sync", "--smoke", "--workers", "4", "--out", str(tmp_path)]) == 0
   assert "replicas identical: True" in capsys.readouterr().out
   row = json.loads((tmp_path / "sync.jsonl").read_text().splitlines()[0])
   assert row["config"]["steps"] == 40 and row["replicas_identical"]
-  assert cli_main(["train", "--smoke", "--taus", "1,2", "--out", str(tmp_path)]) == 2
+  with pytest.raises(SystemExit):  # --taus belongs to `train staleness`
+    cli_main(["train", "sync", "--smoke", "--taus", "1,2", "--out", str(tmp_path)])
   assert "--taus" in capsys.readouterr().err
-
-
-def _script(name):
-  spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def test_staleness_script_smoke(tmp_path, capsys):
-  assert _script("train_staleness").main(["--smoke", "--out", str(tmp_path)]) == 0
-  assert "| async_eta_tau | 4 |" in capsys.readouterr().out
-  assert (tmp_path / "staleness_curves.png").stat().st_size > 0
-  rows = Results(tmp_path / "staleness.jsonl").rows()
-  assert len(rows) == len(experiments.StalenessConfig.smoke().arms())
-
-
-def test_stragglers_script_smoke(tmp_path, capsys):
-  assert _script("train_stragglers").main(["--smoke", "--out", str(tmp_path)]) == 0
-  out = capsys.readouterr().out
-  assert "| slow | sync_b1 |" in out
-  for png in ("stragglers_accuracy.png", "staleness_histograms.png", "time_to_target_vs_n.png"):
-    assert (tmp_path / png).stat().st_size > 0
-  rows = Results(tmp_path / "stragglers.jsonl").rows()
-  assert len(rows) == len(experiments.StragglerConfig.smoke().runs())
-  assert all(r["replicas_identical"] for r in rows if r["arm"].startswith("sync"))
-  a = [r for r in rows if r["arm"] == "async" and r["compute"] == "exponential" and r["n"] == 4]
-  assert abs(a[0]["staleness_mean"] - 3) < 0.5
-
-
-def test_scripts_reject_bad_options(tmp_path):
-  with pytest.raises(SystemExit):
-    _script("train_stragglers").main(["--smoke", "--backups", "9", "--out", str(tmp_path)])
-  with pytest.raises(SystemExit):
-    _script("train_staleness").main(["--smoke", "--taus", "x", "--out", str(tmp_path)])
+  assert cli_main(["train", "stragglers", "--smoke", "--backups", "9", "--out", str(tmp_path)]) == 2
+  assert "backups" in capsys.readouterr().err

@@ -14,7 +14,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "allreduce_jax.tools.audit",
     "permutes and bytes per participant from compiled HLO vs p",
   ),
-  "train": ("allreduce_jax.training.cli", "data-parallel training: sync vs async SGD"),
+  "train": (
+    "allreduce_jax.tools.train",
+    "data-parallel training: sync, async, SSP, stragglers, Table C, phase diagram",
+  ),
   "report": ("allreduce_jax.tools.report", "run everything and write results/report/REPORT.md"),
   "launch": ("allreduce_jax.tools.launch", "run a subcommand on n local jax.distributed processes"),
 }

@@ -295,8 +295,24 @@ def register_workload(name: str, build: Callable[[bool], Workload]) -> None:
   WORKLOADS[name] = build
 
 
+#: Modules that register more arms when imported (Local SGD / DiLoCo, gossip).
+ARM_MODULES = ("allreduce_jax.training.local", "allreduce_jax.training.gossip")
+
+
+def load_arm_modules() -> None:
+  """Imports :data:`ARM_MODULES` that exist, so their arms are in :data:`ARMS`."""
+  import importlib
+  import importlib.util
+
+  for module in ARM_MODULES:
+    if importlib.util.find_spec(module) is not None:
+      importlib.import_module(module)  # registers its arms
+
+
 def get_arm(name: str) -> Arm:
   """The registered arm ``name``; ``ssp{s}`` and ``sync_b{b}`` are built on demand."""
+  if name not in ARMS:
+    load_arm_modules()
   if name not in ARMS:
     for prefix, make in _FAMILIES.items():
       rest = name[len(prefix) :]

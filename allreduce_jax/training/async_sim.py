@@ -125,8 +125,8 @@ class ComputeTimes:
       raise ValueError(f"n_workers must be >= 1, got {n_workers}.")
     self.model, self.n = model, n_workers
     self.scale = np.ones(n_workers) if scale is None else np.asarray(scale, np.float64)
-    if self.scale.shape != (n_workers,) or not (self.scale > 0).all():
-      raise ValueError(f"scale must be {n_workers} positive numbers, got {scale!r}.")
+    if self.scale.shape != (n_workers,) or not (self.scale >= 0).all():
+      raise ValueError(f"scale must be {n_workers} numbers >= 0, got {scale!r}.")
     self._rng = np.random.default_rng(seed)
     self._block = block
     self._rows = np.zeros((0, n_workers))

@@ -1,4 +1,7 @@
-"""The experiments: one sync run, the staleness sweep (Table A), the straggler sweep (Table B).
+"""The experiments: one sync run, Table A (staleness), Table B (stragglers), Table C
+(every arm × workload on one time model) and the phase diagram.
+
+The configs live in :mod:`.configs` (re-exported here); the arms in :mod:`.arms`.
 
 Each sweep is a list of runs identified by a key (config fields + arm + seed);
 finished runs are appended to a JSONL file at once and skipped when the sweep is
@@ -10,20 +13,17 @@ Seeds: run ``seed`` initializes the model with ``seed``, orders mini-batches wit
 seed starts from the same weights and sees the same data order, and the compute
 times are independent of both.
 
-Simulated time is in units of one mean gradient computation (compute times have
-mean 1), taken to last :attr:`StragglerConfig.compute_us` microseconds when adding
-the modelled all-reduce time of a sync step (:func:`allreduce_time_us`). Async
-updates pay no communication time in this model (a parameter-server push/pull
-overlaps the next computation).
+Table B (kept for continuity) measures time in units of one mean gradient
+computation and charges communication to sync only. Table C and the phase diagram
+use the arms' common time model instead: simulated seconds of compute plus
+communication priced by the cost model for every arm (:mod:`.arms`).
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,16 @@ import jax
 import numpy as np
 
 from allreduce_jax import ALGORITHMS
-from allreduce_jax.training import async_sim, data, models, sync
-from allreduce_jax.training.results import Results, environment
+from allreduce_jax.training import arms, async_sim, data, models, sync
+from allreduce_jax.training.configs import (
+  PhaseConfig,
+  StalenessConfig,
+  StragglerConfig,
+  SyncConfig,
+  TableCConfig,
+  fields_of,
+)
+from allreduce_jax.training.results import Results, environment, run_key
 
 #: All-reduce time (µs) used when ``allreduce_jax.cost_model`` is not available:
 #: a latency-bound all-reduce of ~40 KB across 8 accelerators (order of magnitude).
@@ -55,81 +63,24 @@ def allreduce_time_us(algorithm: str, p: int, nbytes: int) -> tuple[float, str]:
   except ImportError:
     return FALLBACK_ALLREDUCE_US, "constant"
   kwargs = {}
-  if algorithm == "hierarchical":
-    from allreduce_jax._devices import factor_2d
+  axes = ALGORITHMS[algorithm].axes if algorithm in ALGORITHMS else 1
+  if axes > 1:
+    from allreduce_jax._devices import factor_axes
 
-    kwargs["inner"] = factor_2d(p)[1]  # the mesh _mesh builds for it
+    kwargs["inner"] = factor_axes(p, axes)[-1]  # the mesh mesh_for builds for it
   try:
     return float(predict_us(algorithm, p, nbytes, **kwargs)), "cost_model"
   except (TypeError, ValueError):  # an algorithm (or signature) the model does not know
     return FALLBACK_ALLREDUCE_US, "constant"
 
 
-def _require(ok: bool, name: str, value: Any, expected: str) -> None:
-  if not ok:
-    raise ValueError(f"{name}={value!r} is invalid: expected {expected}.")
-
-
-def _check_common(cfg) -> None:
-  _require(cfg.model in models.MODELS, "model", cfg.model, f"one of {models.MODELS}")
-  _require(
-    cfg.optimizer in models.OPTIMIZERS, "optimizer", cfg.optimizer, f"one of {models.OPTIMIZERS}"
-  )
-  _require(0 <= cfg.momentum < 1, "momentum", cfg.momentum, "a number in [0, 1)")
-  _require(len(cfg.seeds) >= 1, "seeds", cfg.seeds, "at least one seed")
-  _require(0 < cfg.target <= 1, "target", cfg.target, "an accuracy in (0, 1]")
-  _require(cfg.eval_every >= 1, "eval_every", cfg.eval_every, "an integer >= 1")
-
-
-@dataclass(frozen=True)
-class SyncConfig:
-  """One synchronous data-parallel run (the ``train sync`` subcommand).
-
-  The defaults reach ~97% test accuracy on the digits in 300 steps.
-  """
-
-  model: str = "mlp"
-  optimizer: str = "momentum"
-  learning_rate: float = 0.05
-  momentum: float = 0.9
-  workers: int = 8
-  batch_per_worker: int = 16
-  steps: int = 300
-  algorithm: str = "ring"
-  bucket_bytes: int | None = None
-  eval_every: int = 50
-  seeds: tuple[int, ...] = (0,)
-  target: float = 0.95
-
-  def __post_init__(self):
-    _check_common(self)
-    _require(self.learning_rate > 0, "learning_rate", self.learning_rate, "a number > 0")
-    _require(self.workers >= 1, "workers", self.workers, "an integer >= 1")
-    _require(
-      self.batch_per_worker >= 1, "batch_per_worker", self.batch_per_worker, "an integer >= 1"
-    )
-    _require(self.steps >= 1, "steps", self.steps, "an integer >= 1")
-    _require(
-      self.algorithm in ALGORITHMS, "algorithm", self.algorithm, f"one of {sorted(ALGORITHMS)}"
-    )
-
-  @classmethod
-  def smoke(cls, **overrides) -> SyncConfig:
-    """A seconds-long preset for tests."""
-    return cls(**{"steps": 40, "eval_every": 20, **overrides})
-
-
 def _mesh(n: int, algorithm: str = "ring"):
-  """``(mesh, axis)`` of ``n`` participants; a 2-D ``(outer, inner)`` mesh for
-  ``hierarchical``, which reduces over two axes."""
+  """``(mesh, axis)`` of ``n`` participants for ``algorithm`` (``_devices.mesh_for``)."""
   from allreduce_jax import _devices
 
   if n > len(jax.devices()):
     raise ValueError(f"workers={n} is invalid: only {len(jax.devices())} devices are available.")
-  if algorithm == "hierarchical":
-    shape = _devices.factor_2d(n)
-    return _devices.submesh(shape, ("outer", "inner")), ("outer", "inner")
-  return _devices.submesh((n,), ("data",)), "data"
+  return _devices.mesh_for(algorithm, n)
 
 
 def run_sync(cfg: SyncConfig, seed: int = 0) -> dict[str, Any]:
@@ -194,58 +145,6 @@ def _first_reaching(xs: list, accs: list[float], target: float):
 
 
 # ------------------------------------------------------------------ Table A
-
-
-@dataclass(frozen=True)
-class StalenessConfig:
-  """Table A: fixed staleness τ, equal updates, equal per-update batch.
-
-  τ = 0 is the synchronous / sequential baseline (every method coincides there);
-  each τ > 0 runs every method in ``methods``.
-  """
-
-  model: str = "mlp"
-  optimizer: str = "momentum"
-  learning_rate: float = 0.02
-  momentum: float = 0.9
-  batch_size: int = 16
-  updates: int = 1500
-  taus: tuple[int, ...] = (0, 1, 2, 4, 8, 16)
-  methods: tuple[str, ...] = async_sim.ASYNC_METHODS
-  seeds: tuple[int, ...] = (0, 1, 2)
-  target: float = 0.95
-  eval_every: int = 50
-
-  def __post_init__(self):
-    _check_common(self)
-    _require(self.learning_rate > 0, "learning_rate", self.learning_rate, "a number > 0")
-    _require(self.batch_size >= 1, "batch_size", self.batch_size, "an integer >= 1")
-    _require(self.updates >= 1, "updates", self.updates, "an integer >= 1")
-    _require(
-      len(self.taus) >= 1 and all(t >= 0 for t in self.taus), "taus", self.taus, "integers >= 0"
-    )
-    _require(
-      all(m in async_sim.ASYNC_METHODS for m in self.methods),
-      "methods",
-      self.methods,
-      f"some of {async_sim.ASYNC_METHODS}",
-    )
-
-  @classmethod
-  def smoke(cls, **overrides) -> StalenessConfig:
-    """A seconds-long preset for tests."""
-    return cls(**{"updates": 60, "taus": (0, 4), "seeds": (0,), "eval_every": 30, **overrides})
-
-  def arms(self) -> list[tuple[str, int]]:
-    """``(method, τ)`` pairs: ``("sync", 0)`` then every method at every τ > 0."""
-    arms = [("sync", 0)] if 0 in self.taus else []
-    return arms + [(m, t) for t in self.taus if t > 0 for m in self.methods]
-
-  def run_fields(self, method: str, tau: int, seed: int) -> dict[str, Any]:
-    base = {
-      k: v for k, v in dataclasses.asdict(self).items() if k not in ("taus", "methods", "seeds")
-    }
-    return {"sweep": "staleness", **base, "method": method, "tau": tau, "seed": seed}
 
 
 def run_staleness_sweep(
@@ -319,106 +218,6 @@ def run_staleness_sweep(
 
 
 # ------------------------------------------------------------------ Table B
-
-
-@dataclass(frozen=True)
-class StragglerConfig:
-  """Table B: per compute-time model, sync (± backups) vs async (± η/τ) on N workers.
-
-  Every arm computes the same number of gradients (``sync_steps × workers``): sync
-  takes ``sync_steps`` steps of ``workers × batch_per_worker`` examples (those of
-  the ``workers - b`` fastest kept), async applies ``sync_steps × workers`` updates
-  of ``batch_per_worker`` examples. Async uses ``async_lr``; sync uses ``sync_lr``,
-  by default ``N × async_lr`` (Goyal et al.'s linear scaling: its batch is N times
-  larger).
-  ``n_sweep`` adds runs at other worker counts (exponential times only) for the
-  time-to-target vs N figure.
-  """
-
-  model: str = "mlp"
-  optimizer: str = "momentum"
-  momentum: float = 0.9
-  sync_lr: float | None = None
-  async_lr: float = 0.02
-  batch_per_worker: int = 16
-  workers: int = 8
-  sync_steps: int = 200
-  compute_models: tuple[str, ...] = async_sim.COMPUTE_MODELS
-  backups: tuple[int, ...] = (1, 2)
-  async_methods: tuple[str, ...] = ("async", "async_eta_tau")
-  seeds: tuple[int, ...] = (0, 1, 2)
-  algorithm: str = "ring"
-  compute_us: float = 1000.0
-  max_staleness: int = 64
-  target: float = 0.95
-  eval_every: int = 5
-  n_sweep: tuple[int, ...] = (2, 4)
-
-  def __post_init__(self):
-    _check_common(self)
-    _require(
-      self.sync_lr is None or self.sync_lr > 0, "sync_lr", self.sync_lr, "None or a number > 0"
-    )
-    _require(self.async_lr > 0, "async_lr", self.async_lr, "a number > 0")
-    _require(
-      self.batch_per_worker >= 1, "batch_per_worker", self.batch_per_worker, "an integer >= 1"
-    )
-    _require(self.workers >= 2, "workers", self.workers, "an integer >= 2")
-    _require(self.sync_steps >= 1, "sync_steps", self.sync_steps, "an integer >= 1")
-    _require(
-      len(self.compute_models) >= 1
-      and all(m in async_sim.COMPUTE_MODELS for m in self.compute_models),
-      "compute_models",
-      self.compute_models,
-      f"some of {async_sim.COMPUTE_MODELS}",
-    )
-    _require(
-      all(0 < b < self.workers for b in self.backups),
-      "backups",
-      self.backups,
-      f"integers in 1..{self.workers - 1}",
-    )
-    _require(
-      all(m in async_sim.ASYNC_METHODS for m in self.async_methods),
-      "async_methods",
-      self.async_methods,
-      f"some of {async_sim.ASYNC_METHODS}",
-    )
-    _require(
-      self.algorithm in ALGORITHMS, "algorithm", self.algorithm, f"one of {sorted(ALGORITHMS)}"
-    )
-    _require(self.compute_us > 0, "compute_us", self.compute_us, "a number > 0")
-    _require(self.max_staleness >= 1, "max_staleness", self.max_staleness, "an integer >= 1")
-    _require(all(1 <= n for n in self.n_sweep), "n_sweep", self.n_sweep, "worker counts >= 1")
-
-  @classmethod
-  def smoke(cls, **overrides) -> StragglerConfig:
-    """A seconds-long preset for tests."""
-    base = {
-      "workers": 4,
-      "sync_steps": 20,
-      "compute_models": ("exponential", "slow"),
-      "backups": (1,),
-      "seeds": (0,),
-      "eval_every": 10,
-      "n_sweep": (2,),
-      "max_staleness": 32,
-    }
-    return cls(**{**base, **overrides})
-
-  def runs(self) -> list[tuple[int, str, str, int]]:
-    """``(N, compute model, arm, seed)`` of every run."""
-    out = []
-    for n in (self.workers, *[n for n in self.n_sweep if n != self.workers]):
-      compute = self.compute_models if n == self.workers else ("exponential",)
-      arms = ["sync", *[f"sync_b{b}" for b in self.backups if b < n], *self.async_methods]
-      out += [(n, c, a, s) for c in compute for a in arms for s in self.seeds]
-    return out
-
-  def run_fields(self, n: int, compute: str, arm: str, seed: int) -> dict[str, Any]:
-    skip = ("compute_models", "backups", "async_methods", "seeds", "n_sweep", "workers")
-    base = {k: v for k, v in dataclasses.asdict(self).items() if k not in skip}
-    return {"sweep": "stragglers", **base, "n": n, "compute": compute, "arm": arm, "seed": seed}
 
 
 def _param_bytes(params) -> int:
@@ -555,6 +354,150 @@ def run_straggler_sweep(
   return [done[k] for k in keys if k in done]
 
 
+# ------------------------------------------------------------------ Table C
+
+
+def _setup_fields(cfg) -> dict[str, Any]:
+  return fields_of(arms.setup_of(cfg))
+
+
+def run_table_c(
+  cfg: TableCConfig,
+  out_dir: str | Path,
+  *,
+  smoke: bool = False,
+  max_runs: int | None = None,
+  log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+  """Runs Table C (resuming), appends to ``table_c.jsonl``; returns this config's rows.
+
+  Every (workload, arm, seed) is one :func:`arms.run_arm` on the config's setup.
+
+  Args:
+    cfg: the sweep.
+    out_dir: where ``table_c.jsonl`` lives.
+    smoke: build the workloads' smoke variants (smaller targets).
+    max_runs: stop after this many new runs (``None``: all).
+    log: progress printer.
+  """
+  log = log or _print
+  store = Results(Path(out_dir) / "table_c.jsonl")
+  done = store.done()
+  setup = arms.setup_of(cfg)
+  workloads: dict[str, arms.Workload] = {}
+  keys, new = [], 0
+  for w, a, seed in cfg.runs():
+    fields = {"sweep": "table_c", **_setup_fields(cfg), "workload": w, "arm": a, "seed": seed}
+    fields["smoke"] = smoke
+    key = run_key(fields)
+    keys.append(key)
+    if key in done or (max_runs is not None and new >= max_runs):
+      continue
+    if w not in workloads:
+      workloads[w] = arms.get_workload(w, smoke)
+    t0 = time.perf_counter()
+    row = arms.run_arm(arms.get_arm(a), setup, workloads[w], seed)
+    row = {"key": key, **fields, **row, "wall_s": time.perf_counter() - t0, "env": environment()}
+    done[key] = store.append(row)
+    new += 1
+    ttt = row["time_to_target"]
+    log(
+      f"table-c {w} {a:14s} seed={seed}: {row['metric']} {row['final_metric']:.4f},"
+      f" time to target {'-' if ttt is None else f'{ttt:.2f} s'}"
+    )
+  return [done[k] for k in keys if k in done]
+
+
+# ------------------------------------------------------------------ phase diagram
+
+
+def run_phase(
+  cfg: PhaseConfig,
+  out_dir: str | Path,
+  *,
+  smoke: bool = False,
+  max_runs: int | None = None,
+  log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+  """Measures updates to target per (σ, arm, seed) (resuming, ``phase_runs.jsonl``).
+
+  Each run trains the config's workload with log-normal(σ) compute times and the
+  model's real size (so communication does not change its schedule); the cells of
+  the diagram are then computed from these rows by :func:`phase_cells`.
+  """
+  log = log or _print
+  store = Results(Path(out_dir) / "phase_runs.jsonl")
+  done = store.done()
+  wl = None
+  keys, new = [], 0
+  for sigma in cfg.sigmas:
+    setup = arms.setup_of(cfg, compute=cfg.compute_of(sigma), model_params=0, bandwidth_gbps=None)
+    for a in cfg.arms:
+      for seed in cfg.seeds:
+        fields = {"sweep": "phase", **fields_of(setup), "workload": cfg.workload, "arm": a}
+        fields |= {"seed": seed, "sigma": sigma, "smoke": smoke}
+        key = run_key(fields)
+        keys.append(key)
+        if key in done or (max_runs is not None and new >= max_runs):
+          continue
+        wl = wl or arms.get_workload(cfg.workload, smoke)
+        t0 = time.perf_counter()
+        row = arms.run_arm(arms.get_arm(a), setup, wl, seed)
+        row = {"key": key, **fields, **row, "wall_s": time.perf_counter() - t0}
+        done[key] = store.append({**row, "env": environment()})
+        new += 1
+        log(f"phase σ={sigma:g} {a:14s} seed={seed}: updates to target {row['updates_to_target']}")
+  return [done[k] for k in keys if k in done]
+
+
+def phase_cells(cfg: PhaseConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Time to target of every (σ, bandwidth, arm), and the winner of each (σ, bandwidth).
+
+  For each measured run, the arm's schedule is rebuilt with the cell's bandwidth and
+  the priced model size (``cfg.model_params``) and read at the run's updates to
+  target; the cell's time is the median over seeds (a seed that never reached the
+  target counts as infinitely slow, so a majority must reach it).
+
+  Returns:
+    One dict per (σ, bandwidth, arm): ``sigma, bandwidth_gbps, arm, family,
+    time_to_target`` (s, ``inf`` if not reached), ``reached`` (seeds),
+    ``updates_to_target`` (median), ``comm_event_s``, ``compute_s``, ``winner``
+    (the cell's fastest arm or ``None``), and ``ratio`` = one all-reduce / one mean
+    gradient computation.
+  """
+  out = []
+  for sigma in cfg.sigmas:
+    for bw in cfg.bandwidths_gbps:
+      setup = arms.setup_of(cfg, compute=cfg.compute_of(sigma), bandwidth_gbps=bw)
+      cell = []
+      for a in cfg.arms:
+        arm = arms.get_arm(a)
+        rs = [r for r in rows if r["arm"] == a and r["sigma"] == sigma]
+        ts = []
+        for r in rs:
+          u = r["updates_to_target"]
+          ts.append(np.inf if u is None else arm.make_schedule(setup, r["seed"]).time_at(u))
+        us = [r["updates_to_target"] for r in rs if r["updates_to_target"] is not None]
+        cell.append(
+          {
+            "sigma": sigma,
+            "bandwidth_gbps": bw,
+            "arm": a,
+            "family": arm.family,
+            "time_to_target": float(np.median(ts)) if ts else float("inf"),
+            "reached": f"{len(us)}/{len(rs)}",
+            "updates_to_target": float(np.median(us)) if us else None,
+            "comm_event_s": arm.comm_seconds(setup),
+            "compute_s": cfg.compute_s,
+            "ratio": arms.allreduce_seconds(setup) / cfg.compute_s,
+          }
+        )
+      best = min(cell, key=lambda c: c["time_to_target"])
+      winner = best["arm"] if np.isfinite(best["time_to_target"]) else None
+      out += [{**c, "winner": winner} for c in cell]
+  return out
+
+
 # ------------------------------------------------------------------ outputs
 
 
@@ -566,7 +509,7 @@ def write_staleness_outputs(rows: list[dict[str, Any]], out_dir: str | Path) -> 
   out_dir.mkdir(parents=True, exist_ok=True)
   md = out_dir / "table_a.md"
   md.write_text("# Table A: staleness sweep\n\n" + tables.staleness_table(rows) + "\n")
-  return [md, figures.staleness_figure(rows, out_dir / "staleness_curves.png")]
+  return [md, figures.save(figures.staleness_figure(rows), out_dir / "staleness_curves.png")]
 
 
 def write_straggler_outputs(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
@@ -583,55 +526,49 @@ def write_straggler_outputs(rows: list[dict[str, Any]], out_dir: str | Path) -> 
     + tables.time_to_target_vs_n_table(rows)
     + "\n"
   )
-  return [md, *figures.straggler_figures(rows, out_dir)]
+  figs = figures.straggler_figures(rows)
+  return [md, *(figures.save(f, out_dir / f"{name}.png") for name, f in figs.items())]
 
 
-# ------------------------------------------------------------------ command-line helpers
+def write_table_c_outputs(
+  rows: list[dict[str, Any]], cfg: TableCConfig, out_dir: str | Path
+) -> list[Path]:
+  """Writes ``table_c.md`` and ``table_c_curves.png`` from Table C's rows."""
+  from allreduce_jax.training import figures, tables
+
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  md = out_dir / "table_c.md"
+  md.write_text(
+    "# Table C: every arm × workload on one time model\n\n"
+    + tables.setup_line(cfg)
+    + "\n\n"
+    + tables.table_c(rows)
+    + "\n"
+  )
+  return [md, figures.save(figures.table_c_figure(rows), out_dir / "table_c_curves.png")]
 
 
-def _field_parser(name: str, default: Any) -> Callable[[str], Any]:
-  if isinstance(default, tuple):
-    elem = type(default[0]) if default else int
+def write_phase_outputs(
+  cells: list[dict[str, Any]], cfg: PhaseConfig, out_dir: str | Path
+) -> list[Path]:
+  """Writes ``phase_cells.jsonl`` (derived, overwritten), ``phase.md`` and ``phase.png``."""
+  import json
 
-    def parse_tuple(text: str) -> tuple:
-      try:
-        return tuple(elem(v.strip()) for v in text.split(",") if v.strip())
-      except ValueError:
-        raise argparse.ArgumentTypeError(
-          f"--{name.replace('_', '-')}: expected comma-separated {elem.__name__} values, got {text!r}"
-        ) from None
+  from allreduce_jax.training import figures, tables
 
-    return parse_tuple
-  kind = int if default is None else type(default)
-
-  def parse(text: str) -> Any:
-    try:
-      return kind(text)
-    except ValueError:
-      raise argparse.ArgumentTypeError(
-        f"--{name.replace('_', '-')}: expected {kind.__name__}, got {text!r}"
-      ) from None
-
-  return parse
-
-
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-  """Adds one ``--field-name`` option per field of the config dataclass ``cls``."""
-  for f in dataclasses.fields(cls):
-    parser.add_argument(
-      "--" + f.name.replace("_", "-"),
-      dest=f.name,
-      type=_field_parser(f.name, f.default),
-      default=None,
-      help=f"default {f.default!r}",
-    )
-
-
-def config_from_arguments(cls: type, args: argparse.Namespace, smoke: bool = False):
-  """The frozen config from parsed options (unset options keep the default or smoke preset)."""
-  overrides = {
-    f.name: getattr(args, f.name)
-    for f in dataclasses.fields(cls)
-    if getattr(args, f.name, None) is not None
-  }
-  return cls.smoke(**overrides) if smoke else cls(**overrides)
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  cells_path = out_dir / "phase_cells.jsonl"
+  cells_path.write_text("".join(json.dumps(c) + "\n" for c in cells))
+  md = out_dir / "phase.md"
+  md.write_text(
+    "# Phase diagram: fastest arm to the target\n\n"
+    + tables.setup_line(cfg)
+    + "\n\n"
+    + tables.phase_table(cells)
+    + "\n\n"
+    + tables.phase_boundary(cells)
+    + "\n"
+  )
+  return [cells_path, md, figures.save(figures.phase_figure(cells), out_dir / "phase.png")]

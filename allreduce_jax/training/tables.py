@@ -107,3 +107,140 @@ def time_to_target_vs_n_table(rows: list[dict[str, Any]], compute: str = "expone
       cells.append(_reached(ttt, "{:.1f}") if ttt else "–")
     lines.append(f"| {arm} | " + " | ".join(cells) + " |")
   return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ Table C and the phase diagram
+
+
+def _fmt_s(x: float) -> str:
+  """Seconds with 3 significant digits (``1.23 s``, ``0.0456 s``, ``123 s``)."""
+  return f"{x:.3g} s"
+
+
+def _fmt_bytes(x: float) -> str:
+  for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    if x >= scale:
+      return f"{x / scale:.3g} {unit}"
+  return f"{x:.3g} B"
+
+
+def setup_line(cfg) -> str:
+  """One sentence naming the scenario every row of a table shares."""
+  speeds = ", ".join(f"{s:g}" for s in cfg.speeds) if cfg.speeds else "all 1"
+  params = f"{cfg.model_params:,} (virtual)" if cfg.model_params else "the model's real count"
+  bw = f", bandwidth {cfg.bandwidth_gbps:g} GB/s" if getattr(cfg, "bandwidth_gbps", None) else ""
+  compute = f"`{cfg.compute}`"
+  if hasattr(cfg, "sigmas"):  # the phase diagram: σ per column, bandwidth per row
+    compute, bw = "log-normal(σ per column)", ", bandwidth per row"
+  return (
+    f"N = {cfg.workers} workers × {cfg.batch_per_worker} samples; {cfg.gradients} per-worker"
+    f" gradients per run; compute {compute} × {cfg.compute_s:g} s, speeds ({speeds});"
+    f" network `{cfg.network}`{bw}; sync all-reduce `{cfg.algorithm}`; parameters priced:"
+    f" {params}; parameter server: {cfg.server_shards} shard(s),"
+    f" {'full' if cfg.duplex else 'half'} duplex. Times are simulated seconds, compute +"
+    " communication."
+  )
+
+
+def table_c(rows: list[dict[str, Any]]) -> str:
+  """Table C: per (workload, arm): final metric, time to target (median over seeds, in
+  simulated seconds including communication, and relative to sync), updates to
+  target, bytes per sample, diverged runs, mean staleness.
+
+  Example:
+    >>> r = dict(workload="w", arm="sync", metric="accuracy", target=0.9, final_metric=0.95,
+    ...          time_to_target=2.0, updates_to_target=10, bytes_per_sample=100.0,
+    ...          diverged=False, seed=0)
+    >>> print(table_c([r]).splitlines()[2])
+    | w | sync | 0.9500 | 2 s | 1.00 | 10 | 100 B | 0/1 | – |
+  """
+  if not rows:
+    return "(no rows)"
+  groups: dict[tuple[str, str], list] = defaultdict(list)
+  for r in rows:
+    groups[r["workload"], r["arm"]].append(r)
+  lines = [
+    "| workload | arm | final metric (mean ± std) | time to target (median) | × sync"
+    " | updates to target | bytes / sample | diverged | mean τ |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for w in dict.fromkeys(r["workload"] for r in rows):
+    ref = [r["time_to_target"] for r in groups.get((w, "sync"), [])]
+    ref_t = float(np.median(ref)) if ref and None not in ref else None
+    for arm in dict.fromkeys(r["arm"] for r in rows if r["workload"] == w):
+      rs = groups[w, arm]
+      ttt = [r["time_to_target"] for r in rs]
+      got = [t for t in ttt if t is not None]
+      if len(got) * 2 > len(rs):
+        med = float(np.median([np.inf if t is None else t for t in ttt]))
+        cell = _fmt_s(med) + ("" if len(got) == len(rs) else f" ({len(got)}/{len(rs)})")
+        rel = f"{med / ref_t:.2f}" if ref_t else "–"
+      else:
+        cell, rel = f"not reached ({len(got)}/{len(rs)})", "–"
+      upd = [r["updates_to_target"] for r in rs if r["updates_to_target"] is not None]
+      tau = [r["staleness_mean"] for r in rs if "staleness_mean" in r]
+      lines.append(
+        f"| {w} | {arm} | {_mean_std([r['final_metric'] for r in rs])}"
+        f" | {cell} | {rel} | {f'{np.median(upd):.0f}' if upd else '–'}"
+        f" | {_fmt_bytes(float(np.mean([r['bytes_per_sample'] for r in rs])))}"
+        f" | {sum(bool(r['diverged']) for r in rs)}/{len(rs)}"
+        f" | {f'{np.mean(tau):.1f}' if tau else '–'} |"
+      )
+  metric = {r["workload"]: (r["metric"], r["target"]) for r in rows}
+  notes = "; ".join(f"{w}: test {m}, target {t:g}" for w, (m, t) in metric.items())
+  return (
+    "\n".join(lines)
+    + f"\n\nMetric and target per workload: {notes}. Seeds per cell: "
+    + (", ".join(sorted({str(len(v)) for v in groups.values()})))
+  )
+
+
+def phase_table(cells: list[dict[str, Any]]) -> str:
+  """The phase diagram as a table: fastest arm per (bandwidth row, σ column), with
+  its time to target and the fastest sync-family and PS-family times."""
+  if not cells:
+    return "(no cells)"
+  sigmas = list(dict.fromkeys(c["sigma"] for c in cells))
+  bws = sorted({c["bandwidth_gbps"] for c in cells}, reverse=True)
+  lines = [
+    "| bandwidth (GB/s) | all-reduce / compute | "
+    + " | ".join(f"σ = {s:g}" for s in sigmas)
+    + " |",
+    "|---|---|" + "---|" * len(sigmas),
+  ]
+  for bw in bws:
+    row = [c for c in cells if c["bandwidth_gbps"] == bw]
+    cells_txt = []
+    for s in sigmas:
+      here = [c for c in row if c["sigma"] == s]
+      best = min(here, key=lambda c: c["time_to_target"])
+      fam = {}
+      for c in here:
+        fam[c["family"]] = min(fam.get(c["family"], np.inf), c["time_to_target"])
+      other = " / ".join(f"{f} {_fmt_s(t)}" for f, t in sorted(fam.items()) if np.isfinite(t))
+      cells_txt.append(f"**{best['winner']}** ({other})" if best["winner"] else "none")
+    lines.append(f"| {bw:g} | {row[0]['ratio']:.3g} | " + " | ".join(cells_txt) + " |")
+  return "\n".join(lines)
+
+
+def phase_boundary(cells: list[dict[str, Any]]) -> str:
+  """Per σ: the lowest bandwidth at which a parameter-server arm is fastest, in GB/s
+  and as the all-reduce/compute ratio (the boundary in the project's units)."""
+  lines = []
+  for s in dict.fromkeys(c["sigma"] for c in cells):
+    wins = sorted(
+      {
+        (c["bandwidth_gbps"], c["ratio"], c["winner"])
+        for c in cells
+        if c["sigma"] == s and c["winner"] and c["family"] == "ps" and c["arm"] == c["winner"]
+      }
+    )
+    if wins:
+      bw, ratio, arm = wins[0]
+      lines.append(
+        f"- σ = {s:g}: a parameter-server arm ({arm}) is fastest from {bw:g} GB/s up"
+        f" (all-reduce / compute = {ratio:.3g}); below, a sync arm."
+      )
+    else:
+      lines.append(f"- σ = {s:g}: a sync-family arm is fastest at every bandwidth.")
+  return "\n".join(lines)
