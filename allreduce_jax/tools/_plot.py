@@ -24,6 +24,19 @@ _MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*")
 _LINESTYLES = ("-", "--", "-.", ":")
 
 
+def approx_size(nbytes: float) -> str:
+  """A size for a label: 1025395 -> '1001.4 KiB', 4570001 -> '4.4 MiB'.
+
+  Example:
+    >>> approx_size(1025395), approx_size(4570001), approx_size(512)
+    ('1001.4 KiB', '4.4 MiB', '512 B')
+  """
+  for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    if nbytes >= scale:
+      return f"{nbytes / scale:.1f} {unit}"
+  return f"{nbytes:.0f} B"
+
+
 def style(algorithm: str, k: int) -> dict:
   """Line style of the ``k``-th algorithm of a figure: psum black and thick, the
   others a color, a marker and a line style each (overlapping lines stay visible)."""
@@ -93,7 +106,7 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
     ax.text(
       n_star,
       min(r["time_us"] for r in rows),
-      f" ring: latency = bandwidth term\n at {format_size(int(n_star))}",
+      f" ring: latency = bandwidth term\n at {approx_size(n_star)}",
       fontsize=8,
       color="0.3",
     )
@@ -102,7 +115,7 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
     ax.text(
       n,
       max(r["time_us"] for r in rows),
-      f" {before}→{after}\n {format_size(int(n))}",
+      f" {before}→{after}\n {approx_size(n)}",
       fontsize=7,
       color="tab:red",
       va="top",
@@ -220,5 +233,75 @@ def scaling(rows: Sequence[dict], crossovers: Sequence[dict] = ()) -> Figure:
       ax.set_ylabel("predicted time (µs)")
       ax.grid(True, which="both", alpha=0.3)
       ax.legend(fontsize=7)
+  fig.tight_layout()
+  return fig
+
+
+def busbw(rows: Sequence[dict], title: str = "") -> Figure:
+  """Bus bandwidth (nccl-tests' busbw = algbw·2(p-1)/p) vs size per algorithm: the
+  number to compare with a link's peak bandwidth."""
+  rows = [r for r in rows if r["n_devices"] > 1]
+  fig = Figure(figsize=(7, 4.5))
+  ax = fig.subplots()
+  algs = sorted({r["algorithm"] for r in rows}, key=lambda a: (a == REFERENCE, a))
+  for k, alg in enumerate(algs):
+    mine = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["bytes"])
+    ax.plot(
+      [r["bytes"] for r in mine],
+      [r["busbw_gbps"] for r in mine],
+      ms=4,
+      label=alg + (" (XLA, reference)" if alg == REFERENCE else ""),
+      **style(alg, k),
+    )
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("bytes per participant")
+  ax.set_ylabel("bus bandwidth (GB/s), median time")
+  if rows:
+    p = rows[0]["n_devices"]
+    ax.set_title(title or f"bus bandwidth on {p} {rows[0].get('backend', '')} devices".strip())
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  return fig
+
+
+def model(
+  p: int,
+  params=None,
+  algorithms: Sequence[str] | None = None,
+  lo: float = 8,
+  hi: float = 1 << 30,
+  title: str = "",
+) -> Figure:
+  """Predicted time vs size for ``algorithms`` (default: every priced hand-written
+  one) at ``p`` participants, with the ring's latency-bound region shaded and the
+  sizes where the cheapest algorithm changes marked."""
+  from allreduce_jax import _devices, cost_model
+  from allreduce_jax._api import names
+
+  algorithms = list(algorithms or names(hand_written=True, priced=True))
+  sizes = np.geomspace(lo, hi, 200)
+  fig = Figure(figsize=(7, 4.5))
+  ax = fig.subplots()
+  for k, alg in enumerate(algorithms):
+    inner = _devices.inner_size(alg, p)
+    t = [cost_model.predict_us(alg, p, n, params, inner=inner) for n in sizes]
+    ax.plot(sizes, t, label=alg, **{**style(alg, k), "marker": None})
+  ring_star = cost_model.balance_bytes("ring", p, params)
+  if math.isfinite(ring_star):
+    ax.axvspan(lo, min(ring_star, hi), color="0.92", zorder=0, label="ring latency-bound")
+  one_axis = [a for a in algorithms if _devices.inner_size(a, p) is None]
+  top = max(ax.get_ylim()[1], 1.0)
+  for k, (n, before, after) in enumerate(cost_model.switch_points(p, params, lo, hi, one_axis)):
+    ax.axvline(n, color="tab:red", ls=":", lw=1)
+    ax.text(n, top / 6**k, f" {before}→{after}\n {approx_size(n)}", fontsize=7,
+            color="tab:red", va="top")  # fmt: skip
+  ax.set_xscale("log", base=2)
+  ax.set_yscale("log")
+  ax.set_xlabel("bytes per participant")
+  ax.set_ylabel("predicted time (µs)")
+  ax.set_title(title or f"α-β-γ model, p={p}")
+  ax.grid(True, which="both", alpha=0.3)
+  ax.legend(fontsize=7, loc="lower right")
   fig.tight_layout()
   return fig

@@ -54,6 +54,17 @@ class _Tee(io.TextIOBase):
     self.stream.flush()
 
 
+def results_dir(*parts: str) -> Path:
+  """Where results go: ``$ALLREDUCE_JAX_RESULTS`` if set, else the ``results/`` folder
+  of the repository this package lives in (whatever the working directory), plus
+  ``parts``. Created if missing. The notebooks write here."""
+  env = os.environ.get("ALLREDUCE_JAX_RESULTS")
+  root = Path(env) if env else Path(__file__).resolve().parents[2] / "results"
+  path = root.joinpath(*parts)
+  path.mkdir(parents=True, exist_ok=True)
+  return path
+
+
 #: Each experiment's settings, full and smoke: the one definition of their sizes.
 #: :func:`plan` turns them into the commands the report runs; the notebooks read them
 #: with :func:`settings`. Option names are the subcommands' (``min_bytes`` ->
