@@ -85,6 +85,8 @@ def get_op(op: str, dtype) -> Op:
     TypeError: ``dtype`` is not numeric, or ``op="mean"`` on an integer dtype,
       or ``max``/``min`` on a complex dtype.
   """
+  if not isinstance(op, str):
+    raise TypeError(f"op={op!r} must be a string, one of {OPS}.")
   if op not in _OP_TABLE:
     raise ValueError(f"op={op!r} is not supported; expected one of {OPS}.")
   dtype = jnp.dtype(dtype)

@@ -184,7 +184,7 @@ class RowStore:
       raise self._error("is a folder; expected a .jsonl file.")
     try:
       data = self.path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent (check() says why)
       return [], None
     except OSError as e:
       raise self._error(f"cannot be read ({e.strerror or e}).") from None
@@ -201,6 +201,20 @@ class RowStore:
   def done(self) -> dict[str, dict[str, Any]]:
     """``key -> row`` of the finished rows (the last one wins)."""
     return {row["key"]: row for row in self.rows() if "key" in row}
+
+  def current(self) -> list[dict[str, Any]]:
+    """The rows measured under this store's configuration: those whose key carries
+    every field of :attr:`context` with the same value (e.g. the rows to fit)."""
+    ctx = json.loads(run_key(self.context))
+    out = []
+    for row in self.rows():
+      try:
+        key = json.loads(row.get("key", ""))
+      except (TypeError, ValueError):
+        continue
+      if isinstance(key, dict) and all(key.get(k) == v for k, v in ctx.items()):
+        out.append(row)
+    return out
 
   # -- writing ---------------------------------------------------------------------------
 

@@ -3,11 +3,15 @@ correctness of the rows, not timings."""
 
 import json
 
+import jax
 import pytest
 
 from allreduce_jax import cost_model
 from allreduce_jax.cli import main
 from allreduce_jax.tools import bench
+
+# Start the 8-device backend now: a command's --devices 2 must not shrink it for later tests.
+jax.devices()
 
 
 def _rows(path):
@@ -69,12 +73,153 @@ def test_fusion_smoke(tmp_path):
   assert out.with_suffix(".png").exists()
 
 
-def test_scaling_smoke(tmp_path):
+def test_scaling_smoke(tmp_path, monkeypatch):
+  monkeypatch.setenv(cost_model.FIT_ENV_VAR, str(tmp_path / "none.json"))  # no local fit
   out = tmp_path / "scaling.jsonl"
-  assert main(["scaling", "--smoke", "--out", str(out), "--params", str(tmp_path / "x")]) == 0
+  assert main(["scaling", "--smoke", "--out", str(out)]) == 0
   rows = _rows(out)
   assert {r["algorithm"] for r in rows} == {"ring", "tree", "halving_doubling", "hierarchical"}
   assert {r["p"] for r in rows} == {8, 16, 32, 64}
   assert all(r["predicted_us"] > 0 for r in rows)
   with pytest.raises(SystemExit, match="--inner"):
     main(["scaling", "--smoke", "--inner", "fast", "--out", str(out)])
+
+
+# ------------------------------------------------------------- issue 10 §4: rows and resume
+
+TINY = ["--min-bytes", "1KiB", "--max-bytes", "1KiB", "--no-uneven", "--iters", "2"]
+TINY += ["--warmup", "0"]
+
+
+def _bench(tmp_path, *extra, algorithms="ring,psum", devices="2"):
+  out = tmp_path / "bench.jsonl"
+  argv = ["bench", "--devices", devices, "--algorithms", algorithms, *TINY, "--out", str(out)]
+  return main([*argv, *extra]), out
+
+
+def _rekey(path, **change):
+  """Rewrites every row's key as if measured under another configuration."""
+  rows = _rows(path)
+  for r in rows:
+    r["key"] = json.dumps({**json.loads(r["key"]), **change}, sort_keys=True)
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_bench_resumes_only_rows_of_the_same_configuration(tmp_path, monkeypatch):
+  monkeypatch.setenv(cost_model.FIT_ENV_VAR, str(tmp_path / "none.json"))
+  assert _bench(tmp_path)[0] == 0
+  rc, out = _bench(tmp_path)
+  assert rc == 0 and len(_rows(out)) == 2  # same configuration: nothing measured
+  _rekey(out, process_count=4)  # rows of a 4-process launch
+  assert _bench(tmp_path)[0] == 0
+  assert len(_rows(out)) == 4  # measured again, not reprinted
+
+
+def test_bench_iters_and_warmup_are_part_of_the_key(tmp_path, monkeypatch):
+  monkeypatch.setenv(cost_model.FIT_ENV_VAR, str(tmp_path / "none.json"))
+  _, out = _bench(tmp_path)
+  _bench(tmp_path, "--iters", "3")
+  _bench(tmp_path, "--warmup", "1")
+  keys = [json.loads(r["key"]) for r in _rows(out)]
+  assert len(keys) == 6
+  assert {(k["iters"], k["warmup"]) for k in keys} == {(2, 0), (3, 0), (2, 1)}
+  assert {k["process_count"] for k in keys} == {1} and {k["n_devices"] for k in keys} == {2}
+  assert all(k["jax_version"] and k["backend"] == "cpu" for k in keys)
+
+
+def test_auto_rows_are_keyed_on_the_cost_parameters(tmp_path, monkeypatch):
+  fit = tmp_path / "cost_params.json"
+  monkeypatch.setenv(cost_model.FIT_ENV_VAR, str(fit))
+  _, out = _bench(tmp_path, algorithms="auto,ring")
+  _bench(tmp_path, algorithms="auto,ring")
+  assert len(_rows(out)) == 2
+  fitted = cost_model.FittedParams(cost_model.Params(1e-3, 1e-9, 0.0), {}, {})
+  cost_model.save_params(fitted, fit)  # a new fit: auto may choose differently
+  _bench(tmp_path, algorithms="auto,ring")
+  assert [r["algorithm"] for r in _rows(out)] == ["auto", "ring", "auto"]
+
+
+def test_single_size_sweep_plots(tmp_path, monkeypatch):
+  monkeypatch.setenv(cost_model.FIT_ENV_VAR, str(tmp_path / "none.json"))
+  out = tmp_path / "b.jsonl"
+  argv = ["bench", "--devices", "2", "--algorithms", "ring,psum", "--min-bytes", "4KiB"]
+  argv += ["--max-bytes", "4KiB", "--iters", "2", "--warmup", "0", "--out", str(out)]
+  assert main(argv) == 0
+  assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_bench_on_one_device(tmp_path, monkeypatch):
+  monkeypatch.setenv(cost_model.FIT_ENV_VAR, str(tmp_path / "none.json"))
+  rc, out = _bench(tmp_path, devices="1")
+  assert rc == 0
+  assert [(r["n_devices"], r["wrong"]) for r in _rows(out)] == [(1, 0), (1, 0)]
+
+
+def test_float64_without_x64_is_refused(tmp_path, capsys):
+  with pytest.raises(SystemExit):
+    _bench(tmp_path, "--dtype", "float64")
+  assert "JAX_ENABLE_X64=1" in capsys.readouterr().err
+  assert not (tmp_path / "bench.jsonl").exists()
+
+
+def test_torn_line_then_resume(tmp_path, monkeypatch, capsys):
+  monkeypatch.setenv(cost_model.FIT_ENV_VAR, str(tmp_path / "none.json"))
+  _, out = _bench(tmp_path)
+  text = out.read_text()
+  out.write_text(text[: len(text) - 40])  # killed while writing the second row
+  assert _bench(tmp_path)[0] == 0
+  assert "half-written" in capsys.readouterr().err
+  rows = _rows(out)  # every line is whole JSON again; only the lost row was measured
+  assert [r["algorithm"] for r in rows] == ["ring", "psum"]
+
+
+@pytest.mark.parametrize(
+  "content, message",
+  [('{"algorithm": "ring"}\n', "is not an allreduce-jax row"), ("a,b\n1,2\n", "not JSON")],
+)
+def test_foreign_out_is_refused_and_kept(tmp_path, content, message):
+  out = tmp_path / "bench.jsonl"
+  out.write_text(content)
+  for extra in ([], ["--fresh"]):
+    with pytest.raises(SystemExit, match=f"--out: .*bench.jsonl: .*{message}"):
+      _bench(tmp_path, *extra)
+    assert out.read_text() == content
+
+
+def test_out_must_be_jsonl_and_fresh_never_deletes_a_users_file(tmp_path):
+  notes = tmp_path / "notes.csv"
+  notes.write_text("my,notes\n")
+  argv = ["bench", "--devices", "2", "--algorithms", "ring", *TINY, "--out", str(notes)]
+  for extra in ([], ["--fresh"]):
+    with pytest.raises(SystemExit, match=r"notes\.csv: rows are written to \.jsonl files only"):
+      main([*argv, *extra])
+  assert notes.read_text() == "my,notes\n"
+
+
+def test_unwritable_out_fails_before_measuring(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("")
+  out = blocker / "bench.jsonl"
+  for opt in ("--out", "--plot"):
+    argv = ["bench", "--devices", "2", "--algorithms", "ring", *TINY, "--out", str(out)]
+    if opt == "--plot":
+      argv[-1] = str(tmp_path / "b.jsonl")
+      argv += ["--plot", str(blocker / "b.png")]
+    with pytest.raises(SystemExit, match=f"{opt}.*cannot create"):
+      main(argv)
+  assert not (tmp_path / "b.jsonl").exists()  # nothing measured, nothing written
+
+
+def test_fusion_resume_and_foreign_out(tmp_path):
+  out = tmp_path / "fusion.jsonl"
+  argv = ["fusion", "--devices", "2", "--models", "cnn", "--algorithms", "psum", "--iters", "2"]
+  argv += ["--warmup", "0", "--buckets", "per-leaf,one", "--out", str(out)]
+  assert main(argv) == 0
+  assert main(argv) == 0
+  assert len(_rows(out)) == 2  # resumed
+  assert main([*argv, "--iters", "3"]) == 0
+  assert len(_rows(out)) == 4  # another configuration: measured
+  bench_rows = tmp_path / "bench.jsonl"
+  bench_rows.write_text(out.read_text().replace('"kind": "fusion"', '"kind": "bench"'))
+  with pytest.raises(SystemExit, match="holds 'bench' rows, not 'fusion' rows"):
+    main([*argv[:-1], str(bench_rows)])

@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from allreduce_jax.tools._args import positive_int, positive_int_list
+
 
 def audited() -> tuple[str, ...]:
   """Every hand-written algorithm with a cost model (from the registry)."""
@@ -94,30 +96,52 @@ def format_rows(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def sweep(ps, nbytes: int, out, algorithms=None, fresh: bool = False) -> list[dict]:
-  """Audits every p (skipping (algorithm, p, bytes) rows already in ``out``)."""
-  from allreduce_jax.tools.bench import append_rows, read_rows
+def store(out, fresh: bool = False):
+  """The audit's :class:`~allreduce_jax.results.RowStore`, checked (and emptied if
+  ``fresh``): rows are keyed on (algorithm, p, bytes) and the JAX version (the
+  subprocesses compile on CPU)."""
+  import jax
 
-  out = Path(out)
-  if fresh and out.exists():
-    out.unlink()
-  rows = read_rows(out)
+  from allreduce_jax.tools._args import row_store
+
+  return row_store(out, "audit", fresh=fresh, context={"jax_version": jax.__version__})
+
+
+def sweep(ps, nbytes: int, out, algorithms=None, fresh: bool = False) -> list[dict]:
+  """Audits every p (skipping the (algorithm, p, bytes) rows already in ``out``)."""
+  from allreduce_jax._api import ALGORITHMS
+  from allreduce_jax._devices import factor_axes
+
+  rows_store = store(out, fresh)
+  done = rows_store.done()
+  rows = []
   for p in ps:
-    have = {r["algorithm"] for r in rows if r["p"] == p and r["bytes"] == nbytes}
-    todo = [a for a in algorithms or audited() if a not in have]
+    keys = {
+      a: rows_store.key(algorithm=a, p=p, bytes=nbytes)
+      for a in algorithms or audited()
+      if ALGORITHMS[a].axes == 1 or 1 not in factor_axes(p, ALGORITHMS[a].axes)
+    }  # a k-axis algorithm needs p with k factors > 1
+    todo = [a for a, k in keys.items() if k not in done]
     if todo:
       new = audit_subprocess(p, nbytes, todo)
-      append_rows(out, new)
-      rows += new
-  return [r for r in rows if r["p"] in ps and r["bytes"] == nbytes]
+      stored = rows_store.extend(new, [keys[r["algorithm"]] for r in new])
+      done.update((r["key"], r) for r in stored)
+    rows += [done[k] for k in keys.values() if k in done]
+  return rows
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
-    "--ps", default="2,4,8,16,32,64", help="participant counts (default: %(default)s)"
+    "--ps",
+    type=positive_int_list,
+    default=[2, 4, 8, 16, 32, 64],
+    help="participant counts (default: 2,4,8,16,32,64)",
   )
   parser.add_argument(
-    "--bytes", type=int, default=1 << 16, help="bytes per participant (default: %(default)s)"
+    "--bytes",
+    type=positive_int,
+    default=1 << 16,
+    help="bytes per participant, a multiple of 4 (default: %(default)s)",
   )
   parser.add_argument(
     "--out", default="results/hlo_audit.jsonl", help="rows (default: %(default)s)"
@@ -126,13 +150,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-  try:
-    ps = [int(v) for v in args.ps.split(",")]
-  except ValueError:
-    raise SystemExit(f"--ps: expected integers, got {args.ps!r}") from None
-  rows = sweep(ps, args.bytes, args.out, fresh=args.fresh)
-  print(format_rows(sorted(rows, key=lambda r: (r["algorithm"], r["p"]))))
   from allreduce_jax.tools import _plot
+  from allreduce_jax.tools._args import output_path
 
-  _plot.save(_plot.audit(rows), Path(args.out).with_suffix(".png"), dpi=110)
+  if args.bytes % 4:
+    raise SystemExit(f"--bytes {args.bytes}: must be a multiple of 4 (float32 elements).")
+  store(args.out)  # refuses a foreign or unwritable --out before any compile
+  fig = output_path(Path(args.out).with_suffix(".png"), "--out")
+  rows = sweep(args.ps, args.bytes, args.out, fresh=args.fresh)
+  print(format_rows(sorted(rows, key=lambda r: (r["algorithm"], r["p"]))))
+  _plot.save(_plot.audit(rows), fig, dpi=110)
   return 0 if all(r["match"] and r["all_reduce_ops"] == 0 for r in rows) else 1

@@ -20,7 +20,6 @@ on nccl-tests-style verifiable inputs, whose sums are exact in any order.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
@@ -29,8 +28,21 @@ from pathlib import Path
 
 import numpy as np
 
+from allreduce_jax.results import run_context
 from allreduce_jax.tools import _plot
-from allreduce_jax.tools._args import add_devices, csv_list, format_size, parse_size
+from allreduce_jax.tools._args import (
+  add_devices,
+  algorithm_list,
+  check_op_dtypes,
+  dtype_choice,
+  format_size,
+  nonnegative_int,
+  op_choice,
+  output_path,
+  parse_size,
+  positive_int,
+  row_store,
+)
 from allreduce_jax.tools._timing import time_round_robin
 
 #: The fields every bench row carries (nccl-tests' columns, the model's prediction,
@@ -102,11 +114,11 @@ def bandwidths(nbytes: float, seconds: float, p: int) -> tuple[float, float]:
 # ----------------------------------------------------------------------------------------
 
 
-def _verifiable_block(index, count: int, seed: int = 0) -> np.ndarray:
+def _verifiable_block(index, p: int, count: int, seed: int = 0) -> np.ndarray:
   """Rows ``index[0]`` (participants) × columns ``index[1]`` of the verifiable input
-  ``x[i, k] = (13 i + 7 k + seed) mod 31 - 15`` (as in ``verify.verifiable_input``),
-  built for this process's shards only."""
-  rows = np.arange(*index[0].indices(1 << 62))[:, None]
+  ``x[i, k] = (13 i + 7 k + seed) mod 31 - 15`` (as in ``verify.verifiable_input``)
+  of shape ``(p, count)``, built for this process's shards only."""
+  rows = np.arange(*index[0].indices(p))[:, None]
   cols = np.arange(*index[1].indices(count))[None, :]
   return (13 * rows + 7 * cols + seed) % 31 - 15
 
@@ -175,7 +187,7 @@ def measure_size(
     key = (mesh.axis_names, mesh.devices.shape)
     if key not in inputs:
       inputs[key] = _devices.put(
-        (p, count), dtype, NamedSharding(mesh, spec), lambda idx: _verifiable_block(idx, count)
+        (p, count), dtype, NamedSharding(mesh, spec), lambda idx: _verifiable_block(idx, p, count)
       )
     built.append((alg, timed, inputs[key], checker))
   timings = time_round_robin([(timed, (x,)) for _, timed, x, _ in built], iters, warmup)
@@ -208,30 +220,21 @@ def measure_size(
   return rows
 
 
-def read_rows(path) -> list[dict]:
-  """Rows of a JSON Lines file (none if it does not exist; bad lines are skipped)."""
-  path = Path(path)
-  if not path.exists():
-    return []
-  rows = []
-  for line in path.read_text().splitlines():
-    try:
-      rows.append(json.loads(line))
-    except json.JSONDecodeError:
-      continue
-  return rows
+def params_id(params) -> str:
+  """A fingerprint of the cost parameters behind ``auto`` (its choice depends on them)."""
+  from allreduce_jax import cost_model
+  from allreduce_jax.results import fingerprint
+
+  if isinstance(params, cost_model.FittedParams):
+    return fingerprint(params.to_json())
+  return fingerprint(cost_model.params_to_dict(cost_model.resolve(params, "ring")))
 
 
-def append_rows(path, rows: Sequence[dict]) -> None:
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  with path.open("a") as f:
-    for r in rows:
-      f.write(json.dumps(r) + "\n")
-
-
-def _key(r: dict) -> tuple:
-  return (r["algorithm"], r["n_devices"], r["bytes"], r["dtype"], r["op"], r["backend"])
+def row_key(store, algorithm: str, nbytes: int, params) -> str:
+  """A bench row's key: algorithm and size over the run's configuration (the store's
+  context), plus the cost parameters for ``auto``."""
+  extra = {"cost_params": params_id(params)} if algorithm == "auto" else {}
+  return store.key(algorithm=algorithm, bytes=nbytes, **extra)
 
 
 HEADER = (
@@ -362,7 +365,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
   add_devices(parser)
   parser.add_argument(
     "--algorithms",
-    type=csv_list,
+    type=algorithm_list,
     default=None,
     help="comma-separated (default: all, psum included)",
   )
@@ -370,10 +373,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--max-bytes", default="64MiB", help="largest size per participant")
   parser.add_argument("--factor", type=int, default=4, help="size multiplier (default 4)")
   parser.add_argument("--no-uneven", action="store_true", help="skip the size not divisible by p")
-  parser.add_argument("--dtype", default="float32")
-  parser.add_argument("--op", default="sum")
-  parser.add_argument("--iters", type=int, default=10, help="timed calls per (algorithm, size)")
-  parser.add_argument("--warmup", type=int, default=3, help="untimed calls first")
+  parser.add_argument("--dtype", type=dtype_choice, default="float32")
+  parser.add_argument("--op", type=op_choice, default="sum")
+  parser.add_argument(
+    "--iters", type=positive_int, default=10, help="timed calls per (algorithm, size)"
+  )
+  parser.add_argument("--warmup", type=nonnegative_int, default=3, help="untimed calls first")
   parser.add_argument("--out", default="results/bench.jsonl", help="JSON Lines file (appended)")
   parser.add_argument(
     "--fresh", action="store_true", help="overwrite --out instead of resuming (skip done rows)"
@@ -403,23 +408,13 @@ def run(args: argparse.Namespace) -> int:
     raise SystemExit(str(e)) from None
   if args.smoke:
     min_b, max_b, args.factor, args.iters, args.warmup = 1024, 4096, 4, 3, 1
-  if args.iters < 1 or args.warmup < 0:
-    raise SystemExit(f"--iters must be ≥ 1 and --warmup ≥ 0 (got {args.iters}, {args.warmup}).")
   from allreduce_jax._api import ALGORITHMS
-  from allreduce_jax._ops import OPS
 
   algorithms = args.algorithms or list(ALGORITHMS)
-  for a in algorithms:
-    if a not in ALGORITHMS:
-      raise SystemExit(f"--algorithms: unknown {a!r}; expected some of {', '.join(ALGORITHMS)}")
-  if args.op not in OPS:
-    raise SystemExit(f"--op: unknown {args.op!r}; expected one of {', '.join(OPS)}")
+  check_op_dtypes([args.op], [args.dtype])
   import jax.numpy as jnp
 
-  try:
-    itemsize = jnp.dtype(args.dtype).itemsize
-  except TypeError:
-    raise SystemExit(f"--dtype: unknown dtype {args.dtype!r}") from None
+  itemsize = jnp.dtype(args.dtype).itemsize
   try:
     _devices.use_cpu_devices(args.devices)
     sizes = sweep_sizes(min_b, max_b, args.factor, itemsize, args.devices, not args.no_uneven)
@@ -431,13 +426,25 @@ def run(args: argparse.Namespace) -> int:
   p = len(jax.devices()) if jax.distributed.is_initialized() else args.devices
   if "hierarchical" in algorithms and _devices.factor_2d(p)[0] == 1:
     algorithms = [a for a in algorithms if a != "hierarchical"]  # p prime: no 2-D mesh
-  out = Path(args.out)
-  if args.fresh and out.exists() and jax.process_index() == 0:
-    out.unlink()
-  done = {_key(r): r for r in read_rows(out)}
-  params = cost_model.load_default_params()
-  backend = jax.default_backend()
   main = jax.process_index() == 0
+  backend = jax.default_backend()
+  # Every input and output problem is found here, before the first measurement.
+  out = Path(args.out)
+  context = {
+    **run_context(),
+    "n_devices": p,
+    "dtype": args.dtype,
+    "op": args.op,
+    "iters": args.iters,
+    "warmup": args.warmup,
+    **({"trials": args.trials} if getattr(args, "trials", None) else {}),
+  }
+  store = row_store(out, "bench", fresh=args.fresh and main, context=context)
+  fig = output_path(args.plot or out.with_suffix(".png"), "--plot")
+  if args.fit:
+    output_path(args.params or cost_model.default_fit_path(), "--params")
+  done = store.done()
+  params = cost_model.load_default_params()
   if main:
     src = "fitted" if isinstance(params, cost_model.FittedParams) else "default"
     print(
@@ -452,13 +459,14 @@ def run(args: argparse.Namespace) -> int:
     total=len(sizes) * len(algorithms), file=sys.stderr, disable=None if main else True, leave=False
   )
   for nbytes in sizes:
-    todo = [a for a in algorithms if (a, p, nbytes, args.dtype, args.op, backend) not in done]
-    rows = [done[(a, p, nbytes, args.dtype, args.op, backend)] for a in algorithms if a not in todo]
+    keys = {a: row_key(store, a, nbytes, params) for a in algorithms}
+    todo = [a for a in algorithms if keys[a] not in done]
+    rows = [done[keys[a]] for a in algorithms if a not in todo]
     if todo:
       bar.set_description(f"{format_size(nbytes)}")
       new = measure_size(todo, p, nbytes, args.dtype, args.op, args.iters, args.warmup, params)
       if main:
-        append_rows(out, new)
+        store.extend(new, [keys[r["algorithm"]] for r in new])
       rows += new
     bar.update(len(algorithms))
     rows.sort(key=lambda r: algorithms.index(r["algorithm"]))
@@ -473,7 +481,7 @@ def run(args: argparse.Namespace) -> int:
   status = 0 if all(r["wrong"] == 0 for r in rows_all) else 1
   if args.fit and main:
     path = Path(args.params) if args.params else cost_model.default_fit_path()
-    mine = [r for r in read_rows(out) if r["backend"] == backend and r["n_devices"] == p]
+    mine = store.current()  # every size measured under this configuration
     try:
       fitted, text, _ = fit_and_save(mine, path)
     except ValueError as e:
@@ -489,7 +497,6 @@ def run(args: argparse.Namespace) -> int:
     print(text)
     params = fitted
   if main:
-    fig = Path(args.plot) if args.plot else out.with_suffix(".png")
     figure = _plot.bench(rows_all, params)
     if figure is not None:
       _plot.save(figure, fig)

@@ -25,7 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from allreduce_jax.tools import _plot
-from allreduce_jax.tools._args import add_devices, csv_list
+from allreduce_jax.tools._args import (
+  add_devices,
+  choice_list,
+  nonnegative_int,
+  output_path,
+  positive_int,
+  row_store,
+)
 
 #: bucket label -> ``bucket_bytes`` of :func:`allreduce_jax.all_reduce_tree`.
 BUCKETS: dict[str, int | None] = {
@@ -189,19 +196,39 @@ def format_rows(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+#: The gradient pytrees ``--models`` chooses from.
+MODELS: tuple[str, ...] = ("cnn", "transformer")
+
+
+def _single_axis() -> tuple[str, ...]:
+  from allreduce_jax._api import names
+
+  return names(axes=1)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
   add_devices(parser)
   parser.add_argument(
-    "--algorithms", type=csv_list, default=["ring", "psum"], help="default ring,psum"
+    "--algorithms",
+    type=choice_list(_single_axis, "algorithms"),
+    default=["ring", "psum"],
+    help="single-axis algorithms (default ring,psum)",
   )
-  parser.add_argument("--models", type=csv_list, default=["cnn", "transformer"])
-  parser.add_argument("--layers", type=int, default=16, help="transformer layers (12 leaves each)")
-  parser.add_argument("--d-model", type=int, default=128, help="transformer width")
   parser.add_argument(
-    "--buckets", type=csv_list, default=list(BUCKETS), help=f"some of {','.join(BUCKETS)}"
+    "--models", type=choice_list(MODELS, "models"), default=["cnn", "transformer"]
   )
-  parser.add_argument("--iters", type=int, default=7)
-  parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument(
+    "--layers", type=positive_int, default=16, help="transformer layers (12 leaves each)"
+  )
+  parser.add_argument("--d-model", type=positive_int, default=128, help="transformer width")
+  parser.add_argument(
+    "--buckets",
+    type=choice_list(tuple(BUCKETS), "buckets"),
+    default=list(BUCKETS),
+    help=f"some of {','.join(BUCKETS)}",
+  )
+  parser.add_argument("--iters", type=positive_int, default=7)
+  parser.add_argument("--warmup", type=nonnegative_int, default=2)
   parser.add_argument("--out", default="results/fusion.jsonl")
   parser.add_argument("--fresh", action="store_true", help="overwrite --out instead of resuming")
   parser.add_argument("--plot", default=None, help="figure (default: --out with .png)")
@@ -210,15 +237,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
   from allreduce_jax import _devices, cost_model
-  from allreduce_jax._api import ALGORITHMS
-  from allreduce_jax.tools.bench import append_rows, read_rows
+  from allreduce_jax.results import fingerprint, run_context
 
-  for a in args.algorithms:
-    if a not in ALGORITHMS or a == "hierarchical":
-      raise SystemExit(f"--algorithms: {a!r} is not a single-axis algorithm of {list(ALGORITHMS)}")
-  for b in args.buckets:
-    if b not in BUCKETS:
-      raise SystemExit(f"--buckets: unknown {b!r}; expected some of {', '.join(BUCKETS)}")
   if "per-leaf" not in args.buckets:
     args.buckets = ["per-leaf", *args.buckets]
   if args.smoke:
@@ -227,9 +247,6 @@ def run(args: argparse.Namespace) -> int:
     "cnn": cnn_shapes(),
     "transformer": transformer_shapes(args.layers, args.d_model),
   }
-  for m in args.models:
-    if m not in models:
-      raise SystemExit(f"--models: unknown {m!r}; expected some of {', '.join(models)}")
   try:
     _devices.use_cpu_devices(args.devices)
   except ValueError as e:
@@ -238,31 +255,31 @@ def run(args: argparse.Namespace) -> int:
 
   p = jax.device_count() if jax.distributed.is_initialized() else args.devices
   main = jax.process_index() == 0
+  # Every input and output problem is found here, before the first measurement.
   out = Path(args.out)
-  if args.fresh and out.exists() and main:
-    out.unlink()
-  done = {(r["model"], r["algorithm"], r["n_leaves"], r["n_devices"]) for r in read_rows(out)}
+  context = {**run_context(), "n_devices": p, "iters": args.iters, "warmup": args.warmup}
+  store = row_store(out, "fusion", fresh=args.fresh and main, context=context)
+  fig = output_path(args.plot or out.with_suffix(".png"), "--plot")
+  done = store.done()
   params = cost_model.load_default_params()
-  rows_all = [
-    r
-    for r in read_rows(out)
-    if r["model"] in args.models and r["algorithm"] in args.algorithms and r["n_devices"] == p
-  ]
   buckets = {b: BUCKETS[b] for b in args.buckets}
+  rows_all = []
   for m in args.models:
     shapes = models[m]
     for alg in args.algorithms:
-      if (m, alg, len(shapes), p) in done:
+      shape_id = fingerprint(shapes)  # the model's leaves (layers, width)
+      keys = {b: store.key(model=m, shapes=shape_id, algorithm=alg, bucket=b) for b in buckets}
+      if all(k in done for k in keys.values()):
+        rows_all += [done[k] for k in keys.values()]
         continue
       if main:
         print(f"# fusion: {m} ({len(shapes)} leaves), {alg}, {p} devices ...", flush=True)
       rows = measure_model(m, shapes, alg, p, buckets, args.iters, args.warmup, params)
       if main:
-        append_rows(out, rows)
+        store.extend(rows, [keys[r["bucket"]] for r in rows])
       rows_all += rows
   if main and rows_all:
     print(format_rows(rows_all))
-    fig = Path(args.plot) if args.plot else out.with_suffix(".png")
     _plot.save(_plot.fusion(rows_all, list(BUCKETS)), fig)
     print(f"# rows: {out}  figure: {fig}")
   return 0 if all(r["wrong"] == 0 for r in rows_all) else 1

@@ -18,7 +18,16 @@ stops being the best choice, per message size, and by how much it loses at the e
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
+
+from allreduce_jax.tools._args import (
+  nonempty,
+  output_path,
+  positive_int,
+  row_store,
+  size_list,
+)
 
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "halving_doubling", "hierarchical")
 SIZES: tuple[int, ...] = (1 << 20, 100 << 20, 1 << 30)
@@ -33,7 +42,7 @@ def _link(text: str, name: str):
     return cost_model.PRESETS[text]
   try:
     lat, bw = (float(v) for v in text.split(","))
-    if lat < 0 or bw <= 0:
+    if not (math.isfinite(lat) and math.isfinite(bw)) or lat < 0 or bw <= 0:
       raise ValueError
   except ValueError:
     raise SystemExit(
@@ -103,13 +112,36 @@ def crossovers(rows: list[dict], tolerance: float = 0.05) -> list[dict]:
   return out
 
 
+def _crossover_text(c: dict) -> str:
+  """One line per crossover, with no ``p=None`` where ring always or never wins."""
+  at_max = f"at p={c['max_p']} ring is {c['ring_over_best_at_max_p']:.2f}x the best"
+  if c["ring_loses_at"] is None:
+    return f"ring within 5% of the best at every p up to {c['max_p']}"
+  lead = (
+    f"ring within 5% of the best up to p={c['ring_competitive_until']}; from"
+    f" p={c['ring_loses_at']} on"
+    if c["ring_competitive_until"] is not None
+    else f"ring never within 5% of the best (from p={c['ring_loses_at']});"
+  )
+  return (
+    f"{lead} {c['winner_there']} is {c['ring_over_best_there']:.2f}x faster;"
+    f" {at_max} ({c['best_at_max_p']})"
+  )
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--inner", default="nvlink4", help="'latency_us,GBps' or a preset")
   parser.add_argument("--outer", default="ib_ndr", help="'latency_us,GBps' or a preset")
-  parser.add_argument("--per-node", type=int, default=8, help="devices per node (default 8)")
-  parser.add_argument("--nics-per-node", type=int, default=8, help="NICs per node (default 8)")
-  parser.add_argument("--max-p", type=int, default=16384)
-  parser.add_argument("--sizes", default="1MiB,100MiB,1GiB", help="bytes per device")
+  parser.add_argument(
+    "--per-node", type=positive_int, default=8, help="devices per node (default 8)"
+  )
+  parser.add_argument(
+    "--nics-per-node", type=positive_int, default=8, help="NICs per node (default 8)"
+  )
+  parser.add_argument("--max-p", type=positive_int, default=16384)
+  parser.add_argument(
+    "--sizes", type=nonempty(size_list), default="1MiB,100MiB,1GiB", help="bytes per device"
+  )
   parser.add_argument("--params", default=None, help="local fit file (default: auto's)")
   parser.add_argument("--out", default="results/scaling.jsonl")
   parser.add_argument("--plot", default=None, help="figure (default: --out with .png)")
@@ -138,32 +170,43 @@ def run(args: argparse.Namespace) -> int:
   if args.topology:
     return run_topology(args)
   from allreduce_jax import cost_model
-  from allreduce_jax.tools._args import format_size, parse_size
+  from allreduce_jax.tools._args import format_size
 
-  try:
-    sizes = [parse_size(s, "--sizes") for s in args.sizes.split(",") if s.strip()]
-  except ValueError as e:
-    raise SystemExit(str(e)) from None
-  if args.per_node < 1 or args.nics_per_node < 1:
-    raise SystemExit("--per-node and --nics-per-node must be at least 1.")
+  sizes = args.sizes
   max_p = 64 if args.smoke else args.max_p
-  ps = [p for p in PS if p <= max_p and p % args.per_node == 0] or [args.per_node]
+  ps = [p for p in PS if p <= max_p and p % args.per_node == 0]
+  if not ps:
+    raise SystemExit(
+      f"--max-p {max_p}: no participant count to model (multiples of --per-node"
+      f" {args.per_node} among {PS[0]}, {PS[1]}, ... up to --max-p)."
+    )
   machine = cost_model.TwoLevel(
     _link(args.inner, "--inner"), _link(args.outer, "--outer"), args.per_node, args.nics_per_node
   )
-  rows = sweep(machine, "gpu-cluster", ps, sizes)
+  # Every input and output problem is found here, before any row is computed.
   path = Path(args.params) if args.params else cost_model.default_fit_path()
+  local = None
+  if args.params and not path.exists():
+    raise SystemExit(f"--params {path}: no such file (write one with bench --fit).")
   if path.exists():
-    local = cost_model.load_params(path).shared
+    try:
+      local = cost_model.load_params(path).shared
+    except (OSError, ValueError, KeyError, TypeError) as e:
+      raise SystemExit(f"--params {path}: not a cost-parameter file ({e}).") from None
+  context = {"per_node": args.per_node, "nics_per_node": args.nics_per_node}
+  context |= {"inner": args.inner, "outer": args.outer}
+  store = row_store(args.out, "scaling", context=context)
+  fig = output_path(args.plot or Path(args.out).with_suffix(".png"), "--plot")
+  rows = sweep(machine, "gpu-cluster", ps, sizes)
+  if local is not None:
     flat = cost_model.TwoLevel(local, local, args.per_node, 1)
     rows += sweep(flat, "local-fit", ps, sizes)
   for r in rows:
     r.update(per_node=args.per_node, inner=args.inner, outer=args.outer)
   out = Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  import json
-
-  out.write_text("".join(json.dumps(r) + "\n" for r in rows))  # cheap: recomputed whole
+  store.reset()  # cheap: recomputed whole
+  store.extend(rows, [store.key(scenario=r["scenario"], algorithm=r["algorithm"], p=r["p"],
+                                bytes=r["bytes"]) for r in rows])  # fmt: skip
   print(f"# scaling by model: inner {args.inner}, outer {args.outer}, {args.per_node}/node")
   print(f"{'scenario':>12} {'size':>7} {'p':>6} " + " ".join(f"{a:>16}" for a in ALGORITHMS))
   for sc in dict.fromkeys(r["scenario"] for r in rows):
@@ -179,14 +222,7 @@ def run(args: argparse.Namespace) -> int:
         )
   print("# where the flat ring stops being the best choice:")
   for c in crossovers(rows):
-    print(
-      f"#   {c['scenario']:>12} {format_size(c['bytes']):>7}: ring within 5% of the best up to"
-      f" p={c['ring_competitive_until']}; from p={c['ring_loses_at']} on {c['winner_there']}"
-      f" is {c['ring_over_best_there']:.2f}x faster;"
-      f" at p={c['max_p']} ring is {c['ring_over_best_at_max_p']:.2f}x the best"
-      f" ({c['best_at_max_p']})"
-    )
-  fig = Path(args.plot) if args.plot else out.with_suffix(".png")
+    print(f"#   {c['scenario']:>12} {format_size(c['bytes']):>7}: {_crossover_text(c)}")
   from allreduce_jax.tools import _plot
 
   _plot.save(_plot.scaling(rows, crossovers(rows)), fig, dpi=110)
@@ -249,6 +285,8 @@ def sweep_topology(top, params, ps=PS, sizes=SIZES, algorithms=None) -> list[dic
             "flat_us": flat_s * 1e6,
             "over_flat": t[a] / flat_s if flat_s else None,
             "bandwidth_nbeta": float(prof.max_load().sum()),
+            # the first half of the steps: the reduce-scatter of an RS + AG schedule
+            "first_half_nbeta": float(prof.max_load()[: prof.steps // 2].sum()),
             "steps": prof.steps,
             "sizes": list(topology.axis_sizes(a, p, top)),
             "best": best,
@@ -320,6 +358,18 @@ def run_topology(args: argparse.Namespace) -> int:
       last = max(r["p"] for r in mine)
       flat = {r["algorithm"]: r["flat_us"] for r in mine if r["p"] == last}
       print(f"{'(flat)':>6} " + " ".join(f"{flat[a]:>{width}.1f}" for a in algorithms))
+  print("# bandwidth term at the largest p, × n·β: all-reduce (its first half of the steps,")
+  print("# the reduce-scatter of ring / halving-doubling / Swing):")
+  for sc in dict.fromkeys(r["scenario"] for r in rows):
+    mine = [r for r in rows if r["scenario"] == sc and r["bytes"] == sizes[0]]
+    last = max(r["p"] for r in mine)
+    at = {r["algorithm"]: r for r in mine if r["p"] == last}
+    print(
+      f"# {sc} p={last}: "
+      + ", ".join(
+        f"{a} {at[a]['bandwidth_nbeta']:.4g} ({at[a]['first_half_nbeta']:.4g})" for a in algorithms
+      )
+    )
   print("# the best algorithm at each topology's largest p, and the ring's slowdown there:")
   for c in crossovers(rows):
     print(
