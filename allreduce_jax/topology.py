@@ -34,7 +34,7 @@ Pure Python and NumPy: importing this module does not import JAX.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -508,7 +508,7 @@ def bandwidth_term(steps: Steps, topology: Topology) -> float:
 
 def step_link_loads(step: Step, topology: Topology) -> dict[str, np.ndarray]:
   """Every directed link's load in one step (units of n per capacity): the picture of
-  which links carry how much (:func:`plot_link_loads`)."""
+  which links carry how much (:func:`plot_step_loads`)."""
   src, dst, frac, _ = _arrays(step)
   p = int(max(src.max(), dst.max())) + 1
   return topology.fit(p).link_loads(src, dst, frac)
@@ -817,27 +817,90 @@ def choose(
   return names[min(range(len(names)), key=times.__getitem__)]
 
 
-def plot_link_loads(step: Step, topology: Topology, title: str = "", ax=None):
-  """The link-load picture of one step: every directed link's load (units of n per
-  capacity), one row per link class. Returns the Figure."""
-  import matplotlib.pyplot as plt
+def plot_step_loads(steps: dict, topology: Topology, title: str = ""):
+  """One panel per schedule: the load of every directed link in one step (bars, units
+  of n per capacity; link classes side by side). ``steps``: name -> one step. Returns
+  the Figure: where a step's messages pile up (the middle of a ring for far partners)."""
+  from matplotlib.figure import Figure
 
-  loads = step_link_loads(step, topology)
-  if ax is None:
-    fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(loads)))
-  else:
-    fig = ax.figure
-  rows = [np.ravel(v) for v in loads.values()]
-  width = max(len(r) for r in rows)
-  grid = np.full((len(rows), width), np.nan)
-  for i, r in enumerate(rows):
-    grid[i, : len(r)] = r
-  im = ax.imshow(grid, aspect="auto", cmap="viridis", interpolation="nearest")
-  ax.set_yticks(range(len(rows)), list(loads))
-  ax.set_xlabel("link (source coordinate / participant / leaf)")
-  ax.set_title(title or f"link loads of one step on {topology.name}", fontsize=9)
-  fig.colorbar(im, ax=ax, label="load (× n)")
+  fig = Figure(figsize=(9, 1.0 + 1.3 * len(steps)))
+  axes = fig.subplots(len(steps), 1, squeeze=False, sharex=True)[:, 0]
+  for ax, (name, step) in zip(axes, steps.items()):
+    loads = step_link_loads(step, topology)
+    x0 = 0
+    for cls, v in loads.items():
+      v = np.ravel(v)
+      ax.bar(np.arange(x0, x0 + len(v)), v, width=0.9, label=cls)
+      x0 += len(v) + 1
+    peak = max(float(np.max(v)) for v in loads.values())
+    ax.set_title(f"{name}: busiest link carries {peak:.3g} n", fontsize=8, loc="left")
+    ax.set_ylabel("load (× n)", fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+  axes[0].legend(fontsize=6, ncol=4, loc="upper right")
+  axes[-1].set_xlabel("directed link (grouped by class)")
+  fig.suptitle(title or f"link loads of one step on {topology.name}", fontsize=10)
+  fig.tight_layout()
   return fig
 
 
-Generator = Callable[[tuple[int, ...]], Steps]
+def plot_winners(rows: Sequence[dict]):
+  """Where each algorithm wins: one panel per scenario (topology), participants on x,
+  size on y, the fastest algorithm's name in each cell (rows of
+  ``tools.scaling.sweep_topology``). Returns the Figure."""
+  from matplotlib.figure import Figure
+
+  scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+  algs = list(dict.fromkeys(r["algorithm"] for r in rows))
+  fig = Figure(figsize=(5.2 * len(scenarios), 3.2))
+  axes = fig.subplots(1, len(scenarios), squeeze=False)[0]
+  cmap = __import__("matplotlib").colormaps["tab10"]
+  for ax, sc in zip(axes, scenarios):
+    mine = [r for r in rows if r["scenario"] == sc]
+    ps = sorted({r["p"] for r in mine})
+    sizes = sorted({r["bytes"] for r in mine})
+    grid = np.full((len(sizes), len(ps)), np.nan)
+    for r in mine:
+      if r["algorithm"] == r["best"]:
+        i, j = sizes.index(r["bytes"]), ps.index(r["p"])
+        grid[i, j] = algs.index(r["best"])
+        short = r["best"].replace("halving_doubling", "hd").replace("double_binary_tree", "dbt")
+        ax.text(j, i, short.replace("_", "\n"), ha="center", va="center", fontsize=5.5)
+    ax.imshow(grid, cmap=cmap, vmin=0, vmax=9, aspect="auto", alpha=0.6, origin="lower")
+    ax.set_xticks(range(len(ps)), [str(p) for p in ps], fontsize=6, rotation=90)
+    ax.set_yticks(range(len(sizes)), [_human(n) for n in sizes], fontsize=7)
+    ax.set_xlabel("participants p")
+    ax.set_title(f"fastest on {sc}", fontsize=9)
+  axes[0].set_ylabel("bytes per participant")
+  fig.tight_layout()
+  return fig
+
+
+def plot_over_flat(rows: Sequence[dict], n_bytes: float):
+  """Replayed time / flat-model time per algorithm vs p, one panel per scenario, at one
+  size: how much each network slows each schedule down. Returns the Figure."""
+  from matplotlib.figure import Figure
+
+  scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+  fig = Figure(figsize=(4.6 * len(scenarios), 3.4))
+  axes = fig.subplots(1, len(scenarios), squeeze=False, sharey=True)[0]
+  for ax, sc in zip(axes, scenarios):
+    mine = [r for r in rows if r["scenario"] == sc and r["bytes"] == n_bytes]
+    for a in dict.fromkeys(r["algorithm"] for r in mine):
+      rs = sorted((r for r in mine if r["algorithm"] == a), key=lambda r: r["p"])
+      ax.plot([r["p"] for r in rs], [r["over_flat"] for r in rs], "o-", ms=3, label=a)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_title(f"{sc}, {_human(n_bytes)} per participant", fontsize=9)
+    ax.set_xlabel("participants p")
+    ax.grid(True, which="both", alpha=0.3)
+  axes[0].set_ylabel("replayed time / flat α-β time")
+  axes[0].legend(fontsize=6)
+  fig.tight_layout()
+  return fig
+
+
+def _human(n: float) -> str:
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if n >= scale:
+      return f"{n / scale:g} {unit}"
+  return f"{n:g} B"
