@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent,ipynb
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -19,9 +19,10 @@
 # same result delivered to every worker**: that is an *all-reduce*. It runs once per
 # step, on every parameter, so its cost sits directly on the training step time.
 #
-# This notebook builds the idea from the simplest scheme (send everything to one
-# place) to the ring, watches both run step by step on emulated devices, and checks
-# the ring against XLA's own `lax.psum`.
+# This notebook starts from the simplest scheme (send everything to one place), then
+# **writes the ring all-reduce in about 25 lines of `lax.ppermute`**, checks it against
+# XLA's own `lax.psum`, and shows that the library's `all_reduce(..., algorithm="ring")`
+# is exactly that algorithm.
 
 # %% tags=["parameters"]
 import os
@@ -37,11 +38,14 @@ jax.config.update("jax_num_cpu_devices", DEVICES)  # before the first JAX comput
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
+from IPython.display import display
+from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import all_reduce, cost_model, hlo, trace
-from allreduce_jax.tools import verify
+from allreduce_jax import all_reduce, hlo, trace
+from allreduce_jax.tools import _plot, audit, verify
 
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
 
@@ -64,7 +68,7 @@ trace.plot_trace(frames, f"naive (parameter server), p={P_TRACE}")
 plt.show()
 
 # %% [markdown]
-# ## The ring: reduce-scatter, then all-gather
+# ## The ring, in pictures: reduce-scatter, then all-gather
 #
 # Cut the buffer into p chunks. In each of p−1 **reduce-scatter** steps every
 # participant passes one running partial chunk to its right-hand neighbour, which adds
@@ -78,79 +82,153 @@ trace.plot_trace(
   frames, f"ring, p={P_TRACE}: steps 1..{P_TRACE - 1} reduce-scatter, then all-gather"
 )
 plt.show()
-after_rs = frames[P_TRACE - 1].counts
-print("after the reduce-scatter, complete chunks sit on the diagonal:", np.diag(after_rs))
+print(
+  "after the reduce-scatter, complete chunks sit on the diagonal:",
+  np.diag(frames[P_TRACE - 1].counts),
+)
 
 # %% [markdown]
-# ## Using it: one call inside `shard_map`
+# ## The ring, written out
 #
-# `all_reduce` is called on the local block inside a `jax.shard_map` body, exactly like
-# `lax.psum`. The ring's result is typed as *varying* (it comes out of `ppermute`s), so we
-# return it with a per-device `out_specs` and check that every copy is identical.
+# Inside `jax.shard_map` each participant runs the same function on its own block.
+# `lax.axis_index` says who it is, `lax.ppermute(x, axis, pairs)` is one message step:
+# every `(source, target)` pair sends `x` at the same time. Participant i starts with
+# its copy of chunk i−1; in reduce-scatter step s it passes its running partial sum to
+# the right and adds its own copy of the chunk that just arrived (chunk i−s−2). After
+# p−1 steps it holds chunk i summed over everyone, and the all-gather passes the
+# finished chunks round once more.
+
 
 # %%
-mesh = jax.make_mesh((DEVICES,), ("data",))
-grads = jax.random.normal(jax.random.key(0), (DEVICES, 1000))  # one gradient per device
-grads = jax.device_put(grads, NamedSharding(mesh, P("data")))
+def ring_all_reduce(x, axis):  # x: f32[n] on each participant, n a multiple of p
+  p, i = lax.axis_size(axis), lax.axis_index(axis)
+  c = x.shape[0] // p  # chunk length
+  right = [(j, (j + 1) % p) for j in range(p)]  # everyone sends to its right neighbour
 
+  def chunk(k):  # our own copy of chunk k (k is traced: i is)
+    return lax.dynamic_slice_in_dim(x, (k % p) * c, c)
 
-@jax.jit
-@jax.shard_map(mesh=mesh, in_specs=P("data"), out_specs=P("data"))
-def both(g):  # g: f32[1, 1000] on each device
-  ring = all_reduce(g[0], "data", op="mean", algorithm="ring")
-  xla = jax.lax.pmean(g[0], "data")
-  return ring[None], xla[None]
+  # Reduce-scatter: p-1 steps, one chunk per link per step.
+  acc = chunk(i - 1)
+  for s in range(p - 1):
+    acc = lax.ppermute(acc, axis, right) + chunk(i - s - 2)
+  # acc is now chunk i, summed over all p participants.
 
+  # All-gather: p-1 steps pass the finished chunks round the ring.
+  out = lax.dynamic_update_slice_in_dim(x * 0, acc, i * c, 0)
+  for s in range(p - 1):
+    acc = lax.ppermute(acc, axis, right)  # chunk i-s-1, complete
+    out = lax.dynamic_update_slice_in_dim(out, acc, ((i - s - 1) % p) * c, 0)
+  return out
 
-ring, xla = (np.asarray(a) for a in both(grads))
-print("all copies identical:", all(np.array_equal(ring[k], ring[0]) for k in range(DEVICES)))
-print("max |ring - pmean| on random data:", np.abs(ring[0] - xla[0]).max())
 
 # %% [markdown]
-# Random floats are summed in a different order by the ring than by XLA, so the two
-# may differ in the last bits. With nccl-tests' trick — integer-valued inputs whose sums
-# are exact in any order — the comparison can be **bit for bit**:
+# Run it on every device, next to XLA's `lax.psum` and the library's ring, on random
+# floats (one gradient-like block of `n` values per device):
 
 # %%
-rows = verify.run_case("ring", DEVICES, shapes=((13,), (3, 7)) if SMALL else verify.SHAPES)
-print(verify.format_table(verify.summarize(rows)))
-assert all(r.passed for r in rows)
+n = 8 * (125 if SMALL else 12_500)  # float32 per participant, a multiple of p
+mesh = jax.make_mesh((DEVICES,), ("i",))
+x = jax.device_put(jax.random.normal(jax.random.key(0), (DEVICES, n)), NamedSharding(mesh, P("i")))
+
+
+def per_device(f):
+  """``f`` on each device's row ``T[n]``; the results stacked as ``T[p, n]``."""
+  body = lambda b: f(b[0])[None]  # noqa: E731
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+
+
+mine = per_device(lambda b: ring_all_reduce(b, "i"))
+library = per_device(lambda b: all_reduce(b, "i", algorithm="ring"))
+xla = per_device(lambda b: lax.psum(b, "i"))
+got, lib, ref = (np.asarray(f(x)) for f in (mine, library, xla))
+checks = pd.DataFrame(
+  {
+    "every copy identical": [
+      all(np.array_equal(r[k], r[0]) for k in range(DEVICES)) for r in (got, lib, ref)
+    ],
+    "max |x - psum|": [np.abs(r - ref).max() for r in (got, lib, ref)],
+    "bit for bit = notebook's ring": [np.array_equal(r, got) for r in (got, lib, ref)],
+  },
+  index=["ring written above", "all_reduce(algorithm='ring')", "lax.psum"],
+)
+checks
 
 # %% [markdown]
+# The ring and `psum` add the same numbers in a different order, so on random floats
+# they can differ in the last bits (the `max |x - psum|` column), within the rounding
+# bound. The notebook's ring and the library's are **identical bit for bit**:
+# same chunks, same order of additions.
+#
+# Same program, too: the compiled HLO of each holds 2(p−1) `collective-permute` ops
+# and every participant sends 2(p−1)/p·n·4 bytes (`allreduce_jax.hlo` reads them).
+
+# %%
+programs = {"ring written above": mine, "all_reduce(algorithm='ring')": library, "lax.psum": xla}
+hlo_rows = []
+for name, f in programs.items():
+  a = hlo.audit(hlo.compiled_text(f, x))
+  hlo_rows.append(
+    {
+      "program": name,
+      "collective-permute": a.permutes,
+      "all-reduce": a.counts["all-reduce"],
+      "bytes sent per participant": a.max_sent_bytes,
+    }
+  )
+hlo_table = pd.DataFrame(hlo_rows).set_index("program")
+assert hlo_table.iloc[0].equals(hlo_table.iloc[1])
+assert hlo_table.iloc[0]["collective-permute"] == 2 * (DEVICES - 1)
+hlo_table
+
+# %% [markdown]
+# `lax.psum` compiles to one `all-reduce` op: XLA's runtime picks how to run it. The
+# hand-written ring spells out every step, which is what lets us count, change and
+# time them.
+#
+# ## Bit for bit against XLA
+#
+# With nccl-tests' trick — integer-valued inputs whose sums are exact in any order —
+# the comparison with `psum` can be **bit for bit** too. `allreduce-jax verify` does
+# this for every op and dtype; here for the ring:
+
+# %%
+cases = verify.run_case("ring", DEVICES, shapes=((13,), (3, 7)) if SMALL else verify.SHAPES)
+table = pd.DataFrame(verify.summarize(cases))
+assert table["passed"].all()
+table.pivot_table(index="op", columns="dtype", values="bit_exact", aggfunc="all")
+
+# %% [markdown]
+# (`True`: bit-exact on the verifiable inputs for that op and dtype; `mean` divides
+# at the end and is compared within 2 ulp, so it may say `False` and still pass.)
+#
 # ## What each participant sends
 #
 # The compiled HLO says exactly what moves. For the ring each participant sends
 # 2(p−1)/p·n bytes — under 2n however many participants there are. The central root
 # sends (p−1)·n and receives as much: its link is the bottleneck and grows with p.
+# `audit.audit_in_process` compiles both at each p and checks the counts against the
+# closed-form schedule (`match`).
 
 # %%
-n = 840  # float32 elements per participant
 ps = [2, 4, 8] if SMALL else [2, 3, 4, 5, 6, 7, 8]
-ring_bytes = [hlo.audit_all_reduce("ring", p, n).max_sent_bytes for p in ps]
-naive_bytes = [hlo.audit_all_reduce("naive", p, n).max_sent_bytes for p in ps]
-for p, r, c in zip(ps, ring_bytes, naive_bytes):
-  assert r == cost_model.schedule("ring", p, 4 * n).max_sent_bytes
-  assert c == cost_model.schedule("naive", p, 4 * n).max_sent_bytes
-fig, ax = plt.subplots(figsize=(5, 3.2))
-ax.plot(ps, np.array(ring_bytes) / (4 * n), "o-", label="ring (every participant)")
-ax.plot(ps, np.array(naive_bytes) / (4 * n), "s-", label="naive (the root)")
-ax.axhline(2, color="gray", ls=":", label="2n")
-ax.set_xlabel("participants p")
-ax.set_ylabel("bytes sent / n")
-ax.set_title("bytes sent per participant, from compiled HLO")
-ax.legend()
-plt.show()
+sent = pd.DataFrame([r for p in ps for r in audit.audit_in_process(p, 4 * 840, ("ring", "naive"))])
+assert sent["match"].all()
+display(sent.pivot(index="p", columns="algorithm", values="sent_over_n").round(3))
+_plot.audit(sent.to_dict("records"))
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-exact = [r for r in rows if r.kind == "verifiable"]
+exact = [r for r in cases if r.kind == "verifiable"]
+at_p = sent[sent["p"] == ps[-1]].set_index("algorithm")["sent_over_n"]
 print(
-  f"On {DEVICES} emulated {jax.default_backend()} devices the ring matched the lax collectives "
-  f"bit for bit on exact inputs in {sum(r.bit_exact for r in exact)}/{len(exact)} cases "
-  f"({sum(r.passed for r in rows)}/{len(rows)} cases passed overall) and matched pmean "
-  f"within {np.abs(ring[0] - xla[0]).max():.2g} on random data. At p={ps[-1]} each ring "
-  f"participant sent {ring_bytes[-1] / (4 * n):.2f}·n bytes, while the central root sent "
-  f"{naive_bytes[-1] / (4 * n):.0f}·n (and received as much)."
+  f"On {DEVICES} emulated {jax.default_backend()} devices the ring written in this notebook "
+  f"matched the library's ring bit for bit ({np.array_equal(got, lib)}) with the same "
+  f"{hlo_table.iloc[0]['collective-permute']} collective-permutes, and lax.psum within "
+  f"{np.abs(got - ref).max():.2g} on random data. On exact inputs the ring matched the lax "
+  f"collectives bit for bit in {sum(r.bit_exact for r in exact)}/{len(exact)} cases. At "
+  f"p={ps[-1]} each ring participant sent {at_p['ring']:.2f}·n bytes, while the central root "
+  f"sent {at_p['naive']:.0f}·n."
 )
