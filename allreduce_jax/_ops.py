@@ -2,7 +2,26 @@
 
 Each custom algorithm only ever calls ``op.combine(a, b)`` on pairs of blocks and
 ``op.finalize(total, p)`` once at the end, so an operator is fully described by
-those two functions plus the XLA collective that serves as its reference.
+those two functions, plus the XLA collective of the same name and :func:`oracle`,
+the NumPy statement of what the result must be.
+
+Special values (the semantics, defined here once):
+
+* ``sum``/``mean``: IEEE arithmetic. NaN anywhere gives NaN; ``+inf`` with ``-inf``
+  gives NaN; an infinity with finite values stays that infinity. The sign of a zero
+  total is not specified (XLA's reductions start from ``+0.0``).
+* ``max``/``min``: IEEE 754-2019 ``maximum``/``minimum``, as ``numpy.maximum.reduce``
+  and ``jnp.max`` for NaN: **NaN propagates**, so the result is NaN wherever any
+  participant holds NaN; ``±inf`` are ordinary values; ``-0.0 < +0.0``, so the max
+  of ``{-0.0, +0.0}`` is ``+0.0`` and the min is ``-0.0`` whatever the order.
+
+These make every result independent of the order in which partial results meet,
+so all algorithms and all participants agree bit for bit. XLA's own collectives do
+not all follow them: ``lax.pmax``/``pmin`` on XLA:CPU skip NaN (and give ``-inf``/
+``+inf`` where every participant holds NaN, and may return either zero), and over
+gloo across processes they can return a participant's value that is not the max.
+``allreduce-jax verify`` checks both sides against :func:`oracle` and reports the
+collective's disagreements as backend findings.
 """
 
 from __future__ import annotations
@@ -12,6 +31,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 OPS: tuple[str, ...] = ("sum", "mean", "max", "min")
@@ -23,13 +43,12 @@ class Op:
 
   Attributes:
     name: one of :data:`OPS`.
-    combine: elementwise binary reduction of two partial results, with the NaN
-      and Inf behaviour of XLA's all-reduce: ``sum`` propagates NaN (and
-      inf - inf = NaN); ``max``/``min`` skip NaN like C's ``fmax``/``fmin``, which
-      is what ``lax.pmax``/``pmin`` do on XLA:CPU (and NCCL's float max/min); a
-      result is NaN only where every participant holds NaN.
+    combine: elementwise binary reduction of two partial results, following the
+      special-value semantics of the module docstring (NaN propagates through
+      ``max``/``min``, ``-0.0 < +0.0``).
     finalize: ``(total, p) -> result``; divides by ``p`` for ``mean``.
-    reference: the XLA collective with the same meaning (``lax.psum`` ...).
+    reference: the XLA collective of the same name (``lax.psum`` ...). It is the
+      backend's and need not follow these semantics for special values.
   """
 
   name: str
@@ -38,20 +57,25 @@ class Op:
   reference: Callable[..., jax.Array]
 
 
-def _nan_skipping(reduce):
-  """``fmax``/``fmin``: NaN loses against a number (IEEE 754-2008 maxNum/minNum)."""
+def _ieee(reduce, plus_zero_wins: bool):
+  """IEEE 754-2019 ``maximum``/``minimum`` on top of ``lax.max``/``lax.min``, stated
+  explicitly rather than left to the backend's rounding of NaN and signed zeros."""
 
   def combine(a: jax.Array, b: jax.Array) -> jax.Array:
     if not jnp.issubdtype(a.dtype, jnp.inexact):
       return reduce(a, b)
-    return jnp.where(jnp.isnan(a), b, jnp.where(jnp.isnan(b), a, reduce(a, b)))
+    # Equal values: only -0.0 == +0.0 can differ in bits; pick by the sign bit.
+    tie = jnp.where(jnp.signbit(a) == plus_zero_wins, b, a)
+    r = jnp.where(a == b, tie, reduce(a, b))
+    return jnp.where(jnp.isnan(a) | jnp.isnan(b), a + b, r)  # a + b: NaN
 
-  combine.__name__ = f"nan_skipping_{reduce.__name__}"
+  combine.__name__ = f"ieee_{reduce.__name__}"
   return combine
 
 
-_fmax = _nan_skipping(lax.max)
-_fmin = _nan_skipping(lax.min)
+# max: +0.0 wins a tie with -0.0 (a = -0.0 yields to b); min: -0.0 wins (a = +0.0 yields).
+_max = _ieee(lax.max, plus_zero_wins=True)
+_min = _ieee(lax.min, plus_zero_wins=False)
 
 
 def _identity(total: jax.Array, p: int) -> jax.Array:
@@ -68,13 +92,13 @@ def _divide(total: jax.Array, p: int) -> jax.Array:
 _OP_TABLE = {
   "sum": Op("sum", lax.add, _identity, lax.psum),
   "mean": Op("mean", lax.add, _divide, lax.pmean),
-  "max": Op("max", _fmax, _identity, lax.pmax),
-  "min": Op("min", _fmin, _identity, lax.pmin),
+  "max": Op("max", _max, _identity, lax.pmax),
+  "min": Op("min", _min, _identity, lax.pmin),
 }
 
 
 #: The XLA collective that performs each combine as one all-reduce.
-XLA_COLLECTIVE = {lax.add: lax.psum, _fmax: lax.pmax, _fmin: lax.pmin}
+XLA_COLLECTIVE = {lax.add: lax.psum, _max: lax.pmax, _min: lax.pmin}
 
 
 def get_op(op: str, dtype) -> Op:
@@ -107,3 +131,40 @@ def get_op(op: str, dtype) -> Op:
   if op in ("max", "min") and jnp.issubdtype(dtype, jnp.complexfloating):
     raise TypeError(f"op={op!r} is not defined for the complex dtype {dtype}.")
   return _OP_TABLE[op]
+
+
+def oracle(op: str, x: np.ndarray) -> np.ndarray:
+  """What ``all_reduce(x_i, op=op)`` must give, computed by NumPy from all inputs.
+
+  Args:
+    op: one of :data:`OPS`.
+    x: ``T[p, ...]``, participant ``i``'s block in ``x[i]``.
+
+  Returns:
+    ``T[...]``: the reduction over axis 0 with the special-value semantics of the
+    module docstring, in ``x.dtype``. Sums are accumulated exactly (float64, or
+    int64 wrapped to the dtype as two's-complement hardware does), then rounded
+    once: on inputs whose partial sums are exact (``verify``'s verifiable inputs)
+    every correct algorithm matches it bit for bit.
+  """
+  x = np.asarray(x)
+  dtype = x.dtype
+  if np.issubdtype(dtype, np.integer):
+    wide = x.astype(np.int64)
+    total = {"sum": wide.sum, "max": wide.max, "min": wide.min}[op](axis=0)
+    return np.asarray(total).astype(dtype)  # wraps like the device's int adds
+  wide = x.astype(np.complex128 if np.issubdtype(dtype, np.complexfloating) else np.float64)
+  if op in ("sum", "mean"):
+    with np.errstate(invalid="ignore"):  # inf - inf = NaN, as intended
+      total = wide.sum(axis=0)
+    if op == "mean":
+      total = total / x.shape[0]
+    return np.asarray(total).astype(dtype)
+  with np.errstate(invalid="ignore"):
+    best = wide.max(axis=0) if op == "max" else wide.min(axis=0)  # NaN propagates
+    zeros = wide == 0
+    plus = np.any(zeros & ~np.signbit(wide), axis=0)
+    minus = np.any(zeros & np.signbit(wide), axis=0)
+  # A zero result takes the sign the order-free rule gives: max prefers +0.0, min -0.0.
+  signed = np.where(plus, 0.0, -0.0) if op == "max" else np.where(minus, -0.0, 0.0)
+  return np.asarray(np.where(best == 0, signed, best)).astype(dtype)

@@ -16,7 +16,7 @@ def test_verify_passes_and_prints_table(capsys, tmp_path):
   ])  # fmt: skip
   text = capsys.readouterr().out
   assert rc == 0
-  assert "max|err| vs lax" in text and "bit-exact" in text
+  assert "max|err| vs oracle" in text and "bit-exact" in text
   assert text.count("PASS") == 2 * 7 and "FAIL" not in text
   assert "14 passed, 0 failed" in text
   assert len(out.read_text().splitlines()) > 14

@@ -1,42 +1,134 @@
-"""Verification of every algorithm against XLA's own collectives.
+"""Verification of every algorithm, and of the backend's own collectives, against NumPy.
+
+The reference is :func:`allreduce_jax._ops.oracle`: the reduction computed by NumPy
+from every participant's input, with the special-value semantics defined once in
+``allreduce_jax._ops`` (NaN propagates through max/min, ``-0.0 < +0.0``, ±inf are
+ordinary values). It is not the backend's collective: ``lax.pmax`` over gloo, for one,
+mishandles NaN, and a check against it would blame the algorithm.
 
 Inputs follow nccl-tests' "verifiable" idea: small integer-valued floats, rank-coded
 (participant i's values depend on i and on the position), whose sums are exact in
-any order. On them every algorithm must match ``lax.psum``/``pmax``/``pmin``
-**bit for bit**, and ``mean`` within 2 ulp. Random inputs (normal floats, full-range
-int32) are compared within the floating-point summation bound, and special inputs
-check that NaN and ±Inf propagate as in the lax collective.
+any order. On them every algorithm must match the oracle **bit for bit**, and
+``mean`` within 2 ulp. Random inputs (normal floats, full-range int32) are compared
+within the floating-point summation bound, and special inputs (:data:`SPECIALS`: NaN
+on one participant or on all, ±inf, -0.0 with +0.0) bit for bit.
+
+Next to each algorithm the program also runs XLA's collective of the same op
+(``lax.psum``/``pmean``/``pmax``/``pmin``). Where it differs from the oracle, the line
+is a *backend finding*: printed, but not a failure of the algorithms (``--strict``
+makes it one). ``--backend-oracle`` checks the backend's ``psum``, ``pmean``,
+``pmax``, ``pmin``, ``psum_scatter`` and ``all_gather`` alone, against the oracle and
+the hand-written ring (jax#40830 reports gloo's ``psum_scatter`` returning wrong
+values with no error).
 
 One jitted program per (algorithm, participant count) computes every op × dtype ×
-input kind × shape, custom and reference side by side, so a full verification
-compiles only a few dozen programs.
+input kind × shape, so a full verification compiles only a few dozen programs.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import asdict, dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import _devices
 from allreduce_jax._api import ALGORITHMS, all_reduce
-from allreduce_jax._ops import OPS, get_op
-from allreduce_jax.tools._args import add_devices, csv_list
+from allreduce_jax._ops import OPS, get_op, oracle
+from allreduce_jax._ring import ring_all_gather, ring_reduce_scatter
+from allreduce_jax.tools._args import algorithm_list, csv_list, row_store
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
 KINDS: tuple[str, ...] = ("verifiable", "random", "special")
 SHAPES: tuple[tuple[int, ...], ...] = ((), (1,), (13,), (3, 7))
+PARTICIPANTS: tuple[int, ...] = (1, 2, 3, 4, 5, 8)
+#: The collectives ``--backend-oracle`` checks.
+COLLECTIVES: tuple[str, ...] = ("psum", "pmean", "pmax", "pmin", "psum_scatter", "all_gather")
+
+
+def _rot(values: np.ndarray, k: int) -> np.ndarray:
+  return np.roll(values, k)
+
+
+def _one(value: float, offset: int = 0):
+  """The column ``b`` with ``value`` on participant ``k + offset`` (mod p)."""
+
+  def make(b: np.ndarray, k: int) -> np.ndarray:
+    b = b.copy()
+    b[(k + offset) % len(b)] = value
+    return b
+
+  return make
+
+
+def _two(first: float, second: float):
+  def make(b: np.ndarray, k: int) -> np.ndarray:
+    b = b.copy()
+    b[k % len(b)] = first
+    if len(b) > 1:
+      b[(k + 1) % len(b)] = second
+    return b
+
+  return make
+
+
+def _all(value: float):
+  return lambda b, k: np.full_like(b, value)
+
+
+def _zeros_mixed(b: np.ndarray, k: int) -> np.ndarray:
+  return _rot(np.where(np.arange(len(b)) % 2 == 0, -0.0, 0.0), k)  # -0.0 first
+
+
+def _among(sign: float, *zeros: float):
+  """Strictly ``sign``-signed values with the given zeros planted (max/min ties)."""
+
+  def make(b: np.ndarray, k: int) -> np.ndarray:
+    b = sign * (np.abs(b) + 1)
+    for j, z in enumerate(zeros):
+      if j < len(b):
+        b[(k + j) % len(b)] = z
+    return b
+
+  return make
+
+
+#: Special-value patterns, ``(name, make(column, k) -> column)``: a column holds the
+#: p participants' values at one position ``k`` (verifiable values to start from).
+SPECIALS: tuple[tuple[str, object], ...] = (
+  ("NaN on one participant", _one(np.nan)),
+  ("NaN on every participant", _all(np.nan)),
+  ("+inf on one participant", _one(np.inf, 1)),
+  ("-inf on one participant", _one(-np.inf, 2)),
+  ("+inf and -inf", _two(np.inf, -np.inf)),
+  ("NaN and +inf", _two(np.nan, np.inf)),
+  ("+inf on every participant", _all(np.inf)),
+  ("-inf on every participant", _all(-np.inf)),
+  ("-0.0 on every participant", _all(-0.0)),
+  ("-0.0 and +0.0", _zeros_mixed),
+  ("-0.0 among negatives", _among(-1.0, -0.0)),
+  ("-0.0 and +0.0 among negatives", _among(-1.0, -0.0, 0.0)),
+  ("+0.0 and -0.0 among positives", _among(1.0, 0.0, -0.0)),
+)
 
 
 @dataclass(frozen=True)
 class Row:
-  """One compared result: a (algorithm, op, dtype, p, kind, shape) cell."""
+  """One compared result: a (algorithm, op, dtype, p, kind, shape) cell.
+
+  ``max_abs_err``, ``bit_exact`` and ``passed`` compare the algorithm with the NumPy
+  oracle. ``detail`` says where the algorithm differs from it (empty if nowhere);
+  ``backend`` does the same for XLA's collective ``reference`` on the same input, a
+  backend finding. An algorithm that is the backend's own collective
+  (``hand_written=False``) never fails: its disagreement is a finding too.
+  """
 
   algorithm: str
   op: str
@@ -49,6 +141,11 @@ class Row:
   replicas_identical: bool
   tolerance: float
   passed: bool
+  detail: str = ""
+  reference: str = ""
+  backend: str = ""
+  backend_bad: int = 0
+  backend_patterns: tuple[str, ...] = ()
 
 
 def verifiable_input(p: int, shape: tuple[int, ...], dtype, seed: int = 0) -> np.ndarray:
@@ -76,13 +173,24 @@ def random_input(p: int, shape: tuple[int, ...], dtype, seed: int = 0) -> np.nda
 
 
 def special_input(p: int, shape: tuple[int, ...], dtype, seed: int = 0) -> np.ndarray:
-  """Verifiable values with NaN, +Inf and -Inf planted on a few participants."""
-  x = verifiable_input(p, shape, dtype, seed).reshape(p, -1).copy()
-  n = x.shape[1]
-  specials = [np.nan, np.inf, -np.inf, np.inf]
-  for j, value in enumerate(specials):
-    x[(3 * j + 1) % p, (5 * j) % n] = value  # two infs may meet: inf + inf, inf - inf
-  return x.reshape((p, *shape))
+  """``T[p, V, *shape]``: variant ``v`` plants pattern ``SPECIALS[v]`` at every even
+  position (rotating which participant holds the special value) and keeps verifiable
+  values at odd ones, so a special value that leaks into a neighbour shows up."""
+  n = int(np.prod(shape, dtype=np.int64))
+  base = verifiable_input(p, (n,), np.float64, seed)  # f64[p, n]
+  out = np.empty((p, len(SPECIALS), n))
+  for v, (_, make) in enumerate(SPECIALS):
+    out[:, v] = base
+    for k in range(0, n, 2):
+      out[:, v, k] = make(base[:, k], k // 2 + v)
+  return out.reshape((p, len(SPECIALS), *shape)).astype(jnp.dtype(dtype))
+
+
+def special_label(shape: tuple[int, ...], flat_index: int) -> str:
+  """Which pattern of :func:`special_input` sits at ``flat_index`` of a block."""
+  n = max(int(np.prod(shape, dtype=np.int64)), 1)
+  v, k = divmod(flat_index, n)
+  return SPECIALS[v][0] if k % 2 == 0 else "verifiable value"
 
 
 _MAKERS = {"verifiable": verifiable_input, "random": random_input, "special": special_input}
@@ -114,48 +222,113 @@ def _ulp(dtype) -> float:
   return float(jnp.finfo(jnp.dtype(dtype)).eps)
 
 
-def _compare(x: np.ndarray, got: np.ndarray, ref: np.ndarray, op: str, kind: str, p: int):
-  """Returns ``(max_abs_err, bit_exact, replicas_identical, tolerance, passed)``.
+@dataclass(frozen=True)
+class Agreement:
+  """How a result compares with the oracle: ``bad`` of ``total`` elements differ
+  (beyond ``tol``), the first at flat index ``first``."""
 
-  ``x``: the inputs ``T[p, ...]``; ``got``: the algorithm's per-participant results
-  ``T[p, ...]``; ``ref``: the lax collective's result (row 0 is compared).
+  ok: bool
+  exact: bool
+  err: float
+  bad: int
+  total: int
+  first: int | None
+
+
+def agreement(got: np.ndarray, want: np.ndarray, op: str, tol: float = 0.0) -> Agreement:
+  """Compares ``got`` with the oracle's ``want`` (same shape and dtype).
+
+  NaN must be where the oracle has NaN; infinities must match exactly; finite values
+  within ``tol``. ``max``/``min`` compare bits, so ``-0.0`` and ``+0.0`` differ; a sum's
+  zero may have either sign (see ``allreduce_jax._ops``).
   """
-  replicas = all(_same_bits(got[k], got[0]) for k in range(p))
-  exact = _same_bits(got[0], ref[0])
-  g, r = got[0].astype(np.float64), ref[0].astype(np.float64)
-  finite = np.isfinite(g) & np.isfinite(r)
-  err = float(np.max(np.abs(g[finite] - r[finite]), initial=0.0))
-  same_nonfinite = np.array_equal(np.isnan(g), np.isnan(r)) and np.array_equal(
-    np.where(finite, 0, np.nan_to_num(g, nan=0.0)), np.where(finite, 0, np.nan_to_num(r, nan=0.0))
-  )
-  integer = jnp.issubdtype(x.dtype, jnp.integer)
-  if integer or op in ("max", "min") or kind != "random":
-    # Exact inputs (or ops without rounding): bit-exact, mean within 2 ulp.
-    tol = 0.0
-    if op == "mean" and not integer:
-      tol = 2 * _ulp(x.dtype) * float(np.max(np.abs(r[finite]), initial=0.0))
+  got, want = np.asarray(got).reshape(-1), np.asarray(want).reshape(-1)
+  if jnp.issubdtype(got.dtype, jnp.integer):
+    diff = got != want
+    err = float(np.max(np.abs(got.astype(np.float64) - want.astype(np.float64)), initial=0.0))
+    exact = not diff.any()
   else:
-    # Summation in a different order: each of the two results is within
-    # (p-1)·eps·Σ|x_i| of the exact sum.
-    bound = np.sum(np.abs(x.astype(np.float64)), axis=0)
-    if op == "mean":
-      bound = bound / p
-    tol = float(2 * max(p - 1, 1) * _ulp(x.dtype) * np.max(bound, initial=0.0))
-  passed = replicas and same_nonfinite and (exact or err <= tol)
-  if tol == 0.0:
-    passed = passed and exact
-  return err, exact, replicas, tol, passed
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    nan_g, nan_w = np.isnan(g), np.isnan(w)
+    both = ~nan_g & ~nan_w
+    finite = both & np.isfinite(g) & np.isfinite(w)
+    with np.errstate(invalid="ignore"):
+      delta = np.where(finite, np.abs(g - w), 0.0)
+    err = float(np.max(delta, initial=0.0))
+    unequal = both & (g != w)
+    if op in ("max", "min"):
+      unequal |= both & (np.signbit(g) != np.signbit(w))
+    exact = not ((nan_g != nan_w) | unequal).any()
+    diff = (nan_g != nan_w) | (both & ~finite & (g != w)) | (finite & (delta > tol))
+    if op in ("max", "min"):
+      diff |= unequal
+  bad = int(diff.sum())
+  return Agreement(bad == 0, exact, err, bad, got.size, int(np.argmax(diff)) if bad else None)
+
+
+def _fmt(v) -> str:
+  v = float(v)
+  if v == 0:
+    return "-0.0" if np.signbit(v) else "0.0"
+  return f"{v:.6g}"
+
+
+def describe(
+  a: Agreement, got: np.ndarray, want: np.ndarray, shape, label=None, where: str = ""
+) -> str:
+  """``'3 of 26 elements differ; first at [0, 2] (NaN on one participant): got 3, oracle nan'``."""
+  if a.ok:
+    return ""
+  got, want = np.asarray(got).reshape(-1), np.asarray(want).reshape(-1)
+  index = [int(i) for i in np.unravel_index(a.first, shape)] if shape else []
+  what = f" ({label(a.first)})" if label else ""
+  return (
+    f"{a.bad} of {a.total} elements differ{where}; first at {index}{what}:"
+    f" got {_fmt(got[a.first])}, oracle {_fmt(want[a.first])}"
+  )
+
+
+def _tolerance(x: np.ndarray, want: np.ndarray, op: str, kind: str, p: int) -> float:
+  integer = jnp.issubdtype(x.dtype, jnp.integer)
+  w = want.astype(np.float64)
+  w = w[np.isfinite(w)]
+  if integer or op in ("max", "min"):
+    return 0.0
+  if kind != "random":
+    # Exact sums; a mean is one rounded division (2 ulp of the result).
+    return 2 * _ulp(x.dtype) * float(np.max(np.abs(w), initial=0.0)) if op == "mean" else 0.0
+  # Summation in some order: within (p-1)·eps·Σ|x_i| of the exact sum (twice, to
+  # cover the final rounding and a different order of the same bound).
+  bound = np.sum(np.abs(x.astype(np.float64)), axis=0)
+  if op == "mean":
+    bound = bound / p
+  return float(2 * max(p - 1, 1) * _ulp(x.dtype) * np.max(bound, initial=0.0))
+
+
+def _labeler(kind: str, shape: tuple[int, ...]):
+  return (lambda f: special_label(shape, f)) if kind == "special" else None
 
 
 def _mesh_and_axis(algorithm: str, p: int):
-  if ALGORITHMS[algorithm].axes == 2 and jax.process_count() > 1:
+  axes = getattr(ALGORITHMS[algorithm], "axes", 1)
+  if axes == 2 and jax.process_count() > 1:
     # One mesh axis per process level: outer = processes, inner = local devices.
     if p != jax.device_count():
       raise ValueError(
         f"across processes {algorithm} needs all {jax.device_count()} devices, got p={p}."
       )
     return _devices.process_mesh(("outer", "inner")), ("outer", "inner")
+  if axes == 1:
+    return _devices.submesh((p,), ("i",)), "i"
   return _devices.mesh_for(algorithm, p)
+
+
+def _place(inputs: dict, mesh, spec) -> dict:
+  sharding = NamedSharding(mesh, spec)
+  return {
+    k: _devices.put(v.shape, v.dtype, sharding, lambda index, v=v: v[index])
+    for k, v in inputs.items()
+  }
 
 
 def run_case(
@@ -168,7 +341,7 @@ def run_case(
   seed: int = 0,
 ) -> list[Row]:
   """Runs ``algorithm`` on ``p`` participants for every op × dtype × kind × shape in
-  one compiled program and compares each result with the lax collective."""
+  one compiled program; compares each result, and XLA's collective's, with the oracle."""
   mesh, axis = _mesh_and_axis(algorithm, p)
   spec = P(axis)
   inputs = {}
@@ -181,7 +354,7 @@ def run_case(
   def body(blocks):
     out = {}
     for (kind, dtype, shape), block in blocks.items():
-      x = block[0]  # T[*shape]: this participant's block
+      x = block[0]  # T[*shape] (T[V, *shape] for special inputs): this participant's block
       for op in ops:
         if _valid(op, dtype, kind):
           got = all_reduce(x, axis, op=op, algorithm=algorithm)
@@ -189,21 +362,75 @@ def run_case(
           out[(kind, dtype, shape, op)] = (got[None], ref[None])
     return out
 
-  sharding = NamedSharding(mesh, spec)
-  placed = {
-    k: _devices.put(v.shape, v.dtype, sharding, lambda index, v=v: v[index])
-    for k, v in inputs.items()
-  }
   fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
-  results = fn(placed)
+  results = fn(_place(inputs, mesh, spec))
+  hand_written = getattr(ALGORITHMS[algorithm], "hand_written", True)
   rows = []
   for (kind, dtype, shape, op), (got, ref) in results.items():
     got, ref = _devices.fetch(got), _devices.fetch(ref)
-    err, exact, replicas, tol, passed = _compare(
-      inputs[(kind, dtype, shape)], got, ref, op, kind, p
+    x = inputs[(kind, dtype, shape)]
+    want = oracle(op, x)
+    tol = _tolerance(x, want, op, kind, p)
+    label = _labeler(kind, shape)
+    a = agreement(got[0], want, op, tol)
+    if op == "mean":  # exact sum, then the backend's division (not correctly rounded on CPU)
+      exact = agreement(got[0], _backend_mean(x, p), op).exact
+      a = Agreement(a.ok, exact, a.err, a.bad, a.total, a.first)
+    replicas = all(_same_bits(got[k], got[0]) for k in range(p))
+    detail = describe(a, got[0], want, want.shape, label)
+    if not replicas:
+      detail = "participants hold different results" + (f"; {detail}" if detail else "")
+    b = agreement(ref[0], want, op, tol)
+    ref_replicas = all(_same_bits(ref[k], ref[0]) for k in range(p))
+    backend = describe(b, ref[0], want, want.shape, label)
+    if not ref_replicas:
+      backend = "participants hold different results" + (f"; {backend}" if backend else "")
+    patterns = _patterns(b, ref[0], want, op, tol, label)
+    passed = (replicas and a.ok and (tol > 0 or a.exact)) or not hand_written
+    rows.append(
+      Row(
+        algorithm,
+        op,
+        dtype,
+        p,
+        kind,
+        shape,
+        a.err,
+        a.exact,
+        replicas,
+        tol,
+        passed,
+        detail,
+        f"lax.{get_op(op, x.dtype).reference.__name__}",
+        backend,
+        b.bad,
+        patterns,
+      )
     )
-    rows.append(Row(algorithm, op, dtype, p, kind, shape, err, exact, replicas, tol, passed))
   return rows
+
+
+def _backend_mean(x: np.ndarray, p: int) -> np.ndarray:
+  """The exact sum divided by ``p`` on a local device, as ``mean`` finalizes it.
+
+  XLA:CPU's float division is not correctly rounded (``x / 3`` can be 1 ulp off
+  NumPy's), so ``mean`` passes within 2 ulp of the oracle and is *bit-exact* when it
+  equals this: proof that the sum before the division was exact.
+  """
+  total = jax.device_put(oracle("sum", x), jax.local_devices()[0])
+  return np.asarray(get_op("mean", x.dtype).finalize(total, p))
+
+
+def _patterns(a: Agreement, got, want, op, tol, label) -> tuple[str, ...]:
+  """The special-input patterns at which ``got`` differs (empty without labels)."""
+  if a.ok or label is None:
+    return ()
+  got, want = np.asarray(got).reshape(-1), np.asarray(want).reshape(-1)
+  names = []
+  for f in range(got.size):
+    if not agreement(got[f : f + 1], want[f : f + 1], op, tol).ok and label(f) not in names:
+      names.append(label(f))
+  return tuple(names)
 
 
 def summarize(rows: list[Row]) -> list[dict]:
@@ -224,28 +451,78 @@ def summarize(rows: list[Row]) -> list[dict]:
         "max_abs_err": max(r.max_abs_err for r in rs),
         "bit_exact": all(r.bit_exact for r in exact_rows),
         "passed": all(r.passed for r in rs),
+        # the backend's own collective as the algorithm, differing from the oracle
+        "backend": any(r.detail for r in rs if r.passed),
         "cases": len(rs),
       }
     )
   return table
 
 
+def _result(t: dict) -> str:
+  if not t["passed"]:
+    return "FAIL"
+  return "backend" if t["backend"] else "PASS"
+
+
 def format_table(table: list[dict]) -> str:
-  head = f"{'algorithm':<20}{'op':<6}{'dtype':<10}{'p':>3}  {'max|err| vs lax':>16}  {'bit-exact':>9}  result"
+  head = (
+    f"{'algorithm':<20}{'op':<6}{'dtype':<10}{'p':>3}  {'max|err| vs oracle':>18}"
+    f"  {'bit-exact':>9}  result"
+  )
   lines = [head, "-" * len(head)]
   for t in table:
     lines.append(
-      f"{t['algorithm']:<20}{t['op']:<6}{t['dtype']:<10}{t['p']:>3}  {t['max_abs_err']:>16.3g}"
-      f"  {'yes' if t['bit_exact'] else 'no':>9}  {'PASS' if t['passed'] else 'FAIL'}"
+      f"{t['algorithm']:<20}{t['op']:<6}{t['dtype']:<10}{t['p']:>3}  {t['max_abs_err']:>18.3g}"
+      f"  {'yes' if t['bit_exact'] else 'no':>9}  {_result(t)}"
     )
   return "\n".join(lines)
 
 
+def failures(rows: list[Row]) -> list[str]:
+  """One line per failed cell: where the algorithm differs from the oracle."""
+  return [
+    f"FAIL {r.algorithm} {r.op} {r.dtype} p={r.p} {r.kind} shape={list(r.shape)}: {r.detail}"
+    for r in rows
+    if not r.passed
+  ]
+
+
+def findings(rows: list[Row]) -> list[str]:
+  """Backend findings, one line per (collective, op, dtype, p, input kind): where XLA's
+  collective differs from the oracle, counted over the shapes."""
+  cells: dict[tuple, dict] = {}
+  for r in rows:
+    sources = [(r.reference, r.backend, r.backend_bad, r.backend_patterns)]
+    if r.passed and r.detail and r.detail != r.backend:  # the backend's collective as algorithm
+      sources.append((f"{r.reference} (algorithm {r.algorithm})", r.detail, 0, ()))
+    for who, text, bad, patterns in sources:
+      cell = cells.setdefault((who, r.op, r.dtype, r.p, r.kind), {"shapes": {}, "seen": set()})
+      cell["seen"].add(r.shape)
+      if text:
+        cell["shapes"].setdefault(r.shape, (text, bad, patterns))
+  lines = []
+  for (who, _op, dtype, p, kind), cell in cells.items():
+    shapes = cell["shapes"]
+    if not shapes:
+      continue
+    first_shape, (first, _, _) = next(iter(shapes.items()))
+    patterns = []
+    for _, _, ps in shapes.values():
+      patterns += [q for q in ps if q not in patterns]
+    what = f" [{'; '.join(patterns)}]" if patterns else ""
+    lines.append(
+      f"backend finding: {who} {dtype} p={p} {kind} inputs: differs from the NumPy oracle"
+      f" in {len(shapes)} of {len(cell['seen'])} shapes{what}; shape {list(first_shape)}: {first}"
+    )
+  return lines
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
-  add_devices(parser)
+  parser.add_argument("--devices", type=int, default=8, help="emulated CPU devices (default 8)")
   parser.add_argument(
     "--algorithms",
-    type=csv_list,
+    type=algorithm_list,
     default=None,
     help=f"comma-separated subset of {', '.join(ALGORITHMS)} (default: all)",
   )
@@ -268,11 +545,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     default=None,
     help="per-participant block shapes like 13,3x7 ('scalar' for 0-d; default: scalar,1,13,3x7)",
   )
+  parser.add_argument(
+    "--strict",
+    action="store_true",
+    help="exit 1 on backend findings too (XLA's collective differing from the NumPy oracle)",
+  )
+  parser.add_argument(
+    "--backend-oracle",
+    action="store_true",
+    help="check the backend's own psum, pmean, pmax, pmin, psum_scatter and all_gather"
+    " (all devices, across processes) against the NumPy oracle and the hand-written ring",
+  )
+  parser.add_argument(
+    "--repeat",
+    type=int,
+    default=1,
+    help="with --backend-oracle: run the checked program this many times (intermittent bugs)",
+  )
   parser.add_argument("--out", default=None, help="also write every compared case as JSON Lines")
 
 
-def run(args: argparse.Namespace) -> int:
-  _devices.use_cpu_devices(args.devices)
+def _parse(args: argparse.Namespace):
   algorithms = args.algorithms or list(ALGORITHMS)
   for a in algorithms:
     if a not in ALGORITHMS:
@@ -285,6 +578,13 @@ def run(args: argparse.Namespace) -> int:
       jnp.dtype(d)
     except TypeError:
       raise SystemExit(f"--dtypes: unknown dtype {d!r}") from None
+    for op in args.ops:
+      if op == "mean" and jnp.issubdtype(jnp.dtype(d), jnp.integer):
+        continue  # skipped: an integer mean is not defined
+      try:
+        get_op(op, d)
+      except TypeError as e:
+        raise SystemExit(f"--dtypes {d} with --ops {op}: {e}") from None
   for k in args.kinds:
     if k not in KINDS:
       raise SystemExit(f"--kinds: unknown {k!r}; expected some of {', '.join(KINDS)}")
@@ -298,6 +598,18 @@ def run(args: argparse.Namespace) -> int:
       raise SystemExit(f"--shapes: expected e.g. scalar,13,3x7; got {args.shapes}") from None
     if any(d < 1 for shape in shapes for d in shape):
       raise SystemExit(f"--shapes: dimensions must be positive; got {args.shapes}")
+  if args.repeat < 1:
+    raise SystemExit(f"--repeat: must be at least 1, got {args.repeat}")
+  return algorithms, shapes
+
+
+def run(args: argparse.Namespace) -> int:
+  if args.devices < 1:
+    raise SystemExit(f"--devices: must be at least 1, got {args.devices}")
+  algorithms, shapes = _parse(args)
+  if args.out:
+    row_store(args.out, "verify", context={})  # a foreign or unwritable --out: refused now
+  _devices.use_cpu_devices(args.devices)
   try:
     ps = [int(v) for v in args.participants] if args.participants else [len(jax.devices())]
   except ValueError:
@@ -311,10 +623,13 @@ def run(args: argparse.Namespace) -> int:
         f" {jax.device_count()} devices takes part"
       )
   print(
-    f"# verify: jax {jax.__version__}, backend {jax.default_backend()},"
-    f" {len(jax.devices())} devices, {jax.process_count()} process(es)",
+    f"# verify{' --backend-oracle' if args.backend_oracle else ''}: jax {jax.__version__},"
+    f" backend {jax.default_backend()}, {len(jax.devices())} devices,"
+    f" {jax.process_count()} process(es)",
     flush=True,
   )
+  if args.backend_oracle:
+    return run_backend_oracle(args, ps, shapes)
   rows: list[Row] = []
   t0 = time.perf_counter()
   for algorithm in algorithms:
@@ -329,17 +644,212 @@ def run(args: argparse.Namespace) -> int:
       )
   table = summarize(rows)
   print(format_table(table))
+  for line in failures(rows):
+    print(line)
+  found = findings(rows)
   failed = [t for t in table if not t["passed"]]
+  passed = [t for t in table if t["passed"] and not t["backend"]]
   print(
-    f"# {len(table) - len(failed)} passed, {len(failed)} failed"
-    f" ({len(rows)} cases compared in {time.perf_counter() - t0:.1f} s)"
+    f"# {len(passed)} passed, {len(failed)} failed"
+    + (
+      f", {len(table) - len(passed) - len(failed)} backend"
+      if len(passed) + len(failed) < len(table)
+      else ""
+    )
+    + f" ({len(rows)} cases compared with the NumPy oracle in {time.perf_counter() - t0:.1f} s)"
   )
-  if args.out and jax.process_index() == 0:  # every process holds the same rows
-    import json
-    from pathlib import Path
+  _print_findings(found, args.strict)
+  _write(args.out, [asdict(r) for r in rows])
+  return 1 if failed or (args.strict and found) else 0
 
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-      for r in rows:
-        f.write(json.dumps(asdict(r)) + "\n")
-  return 1 if failed else 0
+
+def _print_findings(found: list[str], strict: bool) -> None:
+  if not found:
+    print("# backend: XLA's collectives agree with the NumPy oracle on every input checked")
+    return
+  print(
+    f"# {len(found)} backend finding(s): the backend's own collective differs from the NumPy"
+    " oracle (the semantics in allreduce_jax/_ops.py)"
+    + ("; --strict makes these fail" if not strict else "; failing (--strict)")
+  )
+  for line in found:
+    print(line)
+
+
+def _write(path, records: list[dict]) -> None:
+  """Replaces the rows in ``path`` (the one row store: a foreign file is refused)."""
+  if not path or jax.process_index() != 0:  # every process holds the same rows
+    return
+  store = row_store(path, "verify", fresh=True)
+  store.extend(records, [store.key(case=k) for k in range(len(records))])
+
+
+# -- the backend's own collectives ---------------------------------------------------
+
+
+def _collective_valid(name: str, dtype: str, kind: str) -> bool:
+  op = {"pmean": "mean", "pmax": "max", "pmin": "min"}.get(name, "sum")
+  return name == "all_gather" or _valid(op, dtype, kind)
+
+
+def backend_case(
+  p: int,
+  collectives=COLLECTIVES,
+  dtypes=DTYPES,
+  kinds=KINDS,
+  shapes=SHAPES,
+  seed: int = 0,
+  repeat: int = 1,
+) -> list[dict]:
+  """Runs XLA's ``collectives`` on ``p`` devices (every process's, in a multi-process
+  run) next to the hand-written ring, and compares both with the NumPy oracle.
+
+  ``psum``/``pmean``/``pmax``/``pmin`` reduce a block ``T[*shape]``; ``psum_scatter``
+  reduces ``T[p, *shape]`` and leaves participant ``j`` with the sum of row ``j``
+  (``ring_reduce_scatter``); ``all_gather`` stacks the blocks (``ring_all_gather``).
+  Returns one record per (collective, dtype, kind, shape, repetition).
+  """
+  mesh, axis = _devices.submesh((p,), ("i",)), "i"
+  spec = P(axis)
+  inputs = {}
+  for kind in kinds:
+    for dtype in dtypes:
+      for shape in shapes:
+        for name in collectives:
+          if _collective_valid(name, dtype, kind):
+            block = (p, *shape) if name == "psum_scatter" else shape
+            inputs[(name, kind, dtype, shape)] = _MAKERS[kind](p, block, dtype, seed)
+
+  def body(blocks):
+    out = {}
+    for (name, kind, dtype, shape), block in blocks.items():
+      x = block[0]  # T[*block]: this participant's
+      flat = x.reshape(-1)
+      if name == "psum_scatter":
+        xla = lax.psum_scatter(flat, axis, scatter_dimension=0, tiled=True)
+        hand = ring_reduce_scatter(flat, axis, lax.add)
+      elif name == "all_gather":
+        xla = lax.all_gather(flat, axis, axis=0, tiled=True)
+        hand = ring_all_gather(flat, axis)
+      else:
+        op = {"psum": "sum", "pmean": "mean", "pmax": "max", "pmin": "min"}[name]
+        xla = get_op(op, x.dtype).reference(flat, axis)
+        hand = all_reduce(flat, axis, op=op, algorithm="ring")
+      out[(name, kind, dtype, shape)] = (xla[None], hand[None])
+    return out
+
+  fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+  placed = _place(inputs, mesh, spec)
+  records = []
+  for rep in range(repeat):
+    results = fn(placed)
+    for key, (xla, hand) in results.items():
+      name, kind, dtype, shape = key
+      x = inputs[key]
+      xla, hand = _devices.fetch(xla), _devices.fetch(hand)  # T[p, m]: per participant
+      records.append(_backend_record(name, kind, dtype, shape, x, xla, hand, p, rep))
+  return records
+
+
+def _backend_record(name, kind, dtype, shape, x, xla, hand, p, rep) -> dict:
+  flat = x.reshape(p, -1)  # T[p, n]: participant i's block, flattened
+  op = {"pmean": "mean", "pmax": "max", "pmin": "min"}.get(name, "sum")
+  n = flat.shape[1]
+  label = _labeler(kind, shape)
+  label_at = (lambda f: label(f % n)) if label else None  # result index -> input pattern
+  if name == "all_gather":
+    want = np.broadcast_to(flat.reshape(-1), (p, p * n))  # every participant: all blocks
+    tol = 0.0
+  elif name == "psum_scatter":
+    total = oracle("sum", flat)  # T[n] = T[p*m]
+    want = total.reshape(p, -1)  # participant j: chunk j, i.e. flat index j*m + e
+    tol = _tolerance(flat, total, "sum", kind, p)
+    label_at = _labeler(kind, (p, *shape))
+  else:
+    want = np.broadcast_to(oracle(op, flat), (p, n))
+    tol = _tolerance(flat, want[0], op, kind, p)
+  b = agreement(xla, want, op, tol)
+  h = agreement(hand, want, op, tol)
+  return {
+    "collective": f"lax.{name}",
+    "kind": kind,
+    "dtype": dtype,
+    "shape": list(shape),
+    "p": p,
+    "repetition": rep,
+    "elements": int(want.size),
+    "differ": b.bad,
+    "max_abs_err": b.err,
+    "tolerance": tol,
+    "first": describe(b, xla, want, want.shape, label_at),
+    "patterns": list(_patterns(b, xla, want, op, tol, label_at)),
+    "hand_written_differ": h.bad,
+    "hand_written_first": describe(h, hand, want, want.shape, label_at),
+    "agrees_with_hand_written": bool(_same_bits(xla, hand) if tol == 0 else b.ok and h.ok),
+  }
+
+
+def run_backend_oracle(args: argparse.Namespace, ps: list[int], shapes) -> int:
+  t0 = time.perf_counter()
+  records = []
+  for p in ps:
+    records += backend_case(
+      p, dtypes=tuple(args.dtypes), kinds=tuple(args.kinds), shapes=shapes, repeat=args.repeat
+    )
+  cells: dict[tuple, list[dict]] = {}
+  for r in records:
+    cells.setdefault((r["collective"], r["dtype"], r["p"], r["kind"]), []).append(r)
+  head = (
+    f"{'collective':<18}{'dtype':<10}{'p':>3}  {'kind':<11}{'checked':>8}  {'differ':>7}"
+    f"  {'hand-written':>12}  result"
+  )
+  print(head)
+  print("-" * len(head))
+  found, broken = [], []
+  for (name, dtype, p, kind), rs in cells.items():
+    elements = sum(r["elements"] for r in rs)
+    differ = sum(r["differ"] for r in rs)
+    hand_differ = sum(r["hand_written_differ"] for r in rs)
+    result = "agrees" if not differ else "DIFFERS"
+    print(
+      f"{name:<18}{dtype:<10}{p:>3}  {kind:<11}{elements:>8}  {differ:>7}"
+      f"  {'ok' if not hand_differ else 'FAIL':>12}  {result}"
+    )
+    bad = [r for r in rs if r["differ"]]
+    if bad:
+      patterns = []
+      for r in bad:
+        patterns += [q for q in r["patterns"] if q not in patterns]
+      reps = sorted({r["repetition"] for r in bad})
+      first = bad[0]
+      found.append(
+        f"backend finding: {name} {dtype} p={p} {kind} inputs: {differ} of {elements}"
+        f" elements differ from the NumPy oracle"
+        + (f" [{'; '.join(patterns)}]" if patterns else "")
+        + (f" in {len(reps)} of {args.repeat} repetitions" if args.repeat > 1 else "")
+        + f"; shape {first['shape']}: {first['first']}"
+        + ("; the hand-written ring gives the oracle's values" if not hand_differ else "")
+      )
+    for r in rs:
+      if r["hand_written_differ"]:
+        broken.append(
+          f"FAIL hand-written ring for {name} {dtype} p={p} {kind} shape={r['shape']}:"
+          f" {r['hand_written_first']}"
+        )
+  for line in broken:
+    print(line)
+  agree = sum(1 for rs in cells.values() if not sum(r["differ"] for r in rs))
+  print(
+    f"# backend oracle: {agree} of {len(cells)} (collective, dtype, p, kind) cells agree with"
+    f" the NumPy oracle, {len(found)} differ; hand-written: {len(broken)} failed"
+    f" ({len(records)} results in {time.perf_counter() - t0:.1f} s)"
+  )
+  _print_findings(found, args.strict)
+  _write(args.out, records)
+  return 1 if broken or (args.strict and found) else 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+  from allreduce_jax.cli import main
+
+  sys.exit(main(["verify", *sys.argv[1:]]))
