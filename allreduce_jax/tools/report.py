@@ -72,7 +72,12 @@ def results_dir(*parts: str) -> Path:
 EXPERIMENTS: dict[str, dict[str, dict]] = {
   "verify": {
     "full": {"shapes": "scalar,13,3x7"},
-    "smoke": {"dtypes": "float32,int32", "shapes": "13", "kinds": "verifiable,random"},
+    "smoke": {
+      "ops": "sum,max",
+      "dtypes": "float32,int32",
+      "shapes": "13",
+      "kinds": "verifiable,random",
+    },
   },
   "audit": {
     "full": {"ps": "2,4,8,16,32", "bytes": 1 << 16},
@@ -80,7 +85,7 @@ EXPERIMENTS: dict[str, dict[str, dict]] = {
   },
   "bench": {
     "full": {"min_bytes": "1KiB", "max_bytes": "16MiB", "factor": 4, "iters": 7, "warmup": 3},
-    "smoke": {"min_bytes": "1KiB", "max_bytes": "64KiB", "factor": 8, "iters": 3, "warmup": 1},
+    "smoke": {"min_bytes": "1KiB", "max_bytes": "8KiB", "factor": 8, "iters": 3, "warmup": 1},
   },
   "fusion": {
     "full": {"layers": 16, "d_model": 128, "iters": 5, "warmup": 2},
@@ -96,7 +101,7 @@ def settings(experiment: str, smoke: bool = False) -> dict:
 
   Example:
     >>> settings("bench")["max_bytes"], settings("bench", smoke=True)["max_bytes"]
-    ('16MiB', '64KiB')
+    ('16MiB', '8KiB')
   """
   return dict(EXPERIMENTS[experiment]["smoke" if smoke else "full"])
 
