@@ -136,3 +136,13 @@ def test_report_marks_a_failed_section_and_renders_the_others(tmp_path, monkeypa
   state = json.loads((tmp_path / "sections.json").read_text())
   assert state["verify"]["status"] == 0 and state["audit"]["status"] == 1
   assert (tmp_path / "REPORT.md").exists()
+
+
+def test_launch_unwritable_log_dir_before_any_process(tmp_path, capsys):
+  blocker = tmp_path / "file"
+  blocker.write_text("")
+  argv = ["launch", "-n", "2", "--log-dir", str(blocker / "logs"), "--", "verify"]
+  assert (
+    _error(argv, capsys)
+    == f"--log-dir {blocker / 'logs'}: cannot create the folder (Not a directory)."
+  )

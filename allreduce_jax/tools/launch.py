@@ -401,6 +401,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+  if args.log_dir:  # an unwritable --log-dir: one line, before any process starts
+    from allreduce_jax.tools._args import output_dir
+
+    output_dir(args.log_dir, "--log-dir")
   try:
     return launch(
       args.command,
