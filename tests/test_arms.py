@@ -157,15 +157,31 @@ def test_table_c_smoke_resumes_and_renders(tmp_path, capsys):
 
 
 def test_phase_cells_pick_the_fastest_arm():
-  cfg = configs.PhaseConfig.smoke(workers=4, gradients=400, model_params=100_000_000)
+  cfg = configs.PhaseConfig.smoke()
   rows = [
-    {"arm": a, "sigma": s, "seed": 0, "updates_to_target": u}
+    {"arm": a, "sigma": s, "bandwidth_gbps": bw, "seed": 0, "updates_to_target": 1,
+     "time_to_target": t}
     for s in cfg.sigmas
-    for a, u in (("sync", 30), ("async", 160))
-  ]
+    for bw in cfg.bandwidths_gbps
+    for a, t in (("sync", 1.0 + s), ("async", 1.5 if bw > 1 else 9.0))
+  ]  # fmt: skip
   cells = experiments.phase_cells(cfg, rows)
   win = {(c["sigma"], c["bandwidth_gbps"]): c["winner"] for c in cells}
-  assert win[0.0, 0.1] == "sync"  # slow link: the server's link is the bottleneck
-  assert win[1.0, 100.0] == "async"  # fast link, heavy stragglers: never wait
+  assert win == {
+    (0.0, 0.1): "sync",
+    (0.0, 100.0): "sync",
+    (1.0, 0.1): "sync",
+    (1.0, 100.0): "async",
+  }
   assert "| 0.1 |" in tables.phase_table(cells)
   assert "σ = 1: a parameter-server arm (async)" in tables.phase_boundary(cells)
+
+
+def test_phase_sweep_reuses_identical_training(tmp_path):
+  cfg = configs.PhaseConfig.smoke(sigmas=(0.5,), gradients=80, eval_every=5)
+  lines = []
+  rows = experiments.run_phase(cfg, tmp_path, smoke=True, log=lines.append)
+  assert len(rows) == len(lines) == 4  # 2 bandwidths × (sync, async)
+  sync = [r for r in rows if r["arm"] == "sync"]
+  assert sync[0]["test_metric"] == sync[1]["test_metric"]  # one training, two prices
+  assert sync[0]["time_to_target"] > sync[1]["time_to_target"]  # slower link, later

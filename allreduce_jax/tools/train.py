@@ -83,17 +83,41 @@ def _default_text(value) -> str:
   return str(value)
 
 
+def _field_docs(cls: type) -> dict[str, str]:
+  """``name: text`` lines of the ``Attributes:`` sections along ``cls``'s bases."""
+  docs: dict[str, str] = {}
+  for klass in reversed(cls.__mro__):
+    lines = (klass.__doc__ or "").splitlines()
+    if not any(line.strip() == "Attributes:" for line in lines):
+      continue
+    name = None
+    for line in lines[[ln.strip() for ln in lines].index("Attributes:") + 1 :]:
+      head, sep, text = line.strip().partition(": ")
+      if sep and head.isidentifier() and line.startswith("    ") and not line.startswith("      "):
+        name, docs[head] = head, text.strip()
+      elif name and line.strip():
+        docs[name] += " " + line.strip()
+      elif not line.strip():
+        name = None
+  return docs
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
   """One ``--field-name`` option per field of the config dataclass ``cls``, typed
   from its annotations (``tuple[int, ...]`` is a comma list, ``X | None`` accepts
   ``none``, ``bool`` is ``--x/--no-x``), with the default in its help."""
   hints = typing.get_type_hints(cls)
   smoke = {k: v for k, v in dataclasses.asdict(cls.smoke()).items()}
+  docs = _field_docs(cls)
   for f in dataclasses.fields(cls):
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     text = f"default {_default_text(default)}"
+    if f.name in docs:
+      text = docs[f.name].replace("%", "%%") + f" ({text}"
+      text += ")"
     if smoke[f.name] != default:
-      text += f"; --smoke: {_default_text(smoke[f.name])}"
+      text = text.rstrip(")") + f"; --smoke: {_default_text(smoke[f.name])}"
+      text += ")" if f.name in docs else ""
     opt = "--" + f.name.replace("_", "-")
     if hints[f.name] is bool:
       parser.add_argument(

@@ -258,6 +258,12 @@ class TableCConfig(Setup):
   4× slower (``speeds``), 25 ms per mean gradient, communication priced on 100 GbE at
   the model's real size (``--model-params 100000000`` prices a 100 M-parameter model
   instead). Every arm computes the same number of per-worker gradients.
+
+  Attributes:
+    workloads: registered workloads (``arms.WORKLOADS``): digits_mlp, digits_cnn98, lm.
+    arms: registered arms (``arms.ARMS``; ``ssp{s}``, ``sync_b{b}``, ``local_sgd_h{H}``,
+      ``diloco_h{H}`` for any number).
+    seeds: one run per seed (model init, data order and compute times).
   """
 
   speeds: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.25)
@@ -298,6 +304,13 @@ class PhaseConfig(Setup):
   read off each arm's schedule at every bandwidth, pricing ``model_params``
   parameters (100 M by default) on links of ``bandwidths_gbps`` with the
   ``network`` preset's latency.
+
+  Attributes:
+    workload: the registered workload whose updates to target are measured.
+    sigmas: log-normal σ of the compute times (columns; 0 = no stragglers).
+    bandwidths_gbps: link bandwidths priced (rows), GB/s per direction.
+    arms: the arms competing in every cell.
+    seeds: one measured run per seed and (σ, arm).
   """
 
   model_params: int = 100_000_000

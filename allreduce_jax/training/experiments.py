@@ -419,44 +419,51 @@ def run_phase(
   max_runs: int | None = None,
   log: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-  """Measures updates to target per (σ, arm, seed) (resuming, ``phase_runs.jsonl``).
+  """Trains every (σ, bandwidth, arm, seed) of the phase diagram (resuming,
+  ``phase_runs.jsonl``); returns this config's rows.
 
-  Each run trains the config's workload with log-normal(σ) compute times and the
-  model's real size (so communication does not change its schedule); the cells of
-  the diagram are then computed from these rows by :func:`phase_cells`.
+  Each cell's setup prices ``cfg.model_params`` parameters on a link of that
+  bandwidth with log-normal(σ) compute times, and each arm is trained along its
+  own timeline there (communication changes a parameter server's staleness). A
+  timeline that replays the same training as one already run (a sync arm's mask
+  does not depend on the bandwidth) reuses its curve (:func:`arms.run_arm`).
   """
   log = log or _print
   store = Results(Path(out_dir) / "phase_runs.jsonl")
   done = store.done()
   wl = None
+  curves: dict[Any, Any] = {}
   keys, new = [], 0
   for sigma in cfg.sigmas:
-    setup = arms.setup_of(cfg, compute=cfg.compute_of(sigma), model_params=0, bandwidth_gbps=None)
-    for a in cfg.arms:
-      for seed in cfg.seeds:
-        fields = {"sweep": "phase", **fields_of(setup), "workload": cfg.workload, "arm": a}
-        fields |= {"seed": seed, "sigma": sigma, "smoke": smoke}
-        key = run_key(fields)
-        keys.append(key)
-        if key in done or (max_runs is not None and new >= max_runs):
-          continue
-        wl = wl or arms.get_workload(cfg.workload, smoke)
-        t0 = time.perf_counter()
-        row = arms.run_arm(arms.get_arm(a), setup, wl, seed)
-        row = {"key": key, **fields, **row, "wall_s": time.perf_counter() - t0}
-        done[key] = store.append({**row, "env": environment()})
-        new += 1
-        log(f"phase σ={sigma:g} {a:14s} seed={seed}: updates to target {row['updates_to_target']}")
+    for bw in cfg.bandwidths_gbps:
+      setup = arms.setup_of(cfg, compute=cfg.compute_of(sigma), bandwidth_gbps=bw)
+      for a in cfg.arms:
+        for seed in cfg.seeds:
+          fields = {"sweep": "phase", **fields_of(setup), "workload": cfg.workload, "arm": a}
+          fields |= {"seed": seed, "sigma": sigma, "smoke": smoke}
+          key = run_key(fields)
+          keys.append(key)
+          if key in done or (max_runs is not None and new >= max_runs):
+            continue
+          wl = wl or arms.get_workload(cfg.workload, smoke)
+          t0 = time.perf_counter()
+          row = arms.run_arm(arms.get_arm(a), setup, wl, seed, curves)
+          row = {"key": key, **fields, **row, "wall_s": time.perf_counter() - t0}
+          done[key] = store.append({**row, "env": environment()})
+          new += 1
+          ttt = row["time_to_target"]
+          log(
+            f"phase σ={sigma:g} {bw:g} GB/s {a:14s} seed={seed}: time to target"
+            f" {'-' if ttt is None else f'{ttt:.3g} s'} ({row['updates_to_target']} updates)"
+          )
   return [done[k] for k in keys if k in done]
 
 
 def phase_cells(cfg: PhaseConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
   """Time to target of every (σ, bandwidth, arm), and the winner of each (σ, bandwidth).
 
-  For each measured run, the arm's schedule is rebuilt with the cell's bandwidth and
-  the priced model size (``cfg.model_params``) and read at the run's updates to
-  target; the cell's time is the median over seeds (a seed that never reached the
-  target counts as infinitely slow, so a majority must reach it).
+  The cell's time is the median over seeds (a seed that never reached the target
+  counts as infinitely slow, so a majority must reach it).
 
   Returns:
     One dict per (σ, bandwidth, arm): ``sigma, bandwidth_gbps, arm, family,
@@ -472,11 +479,10 @@ def phase_cells(cfg: PhaseConfig, rows: list[dict[str, Any]]) -> list[dict[str, 
       cell = []
       for a in cfg.arms:
         arm = arms.get_arm(a)
-        rs = [r for r in rows if r["arm"] == a and r["sigma"] == sigma]
-        ts = []
-        for r in rs:
-          u = r["updates_to_target"]
-          ts.append(np.inf if u is None else arm.make_schedule(setup, r["seed"]).time_at(u))
+        rs = [
+          r for r in rows if r["arm"] == a and r["sigma"] == sigma and r["bandwidth_gbps"] == bw
+        ]
+        ts = [np.inf if r["time_to_target"] is None else r["time_to_target"] for r in rs]
         us = [r["updates_to_target"] for r in rs if r["updates_to_target"] is not None]
         cell.append(
           {
