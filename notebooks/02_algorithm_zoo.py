@@ -1,7 +1,7 @@
 # ---
 # jupyter:
 #   jupytext:
-#     formats: py:percent,ipynb
+#     formats: ipynb,py:percent
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -31,14 +31,20 @@ import jax
 jax.config.update("jax_num_cpu_devices", DEVICES)
 
 import matplotlib.pyplot as plt
-import numpy as np
+import pandas as pd
+from IPython.display import display
 
-from allreduce_jax import ALGORITHMS, cost_model, hlo, trace
-from allreduce_jax._devices import factor_2d
-from allreduce_jax.tools import verify
+from allreduce_jax import ALGORITHMS, trace
+from allreduce_jax._api import names
+from allreduce_jax._devices import factor_axes
+from allreduce_jax.tools import _plot, audit, verify
 
-CUSTOM = [a for a in ALGORITHMS if a not in ("psum", "auto")]
-print(CUSTOM)
+# Every hand-written algorithm with a cost model, from the registry records.
+CUSTOM = list(names(hand_written=True, priced=True))
+pd.DataFrame(
+  [(a, ALGORITHMS[a].axes, ALGORITHMS[a].summary) for a in CUSTOM],
+  columns=["algorithm", "mesh axes", "what it does"],
+).set_index("algorithm")
 
 # %% [markdown]
 # ## Recursive doubling: lg p exchanges of everything
@@ -87,7 +93,7 @@ trace.plot_trace(
   trace.run_trace("bidirectional_ring", 4), "bidirectional ring, p=4 (two permutes per step)"
 )
 plt.show()
-outer, inner = factor_2d(P_TRACE)
+outer, inner = factor_axes(P_TRACE, 2)
 trace.plot_trace(
   trace.run_trace("hierarchical", P_TRACE),
   f"hierarchical on a {outer}x{inner} mesh: ring reduce-scatter (inner), ring all-reduce (outer), all-gather (inner)",
@@ -97,49 +103,34 @@ plt.show()
 # %% [markdown]
 # ## What the compiled programs send
 #
-# `hlo.audit_all_reduce` compiles each algorithm and reads the HLO: the number of
-# `collective-permute` ops and the bytes each participant sends. Every algorithm's
-# numbers must equal the closed-form schedule of `cost_model` (asserted below).
+# `audit.audit_in_process` compiles each algorithm (it never runs it) and reads the
+# HLO: the number of `collective-permute` ops and the bytes each participant sends.
+# Every algorithm's numbers must equal the closed-form schedule of `cost_model`
+# (`match`), with no XLA `all-reduce` hidden inside.
 
 # %%
-n = 16 * 3 * 5 * 7  # float32 elements per participant: divisible by 2p, no padding
+n_bytes = 4 * 16 * 3 * 5 * 7  # per participant: divisible by 2p, no padding
 ps = [4, 8] if SMALL else [2, 3, 4, 5, 6, 8]
-print(f"{'algorithm':<20}{'p':>3}{'permutes':>10}{'sent / n':>10}{'formula':>10}")
-audit_rows = []
-for algorithm in CUSTOM:
-  for p in ps:
-    inner_size = factor_2d(p)[1] if algorithm == "hierarchical" else None
-    a = hlo.audit_all_reduce(algorithm, p, n)
-    s = cost_model.schedule(algorithm, p, 4 * n, inner_size)
-    assert (
-      a.permutes == s.permutes
-      and a.max_sent_bytes == s.max_sent_bytes
-      and not a.counts["all-reduce"]
-    )
-    audit_rows.append((algorithm, p, a.permutes, a.max_sent_bytes / (4 * n)))
-    print(
-      f"{algorithm:<20}{p:>3}{a.permutes:>10}{a.max_sent_bytes / (4 * n):>10.3f}{s.max_sent_bytes / (4 * n):>10.3f}"
-    )
+audit_rows = pd.DataFrame([r for p in ps for r in audit.audit_in_process(p, n_bytes, CUSTOM)])
+assert audit_rows["match"].all() and not audit_rows["all_reduce_ops"].any()
+display(audit_rows.pivot(index="algorithm", columns="p", values="permutes"))
+audit_rows.pivot(index="algorithm", columns="p", values="sent_over_n").round(3)
 
 # %% [markdown]
+# Above: permutes (message steps) per algorithm and p; below it, the bytes each
+# participant sends, in units of the buffer size n (a non-power-of-two p pays for the
+# fold; `hierarchical` needs p to split into two factors).
+#
 # ## The cost table, and what it predicts
 #
 # With α the cost of one message step and β the cost of one byte, each schedule above
 # becomes a time (`cost_model.predict_seconds`). Below: predicted time against message
-# size for p = 8 with the documented default parameters (5 µs per step, 100 GB/s).
+# size for p = 8 with the documented default parameters (5 µs per step, 100 GB/s),
+# drawn by the library's `tools._plot.model`: shaded, where the ring is latency-bound;
+# dotted, the sizes where the cheapest algorithm changes.
 
 # %%
-sizes = np.logspace(2, 9, 50)
-fig, ax = plt.subplots(figsize=(6, 4))
-for algorithm in CUSTOM:
-  inner_size = factor_2d(8)[1] if algorithm == "hierarchical" else None
-  t = [cost_model.predict_us(algorithm, 8, s, inner=inner_size) for s in sizes]
-  ax.loglog(sizes, t, label=algorithm)
-ax.set_xlabel("bytes per participant")
-ax.set_ylabel("predicted time (µs)")
-ax.set_title("α-β model, p=8, α=5 µs, β=1/(100 GB/s)")
-ax.legend(fontsize=7)
-plt.show()
+_plot.model(8, algorithms=CUSTOM, lo=100, hi=1e9, title="α-β model, p=8, α=5 µs, β=1/(100 GB/s)")
 
 # %% [markdown]
 # ## Every algorithm against XLA
@@ -150,19 +141,19 @@ for algorithm in CUSTOM:
   rows += verify.run_case(
     algorithm, 5 if SMALL else DEVICES, dtypes=("float32", "int32"), shapes=((13,),)
   )
-table = verify.summarize(rows)
-print(verify.format_table(table))
-assert all(t["passed"] for t in table)
+table = pd.DataFrame(verify.summarize(rows))
+assert table["passed"].all()
+table.pivot_table(index="algorithm", columns=["dtype", "op"], values="passed", aggfunc="all")
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-fewest = min((r for r in audit_rows if r[1] == ps[-1]), key=lambda r: r[2])
-least = min((r for r in audit_rows if r[1] == ps[-1]), key=lambda r: r[3])
+last = audit_rows[audit_rows["p"] == ps[-1]].set_index("algorithm")
+fewest, least = last["permutes"].idxmin(), last["sent_over_n"].idxmin()
 print(
-  f"At p={ps[-1]}: {fewest[0]} needs the fewest permutes ({fewest[2]}); "
-  f"{least[0]} sends the fewest bytes per participant ({least[3]:.2f}·n). "
+  f"At p={ps[-1]}: {fewest} needs the fewest permutes ({last.loc[fewest, 'permutes']}); "
+  f"{least} sends the fewest bytes per participant ({last.loc[least, 'sent_over_n']:.2f}·n). "
   f"All {len(CUSTOM)} hand-written algorithms passed {len(table)} op/dtype checks against lax, "
   "and every permute count and byte count matched its formula."
 )
