@@ -158,15 +158,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(p, cls)
 
 
-def _run_sync(cfg, args, out: Path) -> bool:
+def _run_sync(cfg, args, out: Path, store) -> bool:
   import jax
 
-  from allreduce_jax.results import RowStore
   from allreduce_jax.training import experiments as ex
 
-  # Resume: a seed already trained with this exact config (and JAX version, backend,
-  # process count) is not trained again.
-  store = RowStore(out / "sync.jsonl", "sync")
+  # Resume: a seed already trained with this exact config is not trained again.
   config = json.loads(json.dumps(dataclasses.asdict(cfg)))
   done = store.done()
   rows = []
@@ -208,40 +205,48 @@ def _run_sweep(mode: str, cfg, args, out: Path) -> bool:
   return all(r.get("replicas_identical", True) for r in rows)
 
 
+#: The rows file of each mode, under ``--out``.
+ROWS_FILE = {
+  "sync": "sync.jsonl",
+  "staleness": "staleness.jsonl",
+  "stragglers": "stragglers.jsonl",
+  "table-c": "table_c.jsonl",
+  "phase": "phase_runs.jsonl",
+}
+
+
 def run(args: argparse.Namespace) -> int:
+  import jax
+
   from allreduce_jax import _devices
+  from allreduce_jax.results import RowsError
   from allreduce_jax.training import arms
+  from allreduce_jax.training.results import Results
 
   cls = _modes()[args.mode][0]
+  out = Path(args.out or f"results/train{'.smoke' if args.smoke else ''}/{args.mode}")
+  store = Results(out / ROWS_FILE[args.mode])
   try:
     _devices.use_cpu_devices(args.devices)
     arms.load_arm_modules()
     cfg = config_from_arguments(cls, args, smoke=args.smoke)
-    import jax
-
-    if args.mode == "sync" and cfg.workers > jax.device_count():
+    workers = getattr(cfg, "workers", 0)
+    if workers > jax.device_count():
       raise ValueError(
-        f"--workers {cfg.workers}: only {jax.device_count()} devices"
-        f" (raise --devices to {cfg.workers})."
+        f"--workers {workers}: only {jax.device_count()} devices (raise --devices to {workers})."
       )
-  except ValueError as e:
-    print(f"allreduce-jax train {args.mode}: error: {e}", file=sys.stderr)
+    store.check()  # a foreign or unwritable rows file: refused before any training
+  except RowsError as e:
+    print(f"allreduce-jax train {args.mode}: error: --out: {e}", file=sys.stderr)
     return 2
-  from allreduce_jax.results import RowsError
-
-  out = Path(args.out or f"results/train{'.smoke' if args.smoke else ''}/{args.mode}")
-  try:
-    _args.output_dir(out, "--out")  # an unwritable --out: refused before any training
-  except SystemExit as e:
+  except ValueError as e:
     print(f"allreduce-jax train {args.mode}: error: {e}", file=sys.stderr)
     return 2
   t0 = time.perf_counter()
   print(f"# train {args.mode}: {json.dumps(dataclasses.asdict(cfg))}", flush=True)
-  try:  # a rows file that is not ours is refused when the sweep opens it, before any run
-    sync = args.mode == "sync"
-    ok = _run_sync(cfg, args, out) if sync else _run_sweep(args.mode, cfg, args, out)
-  except RowsError as e:
-    print(f"allreduce-jax train {args.mode}: error: --out: {e}", file=sys.stderr)
-    return 2
+  if args.mode == "sync":
+    ok = _run_sync(cfg, args, out, store)
+  else:
+    ok = _run_sweep(args.mode, cfg, args, out)
   print(f"# wrote {out} in {time.perf_counter() - t0:.1f} s")
   return 0 if ok else 1

@@ -40,7 +40,7 @@ from allreduce_jax.training.configs import (
   TableCConfig,
   fields_of,
 )
-from allreduce_jax.training.results import Results, environment, run_key
+from allreduce_jax.training.results import Results, environment
 
 #: All-reduce time (µs) used when ``allreduce_jax.cost_model`` is not available:
 #: a latency-bound all-reduce of ~40 KB across 8 accelerators (order of magnitude).
@@ -389,7 +389,7 @@ def run_table_c(
   for w, a, seed in cfg.runs():
     fields = {"sweep": "table_c", **_setup_fields(cfg), "workload": w, "arm": a, "seed": seed}
     fields["smoke"] = smoke
-    key = run_key(fields)
+    key = store.key(fields)  # + jax version, backend
     keys.append(key)
     if key in done or (max_runs is not None and new >= max_runs):
       continue
@@ -441,7 +441,7 @@ def run_phase(
         for seed in cfg.seeds:
           fields = {"sweep": "phase", **fields_of(setup), "workload": cfg.workload, "arm": a}
           fields |= {"seed": seed, "sigma": sigma, "smoke": smoke}
-          key = run_key(fields)
+          key = store.key(fields)  # + jax version, backend
           keys.append(key)
           if key in done or (max_runs is not None and new >= max_runs):
             continue
