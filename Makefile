@@ -29,9 +29,14 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# JupyterLab with 8 emulated CPU devices; open notebooks/*.py as notebooks (jupytext).
+# JupyterLab on notebooks/: a double-click opens a .py notebook as a notebook (jupytext's
+# viewer made the default for Python files in this venv's JupyterLab settings; pairing in
+# jupytext.toml). Each notebook asks for its own 8 emulated CPU devices.
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
 lab: $(STAMP)
-	XLA_FLAGS=--xla_force_host_platform_device_count=8 $(BIN)/jupyter lab notebooks/
+	mkdir -p $(dir $(LAB_SETTINGS))
+	echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"python": "Jupytext Notebook"}}}' > $(LAB_SETTINGS)
+	$(BIN)/jupyter lab notebooks/
 
 # Execute every notebook in full mode; executed copies (with outputs) go to results/report/notebooks/.
 notebooks: $(STAMP)
