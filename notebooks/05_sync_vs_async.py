@@ -40,23 +40,86 @@ TAUS = (0, 2, 8) if SMALL else (0, 1, 2, 4, 8, 16)
 SEEDS = (0,) if SMALL else (0, 1, 2)
 STALENESS_EVAL_EVERY = 25 if SMALL else 50
 TARGET = 0.9 if SMALL else 0.95  # test accuracy that counts as "trained"
-RESULTS = os.environ.get("ALLREDUCE_JAX_RESULTS", "../results")
 
 # %%
 import jax
 
 jax.config.update("jax_num_cpu_devices", DEVICES)  # before the first JAX computation
 
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown, display
 
+from allreduce_jax.tools import report
 from allreduce_jax.training import async_sim, experiments, tables
 
-OUT = Path(RESULTS) / "notebooks" / "05"
+OUT = report.results_dir("notebooks", "05")  # the repository's results/, wherever this runs
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
+
+# %% [markdown]
+# ## The optax route
+#
+# The same hand-written all-reduce in the step a Flax user writes: parameters
+# replicated (`in_specs=P()`), the batch sharded over `"data"`, and
+# `all_reduce_gradients` chained before Adam where `lax.pmean` would sit. Each device
+# differentiates its own copy (`lax.pcast(..., to="varying")`): under typed
+# `shard_map`, `jax.grad` with respect to replicated parameters would already *sum* the
+# gradients with XLA's all-reduce, which `all_reduce_gradients` refuses with an error
+# (see `docs/gradients.md`). We train a few steps with the ring and with `lax.pmean` and
+# compare the parameters.
+
+# %%
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from sklearn.datasets import load_digits
+
+from allreduce_jax import all_reduce_gradients
+
+
+def optax_route(first, steps=10):
+  mesh = jax.make_mesh((DEVICES,), ("data",))
+  rngs = nnx.Rngs(0)
+  model = nnx.Sequential(nnx.Linear(64, 32, rngs=rngs), nnx.relu, nnx.Linear(32, 10, rngs=rngs))
+  graphdef, params = nnx.split(model)
+  tx = optax.chain(first, optax.adam(1e-2))
+  opt_state = tx.init(params)
+
+  def loss_fn(params, x, y):
+    logits = nnx.merge(graphdef, params)(x)
+    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+  @jax.jit
+  @jax.shard_map(mesh=mesh, in_specs=(P(), P(), P("data"), P("data")), out_specs=(P(), P()))
+  def step(params, opt_state, x, y):
+    grads = jax.grad(loss_fn)(jax.lax.pcast(params, "data", to="varying"), x, y)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  x, y = load_digits(return_X_y=True)
+  n = len(x) // DEVICES * DEVICES
+  x = jax.device_put(jnp.asarray(x[:n] / 16, jnp.float32), NamedSharding(mesh, P("data")))
+  y = jax.device_put(jnp.asarray(y[:n]), NamedSharding(mesh, P("data")))
+  for _ in range(steps):
+    params, opt_state = step(params, opt_state, x, y)
+  return params, float(loss_fn(params, x, y))
+
+
+pmean = optax.GradientTransformation(
+  lambda params: optax.EmptyState(),
+  lambda updates, state, params=None: (jax.lax.pmean(updates, "data"), state),
+)
+ring_params, ring_loss = optax_route(all_reduce_gradients("data", algorithm="ring"))
+pmean_params, pmean_loss = optax_route(pmean)
+gap = max(
+  float(jnp.max(jnp.abs(a - b)))
+  for a, b in zip(jax.tree.leaves(ring_params), jax.tree.leaves(pmean_params))
+)
+print(f"loss after 10 Adam steps: ring {ring_loss:.4f}, lax.pmean {pmean_loss:.4f}")
+print(f"largest parameter difference: {gap:.1e}")
 
 # %% [markdown]
 # ## Synchronous data parallelism on the hand-written all-reduce

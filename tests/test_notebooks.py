@@ -30,3 +30,27 @@ def test_notebook_executes_in_small_mode(path, monkeypatch, tmp_path):
   assert not [o for o in outputs if o.get("output_type") == "error"]
   # The closing cell states what this run measured.
   assert nb.cells[-1].cell_type == "code" and nb.cells[-1].outputs
+
+
+def test_results_go_under_the_repository_whatever_the_working_directory(tmp_path):
+  import os
+  import subprocess
+  import sys
+
+  code = "from allreduce_jax.tools import report; print(report.results_dir('notebooks', '03'))"
+  env = {k: v for k, v in os.environ.items() if k != "ALLREDUCE_JAX_RESULTS"}
+  res = subprocess.run(
+    [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+  )
+  assert res.returncode == 0, res.stderr
+  root = Path(__file__).resolve().parent.parent
+  assert Path(res.stdout.strip()) == root / "results" / "notebooks" / "03"
+  assert not (tmp_path / "results").exists()
+
+
+def test_notebooks_read_the_report_plan_and_registry():
+  """No notebook keeps its own list of sizes or of algorithms."""
+  for path in NOTEBOOKS:
+    text = path.read_text()
+    assert '"../results"' not in text, path.name
+    assert 'in ("psum", "auto")' not in text and '"hierarchical" else' not in text, path.name
