@@ -7,6 +7,7 @@ gradient pytree into flat per-dtype buffers pays it once per bucket (PyTorch DDP
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,8 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from allreduce_jax._api import all_reduce
+from allreduce_jax import _comm, cost_model
+from allreduce_jax._api import all_reduce, keyword_only
 from allreduce_jax._comm import AxisName
+from allreduce_jax._invariant import typed, varying_axes
 
 
 def plan_buckets(leaves: Sequence[Any], bucket_bytes: int | None) -> list[list[int]]:
@@ -60,23 +63,61 @@ def plan_buckets(leaves: Sequence[Any], bucket_bytes: int | None) -> list[list[i
   return buckets
 
 
+class InvariantLeafWarning(UserWarning):
+  """A leaf handed to :func:`all_reduce_tree` is already invariant over the axis."""
+
+
+def invariant_leaves(tree: Any, axis_name: AxisName) -> list[str]:
+  """Paths (``jax.tree_util.keystr``) of the leaves of ``tree`` that typed
+  ``shard_map`` already types as invariant over ``axis_name``: reduced (or
+  replicated) before they got here. Empty under ``check_vma=False``, where
+  nothing is typed."""
+  if not typed(axis_name):
+    return []
+  axes = set(_comm.axes_tuple(axis_name))
+  return [
+    jax.tree_util.keystr(path)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    if not axes <= varying_axes(jnp.asarray(leaf))
+  ]
+
+
+@keyword_only(2, "op, algorithm and bucket_bytes (and cost_params)")
 def all_reduce_tree(
   tree: Any,
   axis_name: AxisName,
-  op: str = "mean",
+  *,
+  op: str = "sum",
   algorithm: str = "ring",
   bucket_bytes: int | None = None,
+  cost_params=None,
 ) -> Any:
   """All-reduces every leaf of ``tree``, fused into flat per-dtype buckets.
 
   Args:
     tree: a pytree of arrays (e.g. gradients), inside a ``jax.shard_map`` body.
-    axis_name, op, algorithm: as in :func:`allreduce_jax.all_reduce`.
-    bucket_bytes: at most this many bytes per bucket; ``None``: one bucket per
-      dtype; ``0``: one all-reduce per leaf (no fusion).
+    axis_name: as in :func:`allreduce_jax.all_reduce`.
+    op: keyword-only; the same default as :func:`allreduce_jax.all_reduce`
+      (``"sum"``, ``lax.psum``'s meaning), so the two never disagree silently.
+      (Before the keyword-only change it was ``"mean"``; for gradients use
+      :func:`allreduce_jax.all_reduce_gradients`, whose default is ``"mean"``.)
+    algorithm, cost_params: keyword-only, as in :func:`allreduce_jax.all_reduce`.
+    bucket_bytes: keyword-only; at most this many bytes per bucket; ``None``: one
+      bucket per dtype; ``0``: one all-reduce per leaf (no fusion).
 
   Returns:
-    A pytree of the same structure, shapes and dtypes, reduced over ``axis_name``.
+    A pytree of the same structure, shapes and dtypes, reduced over ``axis_name``
+    (typed invariant over it under ``check_vma=True``, like ``lax.psum``'s).
+
+  Leaves already invariant over ``axis_name`` (typed ``shard_map`` only): they are
+  reduced with ``lax.psum``/``lax.pmean``'s semantics for an invariant value, i.e.
+  as p equal copies: ``op="sum"`` returns p × the leaf, ``op="mean"`` the leaf
+  itself (``"max"``/``"min"``: the leaf). An :class:`InvariantLeafWarning` names
+  each such leaf, because the usual way to get one is ``jax.grad`` with respect to
+  parameters replicated with ``in_specs=P()``: JAX has then already *summed* the
+  per-device gradients with XLA's all-reduce, and ``op="mean"`` returns that sum,
+  p × the mean (``docs/gradients.md``). :func:`allreduce_jax.all_reduce_gradients`
+  refuses such gradients with an error instead.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -90,8 +131,23 @@ def all_reduce_tree(
     >>> print(f(g)["b"])
     [28. 28. 28. 28. 28. 28. 28. 28.]
   """
+  if cost_params is not None:
+    with cost_model.use_params(cost_params):
+      return all_reduce_tree(tree, axis_name, op=op, algorithm=algorithm, bucket_bytes=bucket_bytes)
   leaves, treedef = jax.tree.flatten(tree)
   leaves = [jnp.asarray(leaf) for leaf in leaves]
+  if leaves:
+    for path in invariant_leaves(tree, axis_name):
+      warnings.warn(
+        f"all_reduce_tree: leaf {path or '(root)'} is already invariant over {axis_name!r}"
+        f" (typed shard_map); op={op!r} reduces it like lax.psum/lax.pmean reduce an"
+        " invariant value (sum: p x it; mean: it unchanged). If it is a gradient with"
+        " respect to replicated parameters, JAX has already summed it over the"
+        " participants: differentiate per device or use check_vma=False"
+        " (docs/gradients.md).",
+        InvariantLeafWarning,
+        stacklevel=2,
+      )
   out: list[jax.Array | None] = [None] * len(leaves)
   for bucket in plan_buckets(leaves, bucket_bytes):
     if len(bucket) == 1:

@@ -107,7 +107,7 @@ def compiled_text(fn, *args) -> str:
 
 def audit_all_reduce(algorithm: str, p: int, n: int, dtype="float32") -> CommAudit:
   """Compiles ``all_reduce`` of ``n`` elements on ``p`` of this process's devices
-  (``hierarchical`` on the 2-D mesh ``factor_2d(p)``) and audits its HLO.
+  (on the mesh :func:`allreduce_jax._devices.mesh_for` gives it) and audits its HLO.
 
   Example:
     >>> audit_all_reduce("ring", 4, 1024).max_sent_bytes  # 2·3/4·4096 bytes
@@ -119,17 +119,14 @@ def audit_all_reduce(algorithm: str, p: int, n: int, dtype="float32") -> CommAud
   from jax.sharding import PartitionSpec as P
 
   from allreduce_jax._api import all_reduce
-  from allreduce_jax._devices import factor_2d, submesh
+  from allreduce_jax._devices import mesh_for
 
-  if algorithm == "hierarchical":
-    mesh, axis = submesh(factor_2d(p), ("outer", "inner")), ("outer", "inner")
-  else:
-    mesh, axis = submesh((p,), ("i",)), "i"
+  mesh, axis = mesh_for(algorithm, p)
   spec = P(axis)
   x = jax.ShapeDtypeStruct((p * n,), jnp.dtype(dtype), sharding=NamedSharding(mesh, spec))
   f = jax.jit(
     jax.shard_map(
-      lambda b: all_reduce(b, axis, "sum", algorithm), mesh=mesh, in_specs=spec, out_specs=spec
+      lambda b: all_reduce(b, axis, op="sum", algorithm=algorithm), mesh=mesh, in_specs=spec, out_specs=spec
     )
   )
   t0 = time.perf_counter()

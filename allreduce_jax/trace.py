@@ -75,15 +75,12 @@ def run_trace(algorithm: str, p: int, n: int | None = None) -> list[Frame]:
   n = p if n is None else n
   if n < 1 or (n * p) << p >= 2**31:
     raise ValueError(f"n={n} is too large to encode for p={p}.")
-  if algorithm == "hierarchical":
-    mesh, axis = _devices.submesh(_devices.factor_2d(p), ("outer", "inner")), ("outer", "inner")
-  else:
-    mesh, axis = _devices.submesh((p,), ("i",)), "i"
+  mesh, axis = _devices.mesh_for(algorithm, p)
   x = _encode(p, n)
 
   def body(block):
     with _comm.recording_messages() as log:
-      out = all_reduce(block[0], axis, "sum", algorithm)
+      out = all_reduce(block[0], axis, op="sum", algorithm=algorithm)
     # Per-participant received payloads, and the flattened index for each log entry.
     received = [r[None] for _, _, r in log]
     return out[None], received
@@ -91,7 +88,7 @@ def run_trace(algorithm: str, p: int, n: int | None = None) -> list[Frame]:
   # Trace once to learn the static schedule (pairs and their axis) in order.
   with _comm.recording_messages() as schedule_log:
     jax.eval_shape(
-      jax.shard_map(lambda b: all_reduce(b[0], axis, "sum", algorithm)[None], mesh=mesh,
+      jax.shard_map(lambda b: all_reduce(b[0], axis, op="sum", algorithm=algorithm)[None], mesh=mesh,
                     in_specs=P(axis), out_specs=P(axis)),
       jax.ShapeDtypeStruct(x.shape, jnp.int32, sharding=NamedSharding(mesh, P(axis))),
     )  # fmt: skip

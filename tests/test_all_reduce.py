@@ -80,7 +80,7 @@ def test_tuple_axis_names_reduce_over_the_product(algorithm):
   ):
     f = jax.jit(
       jax.shard_map(
-        lambda b, axes=axes: all_reduce(b[0], axes, "sum", algorithm)[None],
+        lambda b, axes=axes: all_reduce(b[0], axes, op="sum", algorithm=algorithm)[None],
         mesh=mesh,
         in_specs=P(("a", "b")),
         out_specs=P(("a", "b")),
@@ -100,7 +100,7 @@ def test_hierarchical_on_every_2d_factorization(shape):
   xs = jax.device_put(x, NamedSharding(mesh, P(("outer", "inner"))))
   f = jax.jit(
     jax.shard_map(
-      lambda b: all_reduce(b[0], ("outer", "inner"), "max", "hierarchical")[None],
+      lambda b: all_reduce(b[0], ("outer", "inner"), op="max", algorithm="hierarchical")[None],
       mesh=mesh,
       in_specs=P(("outer", "inner")),
       out_specs=P(("outer", "inner")),
@@ -124,7 +124,7 @@ def test_gradient_equals_gradient_through_psum(algorithm):
 
   def loss(x, algo):
     y = jax.shard_map(
-      lambda b: all_reduce(b[0], axis, "sum", algo)[None],
+      lambda b: all_reduce(b[0], axis, op="sum", algorithm=algo)[None],
       mesh=mesh,
       in_specs=P(axis),
       out_specs=P(axis),
@@ -145,7 +145,7 @@ def test_results_keep_shape_and_dtype_and_work_with_check_vma_false(algorithm):
     mesh, axis = submesh((4,), ("i",)), "i"
   x = jax.device_put(jnp.ones((4, 2, 3), jnp.bfloat16), NamedSharding(mesh, P(axis)))
   f = jax.shard_map(
-    lambda b: all_reduce(b, axis, "mean", algorithm),
+    lambda b: all_reduce(b, axis, op="mean", algorithm=algorithm),
     mesh=mesh,
     in_specs=P(axis),
     out_specs=P(),

@@ -139,25 +139,24 @@ def _auto_program(p):
     (Params(0.0, 1e-9, 1e-9), 1 << 16),  # bandwidth-bound
   ],
 )
-def test_auto_runs_the_models_argmin(tmp_path, monkeypatch, params, nbytes):
-  path = tmp_path / "cost_params.json"
-  cost_model.save_params(cost_model.FittedParams(params, {}, {}), path)
-  monkeypatch.setenv(cost_model.FIT_ENV_VAR, str(path))
+def test_auto_runs_the_models_argmin(params, nbytes):
   p = 8
-  want = cost_model.choose(p, nbytes, cost_model.load_default_params())
+  want = cost_model.choose(p, nbytes, params)
   mesh, f = _auto_program(p)
   count = nbytes // 4
   x = jnp.asarray((np.arange(p * count) % 7).reshape(p, count), jnp.float32)
   x = jax.device_put(x, NamedSharding(mesh, P("i")))
-  audit = hlo.audit(hlo.compiled_text(f, x))
+  with cost_model.use_params(params):  # explicit parameters, read at trace time
+    audit = hlo.audit(hlo.compiled_text(f, x))
+    got = np.asarray(f(x))
   assert audit.permutes == cost_model.schedule(want, p, nbytes).permutes
   assert audit.counts["all-reduce"] == 0
-  np.testing.assert_array_equal(np.asarray(f(x)), np.tile(np.asarray(x).sum(0), (p, 1)))
+  np.testing.assert_array_equal(got, np.tile(np.asarray(x).sum(0), (p, 1)))
 
 
-def test_auto_without_a_fit_file_uses_defaults(tmp_path, monkeypatch):
+def test_cli_without_a_fit_file_uses_the_backends_defaults(tmp_path, monkeypatch):
   monkeypatch.setenv(cost_model.FIT_ENV_VAR, str(tmp_path / "missing.json"))
-  assert cost_model.load_default_params() is cost_model.DEFAULT_PARAMS
+  assert cost_model.load_default_params() == cost_model.backend_params()
 
 
 def test_unreadable_fit_file_warns_and_falls_back(tmp_path, monkeypatch):
@@ -165,6 +164,6 @@ def test_unreadable_fit_file_warns_and_falls_back(tmp_path, monkeypatch):
   bad.write_text("{not json")
   monkeypatch.setenv("ALLREDUCE_JAX_COST_PARAMS", str(bad))
   with pytest.warns(UserWarning, match="could not be read"):
-    assert cost_model.load_default_params() == cost_model.DEFAULT_PARAMS
+    assert cost_model.load_default_params() == cost_model.backend_params()
   monkeypatch.setenv("ALLREDUCE_JAX_COST_PARAMS", str(tmp_path / "missing.json"))
-  assert cost_model.load_default_params() == cost_model.DEFAULT_PARAMS
+  assert cost_model.load_default_params() == cost_model.backend_params()

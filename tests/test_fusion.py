@@ -44,13 +44,13 @@ def test_tree_matches_per_leaf_psum(algorithm, bucket_bytes):
     np.testing.assert_array_equal(g, r, err_msg=k)
 
 
-def test_mean_is_the_default_op():
+def test_sum_is_the_default_op_as_in_all_reduce():
   mesh = submesh((4,), ("i",))
   x = jax.device_put(jnp.arange(4.0), NamedSharding(mesh, P("i")))
   f = jax.shard_map(
     lambda b: all_reduce_tree([b], "i")[0], mesh=mesh, in_specs=P("i"), out_specs=P("i")
   )
-  np.testing.assert_array_equal(np.asarray(jax.jit(f)(x)), 1.5)
+  np.testing.assert_array_equal(np.asarray(jax.jit(f)(x)), 6.0)
 
 
 def test_plan_buckets_examples():

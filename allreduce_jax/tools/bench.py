@@ -190,7 +190,9 @@ def measure_size(
         (p, count), dtype, NamedSharding(mesh, spec), lambda idx: _verifiable_block(idx, p, count)
       )
     built.append((alg, timed, inputs[key], checker))
-  timings = time_round_robin([(timed, (x,)) for _, timed, x, _ in built], iters, warmup)
+  params = params or cost_model.current_params()  # auto traces with these (never a file)
+  with cost_model.use_params(params):
+    timings = time_round_robin([(timed, (x,)) for _, timed, x, _ in built], iters, warmup)
   rows = []
   for (alg, _, x, checker), t in zip(built, timings):
     wrong = int(np.sum(_devices.fetch(checker(x, t.compiled(x)))))
@@ -446,11 +448,12 @@ def run(args: argparse.Namespace) -> int:
   done = store.done()
   params = cost_model.load_default_params()
   if main:
-    src = "fitted" if isinstance(params, cost_model.FittedParams) else "default"
+    fit_file = cost_model.default_fit_path()
+    src = cost_model.describe_params(params) + (f" from {fit_file}" if fit_file.exists() else "")
     print(
       f"# allreduce-jax bench: jax {jax.__version__}, backend {backend}, {p} devices,"
-      f" {jax.process_count()} process(es); model params: {src}"
-      f" ({cost_model.default_fit_path()}); iters {args.iters}, warmup {args.warmup}",
+      f" {jax.process_count()} process(es); auto and the model use: {src};"
+      f" iters {args.iters}, warmup {args.warmup}",
       flush=True,
     )
     print("# " + HEADER.lstrip(), flush=True)

@@ -1,0 +1,118 @@
+"""The optax route: :func:`all_reduce_gradients`, a gradient transformation to chain first.
+
+Inside a ``jax.shard_map`` data-parallel step each participant differentiates its
+own batch shard; ``optax.chain(all_reduce_gradients("data"), optax.adam(1e-3))``
+then averages the per-device gradients with a hand-written all-reduce before Adam
+sees them, exactly where ``lax.pmean`` would sit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optax
+
+from allreduce_jax._api import _check_algorithm, keyword_only
+from allreduce_jax._comm import AxisName
+from allreduce_jax._ops import OPS
+from allreduce_jax.fusion import all_reduce_tree, invariant_leaves, plan_buckets
+
+
+class AlreadyReducedError(ValueError):
+  """The gradients are already invariant over the axis: typed shard_map summed them."""
+
+
+def _already_reduced(axis_name: AxisName, paths: list[str], op: str) -> AlreadyReducedError:
+  shown = ", ".join(paths[:4]) + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")
+  return AlreadyReducedError(
+    f"all_reduce_gradients({axis_name!r}): the gradients are already invariant over"
+    f" {axis_name!r} ({shown}). Under typed shard_map (check_vma=True), jax.grad with"
+    " respect to parameters replicated over that axis (in_specs=P()) transposes their"
+    " implicit pvary into a psum: XLA has already SUMMED the per-device gradients, so"
+    f" op={op!r} here would give p x the {op} (lax.pmean would too) and the all-reduce"
+    " would move nothing useful. Fix either: (1) differentiate per device:"
+    f" jax.grad(loss)(jax.lax.pcast(params, {axis_name!r}, to='varying'), ...) inside the"
+    " body, so each device keeps its own gradient; or (2) jax.shard_map(...,"
+    " check_vma=False), where nothing is typed and gradients stay per device."
+    " See docs/gradients.md."
+  )
+
+
+@keyword_only(1, "op, algorithm and bucket_bytes (and cost_params)")
+def all_reduce_gradients(
+  axis_name: AxisName,
+  *,
+  op: str = "mean",
+  algorithm: str = "ring",
+  bucket_bytes: int | None = None,
+  cost_params=None,
+) -> optax.GradientTransformation:
+  """An optax transformation that all-reduces the updates over ``axis_name``.
+
+  Chain it first, inside the ``jax.shard_map`` body of a data-parallel step:
+  ``optax.chain(all_reduce_gradients("data", algorithm="ring"), optax.adam(1e-3))``.
+  It is stateless (``optax.EmptyState``), takes any pytree of arrays (plain dicts,
+  Flax NNX ``nnx.State`` of ``nnx.Param``\\ s...) and works inside
+  ``optax.MultiSteps`` (then the all-reduce runs once per emitted step, on the
+  accumulated gradient). Leaves are fused into per-dtype buckets as in
+  :func:`allreduce_jax.all_reduce_tree`.
+
+  Args:
+    axis_name: the data-parallel mesh axis (or a tuple of axes: their product).
+    op: keyword-only; ``"mean"`` (default: averaging gradients is what a
+      data-parallel step needs) or any of ``OPS``.
+    algorithm: keyword-only; a key of ``ALGORITHMS`` (``"psum"`` gives XLA's own).
+    bucket_bytes: keyword-only; fusion bucket size (None: one bucket per dtype).
+    cost_params: keyword-only; parameters for ``algorithm="auto"``.
+
+  Returns:
+    ``optax.GradientTransformation(init, update)``; ``update(grads, state, params=None)``
+    returns the reduced gradients (typed invariant under ``check_vma=True``).
+
+  Raises:
+    ValueError: unknown ``op``/``algorithm`` or bad ``bucket_bytes`` (at
+      construction); :class:`AlreadyReducedError` from ``update`` when, under typed
+      ``shard_map``, any gradient is already invariant over ``axis_name`` (JAX has
+      summed it: see the message for the two fixes). Never p × the mean silently.
+    TypeError: options passed positionally.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, optax
+    >>> from jax.sharding import PartitionSpec as P
+    >>> from allreduce_jax import all_reduce_gradients
+    >>> mesh = jax.make_mesh((8,), ("data",))
+    >>> tx = all_reduce_gradients("data", algorithm="tree")
+    >>> g = jax.device_put(jnp.arange(8.0), jax.NamedSharding(mesh, P("data")))
+    >>> step = jax.shard_map(lambda t: tx.update(t, tx.init(t))[0], mesh=mesh,
+    ...                      in_specs=P("data"), out_specs=P())
+    >>> print(step(g))
+    [3.5]
+  """
+  if op not in OPS:
+    raise ValueError(f"op={op!r} is not supported; expected one of {OPS}.")
+  _check_algorithm(algorithm)
+  plan_buckets([], bucket_bytes)  # validates bucket_bytes now, not at the first step
+
+  def init_fn(params: Any) -> optax.EmptyState:
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates: Any, state: optax.EmptyState, params: Any = None):
+    del params
+    already = invariant_leaves(updates, axis_name)
+    if already:
+      raise _already_reduced(axis_name, already, op)
+    reduced = all_reduce_tree(
+      updates,
+      axis_name,
+      op=op,
+      algorithm=algorithm,
+      bucket_bytes=bucket_bytes,
+      cost_params=cost_params,
+    )
+    return reduced, state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+__all__ = ["AlreadyReducedError", "all_reduce_gradients"]
