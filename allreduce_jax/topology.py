@@ -739,7 +739,7 @@ def messages(algorithm: str, sizes: tuple[int, ...], n_bytes: float | None = Non
   sized = _takes_size(record.messages) and n_bytes is not None
   key = (algorithm, tuple(sizes), n_bytes if sized else None)
   if key not in _GENERATED:
-    if len(_GENERATED) > 64:
+    if len(_GENERATED) > 256:
       _GENERATED.clear()
     kwargs = {"n_bytes": n_bytes} if sized else {}
     _GENERATED[key] = record.messages(tuple(sizes), **kwargs)

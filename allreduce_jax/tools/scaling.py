@@ -164,6 +164,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--algorithms", default=None, help="with --topology: comma-separated (default: all replayable)"
   )
+  parser.add_argument(
+    "--ps", default=None, help="with --topology: comma-separated participant counts (e.g. 24576)"
+  )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -257,42 +260,44 @@ def topology_algorithms(names=None) -> tuple[str, ...]:
 
 
 def sweep_topology(top, params, ps=PS, sizes=SIZES, algorithms=None) -> list[dict]:
-  """One row per (size, p, algorithm): the replayed time on ``top``, the flat model's
-  (the same steps on ``topology.switch()``), the bandwidth term in units of n·β, the
-  best algorithm there and the ring's slowdown against it. ``params``: one link's α, β,
-  γ (islands use their own α, β per level)."""
+  """One row per (topology, size, p, algorithm): the replayed time on ``top`` (one
+  topology or a list), the flat model's (the same steps on ``topology.switch()``), the
+  bandwidth term in units of n·β, the best algorithm there and the ring's slowdown
+  against it. ``params``: one link's α, β, γ (islands use their own α, β per level)."""
   from allreduce_jax import topology
 
   algorithms = topology_algorithms(algorithms)
+  tops = list(top) if isinstance(top, (list, tuple)) else [top]
   flat = topology.switch()
   rows = []
-  for n in sizes:
-    for p in ps:
-      if top.capacity() is not None and p > top.capacity():
-        continue
-      t = {a: topology.predict_seconds(a, p, n, params, top) for a in algorithms}
-      best = min(t, key=t.get)
-      for a in algorithms:
-        prof = topology.algorithm_profile(a, p, top, n)
-        flat_s = topology.predict_seconds(a, p, n, params, flat)
-        rows.append(
-          {
-            "scenario": top.name,
-            "algorithm": a,
-            "p": p,
-            "bytes": n,
-            "predicted_us": t[a] * 1e6,
-            "flat_us": flat_s * 1e6,
-            "over_flat": t[a] / flat_s if flat_s else None,
-            "bandwidth_nbeta": float(prof.max_load().sum()),
-            # the first half of the steps: the reduce-scatter of an RS + AG schedule
-            "first_half_nbeta": float(prof.max_load()[: prof.steps // 2].sum()),
-            "steps": prof.steps,
-            "sizes": list(topology.axis_sizes(a, p, top)),
-            "best": best,
-            "ring_over_best": t["ring"] / t[best] if "ring" in t else None,
-          }
-        )
+  for p in ps:  # p outermost: one schedule serves every size and topology
+    for n in sizes:
+      for top in tops:
+        if top.capacity() is not None and p > top.capacity():
+          continue
+        t = {a: topology.predict_seconds(a, p, n, params, top) for a in algorithms}
+        best = min(t, key=t.get)
+        for a in algorithms:
+          prof = topology.algorithm_profile(a, p, top, n)
+          flat_s = topology.predict_seconds(a, p, n, params, flat)
+          rows.append(
+            {
+              "scenario": top.name,
+              "algorithm": a,
+              "p": p,
+              "bytes": n,
+              "predicted_us": t[a] * 1e6,
+              "flat_us": flat_s * 1e6,
+              "over_flat": t[a] / flat_s if flat_s else None,
+              "bandwidth_nbeta": float(prof.max_load().sum()),
+              # the first half of the steps: the reduce-scatter of an RS + AG schedule
+              "first_half_nbeta": float(prof.max_load()[: prof.steps // 2].sum()),
+              "steps": prof.steps,
+              "sizes": list(topology.axis_sizes(a, p, top)),
+              "best": best,
+              "ring_over_best": t["ring"] / t[best] if "ring" in t else None,
+            }
+          )
   return rows
 
 
@@ -332,13 +337,21 @@ def run_topology(args: argparse.Namespace) -> int:
     raise SystemExit("--algorithms must include ring (the figure marks where it loses).")
   max_p = 64 if args.smoke else args.max_p
   ps = [p for p in PS if p <= max_p]
+  if args.ps:
+    try:
+      ps = sorted({int(v) for v in args.ps.split(",") if v.strip()})
+      if not ps or ps[0] < 2:
+        raise ValueError
+    except ValueError:
+      raise SystemExit(
+        f"--ps {args.ps!r}: expected comma-separated counts of at least 2."
+      ) from None
   context = {"topology": [t.name for t in tops], "link": args.link}
   context |= {"hop_latency_us": args.hop_latency_us}
   store = row_store(args.out, "scaling", context=context)
   fig = output_path(args.plot or Path(args.out).with_suffix(".png"), "--plot")
-  rows = []
-  for top in tops:
-    rows += sweep_topology(top, params, ps, sizes, algorithms)
+  rows = sweep_topology(tops, params, ps, sizes, algorithms)
+  rows.sort(key=lambda r: (r["scenario"], r["bytes"], r["p"]))
   for r in rows:
     r.update(link=args.link, hop_latency_us=args.hop_latency_us)
   store.reset()  # cheap: recomputed whole
