@@ -126,7 +126,10 @@ def audit_all_reduce(algorithm: str, p: int, n: int, dtype="float32") -> CommAud
   x = jax.ShapeDtypeStruct((p * n,), jnp.dtype(dtype), sharding=NamedSharding(mesh, spec))
   f = jax.jit(
     jax.shard_map(
-      lambda b: all_reduce(b, axis, op="sum", algorithm=algorithm), mesh=mesh, in_specs=spec, out_specs=spec
+      lambda b: all_reduce(b, axis, op="sum", algorithm=algorithm),
+      mesh=mesh,
+      in_specs=spec,
+      out_specs=spec,
     )
   )
   t0 = time.perf_counter()
