@@ -776,3 +776,8 @@ def run_arm(
     **{k: v for k, v in tl.info.items()},
     **curve.info,
   }
+
+
+# The arms that live in their own modules (Local SGD, DiLoCo, gossip) register here, so
+# every consumer of ARMS sees them.
+load_arm_modules()
