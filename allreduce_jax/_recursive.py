@@ -6,14 +6,21 @@ power-of-two participant count. For other p we use MPICH's fold: with
 first hands its whole buffer to ``2k+1`` and sits out; the remaining ``pof2`` run the
 algorithm under a new rank; at the end ``2k+1`` hands the result back to ``2k``. This
 costs two extra steps and 2n extra bytes on the folded pairs.
+
+Halving-doubling comes in two orders of the same steps: MPICH's far-first
+(:func:`halving_doubling`) and near-first (:func:`halving_doubling_near`); both, and
+Swing (``_swing.py``), run on :func:`butterfly`, which takes the partner of each step
+as data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from allreduce_jax import _comm
@@ -94,14 +101,140 @@ def recursive_doubling(flat: jax.Array, axis_name: AxisName, combine: Combine) -
   return _unfold(x, axis_name)
 
 
+def _components(pof2: int, partners: Sequence[Sequence[int]], s: int) -> list[int]:
+  """Smallest member of each rank's group after the reduce-scatter steps ``s, s+1, ...``.
+
+  Ranks linked by the matchings of those steps form groups of ``pof2 / 2**s`` ranks
+  that will exchange data among themselves only; each group owns one contiguous
+  slice of the buffer. Returns ``rep[r]`` = the smallest rank of r's group.
+  """
+  rep = list(range(pof2))
+
+  def find(x: int) -> int:
+    while rep[x] != x:
+      x = rep[x]
+    return x
+
+  for step in partners[s:]:
+    for r, q in enumerate(step):
+      a, b = find(r), find(q)
+      if a != b:
+        rep[max(a, b)] = min(a, b)
+  return [find(r) for r in range(pof2)]
+
+
+def butterfly_tables(pof2: int, partners: Sequence[Sequence[int]]) -> list[list[int]]:
+  """For each reduce-scatter step, which half of its current slice each rank keeps.
+
+  ``partners[s][r]`` is rank r's partner at step s (a perfect matching of
+  ``range(pof2)``). A slice split at step s goes half to r's group of the later
+  steps and half to the partner's; the group with the smaller lowest member takes
+  the lower half. Returns ``upper[s][r]`` (1: r keeps the upper half). For XOR
+  partners far-first this is bit ``pof2 >> (s+1)`` of r (MPICH's layout);
+  near-first, bit s; for Swing, the group layout of De Sensi et al.
+
+  Raises ``ValueError`` if the steps do not halve the groups every time (then the
+  schedule is not a reduce-scatter).
+  """
+  upper = []
+  for s, step in enumerate(partners):
+    here, after = _components(pof2, partners, s), _components(pof2, partners, s + 1)
+    row = []
+    for r, q in enumerate(step):
+      if here[r] != here[q] or after[r] == after[q] or step[q] != r:
+        raise ValueError(f"partners of step {s} do not halve the groups (rank {r}, partner {q}).")
+      row.append(int(after[r] > after[q]))
+    upper.append(row)
+  return upper
+
+
+def butterfly(
+  flat: jax.Array, axis_name: AxisName, combine: Combine, partners: Sequence[Sequence[int]]
+) -> jax.Array:
+  """Reduce-scatter by recursive halving, then all-gather by recursive doubling, with
+  the partner of each step given by ``partners`` (over the ``pof2`` folded ranks).
+
+  The reduce-scatter runs the steps in the given order, the all-gather in reverse.
+  In each reduce-scatter step every rank sends the half of its slice that the
+  partner's group will own (:func:`butterfly_tables`) and combines the half it keeps
+  with what it receives, so after lg pof2 steps each rank owns one fully reduced
+  n/pof2 slice; the all-gather retraces the steps, doubling slices. Non-powers of two
+  fold first (MPICH). Shared by far-first and near-first halving-doubling and Swing.
+
+  Args:
+    flat: ``T[n]``.
+    axis_name: the axis (or tuple of axes) to reduce over.
+    combine: elementwise reduction.
+    partners: ``partners[s][r]``, one perfect matching of ``range(pof2)`` per step.
+
+  Returns:
+    ``T[n]``, reduced over all participants, identical on each.
+  """
+  p, n = _comm.size(axis_name), flat.shape[0]
+  pof2, rem = _pof2(p), p - _pof2(p)
+  tables = [jnp.asarray(np.asarray(u, np.int32)) for u in butterfly_tables(pof2, partners)]
+  pairs = [
+    [(_real_rank(r, rem), _real_rank(q, rem)) for r, q in enumerate(step)] for step in partners
+  ]
+  x = _comm.pad_to_multiple(flat, pof2)  # T[pof2*c]
+  x, newrank = _fold(x, axis_name, combine)
+  slot = jnp.maximum(newrank, 0)  # folded-out ranks (-1) compute garbage, never sent
+  for step_pairs, table in zip(pairs, tables):  # reduce-scatter by recursive halving
+    half = x.shape[0] // 2
+    upper = table[slot]
+    keep = lax.dynamic_slice_in_dim(x, upper * half, half)  # T[half]
+    give = lax.dynamic_slice_in_dim(x, (1 - upper) * half, half)
+    x = combine(keep, _comm.send(give, axis_name, step_pairs))
+  for step_pairs, table in zip(reversed(pairs), reversed(tables)):  # all-gather by doubling
+    h = x.shape[0]
+    recv = _comm.send(x, axis_name, step_pairs)  # T[h]
+    upper = table[slot]
+    out = _comm.make_varying(jnp.zeros((2 * h,), x.dtype), axis_name)
+    out = lax.dynamic_update_slice_in_dim(out, x, upper * h, 0)
+    x = lax.dynamic_update_slice_in_dim(out, recv, (1 - upper) * h, 0)  # T[2h]
+  return _unfold(x, axis_name)[:n]
+
+
+def butterfly_messages(
+  p: int, partners: Sequence[Sequence[int]]
+) -> list[list[tuple[int, int, float, bool]]]:
+  """The message steps of :func:`butterfly` as ``(source, target, fraction of n,
+  combined)``: fold (whole buffer, ``2k -> 2k+1``), lg pof2 halving steps (n/2, n/4,
+  ..., combined), the doubling steps in reverse (..., n/4, n/2), unfold. Fractions
+  ignore the padding to a multiple of pof2.
+  """
+  rem = p - _pof2(p)
+  fold = [[(2 * k, 2 * k + 1, 1.0, True) for k in range(rem)]] if rem else []
+  unfold = [[(2 * k + 1, 2 * k, 1.0, False) for k in range(rem)]] if rem else []
+  pairs = [
+    [(_real_rank(r, rem), _real_rank(q, rem)) for r, q in enumerate(step)] for step in partners
+  ]
+  rs = [[(a, b, 0.5 ** (s + 1), True) for a, b in step] for s, step in enumerate(pairs)]
+  ag = [[(a, b, 0.5 ** (s + 1), False) for a, b in step] for s, step in enumerate(pairs)]
+  return fold + rs + ag[::-1] + unfold
+
+
+def far_first_partners(pof2: int) -> list[list[int]]:
+  """XOR partners, largest distance first (MPICH): masks pof2/2, ..., 2, 1."""
+  masks = [pof2 >> (s + 1) for s in range(pof2.bit_length() - 1)]
+  return [[r ^ m for r in range(pof2)] for m in masks]
+
+
+def near_first_partners(pof2: int) -> list[list[int]]:
+  """XOR partners, smallest distance first: masks 1, 2, ..., pof2/2."""
+  return [[r ^ (1 << s) for r in range(pof2)] for s in range(pof2.bit_length() - 1)]
+
+
 def halving_doubling(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Array:
   """Rabenseifner's all-reduce: recursive-halving reduce-scatter, then
-  recursive-doubling all-gather.
+  recursive-doubling all-gather, in MPICH's order (far partners first).
 
   Reduce-scatter: in the step at distance ``mask`` (pof2/2, ..., 2, 1) each participant
   keeps the half of its current range that its rank bit selects, sends the other half
   to its partner and combines what it receives; ranges halve every step, so after lg p
   steps participant r owns chunk r of n/p. All-gather reverses this, doubling ranges.
+  The largest messages (n/2) travel the farthest (distance pof2/2): on a torus or a
+  tapered fat tree that is the costly order (see :func:`halving_doubling_near`).
 
   - steps: 2 lg p (+2 when p is not a power of two)
   - bytes sent per participant: 2(p-1)/p·n (bandwidth-optimal; +n on folded pairs)
@@ -113,26 +246,35 @@ def halving_doubling(flat: jax.Array, axis_name: AxisName, combine: Combine) -> 
     Rabenseifner, "Optimization of Collective Reduction Operations", ICCS 2004;
     Thakur, Rabenseifner & Gropp, IJHPCA 19(1), 2005.
   """
-  p, n = _comm.size(axis_name), flat.shape[0]
-  pof2, rem = _pof2(p), p - _pof2(p)
-  x = _comm.pad_to_multiple(flat, pof2)  # T[pof2*c]
-  x, newrank = _fold(x, axis_name, combine)
-  mask = pof2 // 2
-  while mask >= 1:  # reduce-scatter by recursive halving
-    half = x.shape[0] // 2
-    upper = ((newrank & mask) != 0).astype(jnp.int32)
-    keep = lax.dynamic_slice_in_dim(x, upper * half, half)  # T[half]
-    give = lax.dynamic_slice_in_dim(x, (1 - upper) * half, half)
-    recv = _comm.send(give, axis_name, _xor_pairs(pof2, rem, mask))
-    x = combine(keep, recv)
-    mask //= 2
-  mask = 1
-  while mask < pof2:  # all-gather by recursive doubling
-    h = x.shape[0]
-    recv = _comm.send(x, axis_name, _xor_pairs(pof2, rem, mask))  # T[h]
-    upper = ((newrank & mask) != 0).astype(jnp.int32)
-    out = _comm.make_varying(jnp.zeros((2 * h,), x.dtype), axis_name)
-    out = lax.dynamic_update_slice_in_dim(out, x, upper * h, 0)
-    x = lax.dynamic_update_slice_in_dim(out, recv, (1 - upper) * h, 0)  # T[2h]
-    mask <<= 1
-  return _unfold(x, axis_name)[:n]
+  return butterfly(flat, axis_name, combine, far_first_partners(_pof2(_comm.size(axis_name))))
+
+
+def halving_doubling_near(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Array:
+  """Halving-doubling with the near-first order: partner ``r XOR 1`` first, then
+  ``r XOR 2``, ... ``r XOR pof2/2`` (the all-gather runs the reverse order).
+
+  The same bytes and steps as :func:`halving_doubling`, but the big halves (n/2,
+  n/4, ...) go to the nearest partners and only the small slices travel far; rank r
+  ends the reduce-scatter owning the slice at bit-reversed position r. On a 1-D torus
+  (physical ring) with minimal routing the reduce-scatter's busiest link carries
+  (lg p)/2 · n instead of far-first's (p/3)(1 - 1/p²) · n.
+
+  - steps: 2 lg p (+2 when p is not a power of two: MPICH's fold)
+  - bytes sent per participant: 2(p-1)/p·n (+n on folded pairs)
+  - time (flat α-β): 2 lg p·α + 2(p-1)/p·nβ + (p-1)/p·nγ
+
+  Args/Returns: as :func:`allreduce_jax._ring.ring`.
+  """
+  return butterfly(flat, axis_name, combine, near_first_partners(_pof2(_comm.size(axis_name))))
+
+
+def halving_doubling_messages(sizes: tuple[int, ...]) -> list[list[tuple]]:
+  """Message steps of :func:`halving_doubling` on ``prod(sizes)`` participants."""
+  p = math.prod(sizes)
+  return butterfly_messages(p, far_first_partners(_pof2(p)))
+
+
+def halving_doubling_near_messages(sizes: tuple[int, ...]) -> list[list[tuple]]:
+  """Message steps of :func:`halving_doubling_near` on ``prod(sizes)`` participants."""
+  p = math.prod(sizes)
+  return butterfly_messages(p, near_first_partners(_pof2(p)))

@@ -12,8 +12,6 @@ The HLO audit checks the last two against the compiled program.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,19 +113,81 @@ def naive_schedule(p: int, n: float, inner: int | None = None) -> Schedule:
   return Schedule(2 * (p - 1), 2 * (p - 1) * n, (p - 1) * n, 2 * (p - 1), (p - 1) * n)
 
 
-def hierarchical_schedule(p: int, n: float, inner: int | None = None) -> Schedule:
-  """Ring reduce-scatter over the inner a, ring all-reduce of n/a over the outer b."""
-  if inner is None or inner < 1 or p % inner:
-    raise ValueError(f"hierarchical needs inner dividing p={p}; got inner={inner}.")
-  a, b = inner, p // inner
-  rs = Schedule(a - 1, (a - 1) / a * n, (a - 1) / a * n, a - 1, (a - 1) / a * n)
-  outer = _ring(b, n / a) if b > 1 else _empty()
+def hierarchical_schedule(p: int, n: float, inner=None) -> Schedule:
+  """Ring reduce-scatter over the inner a, ring all-reduce of n/a over the outer b;
+  with ``inner`` a tuple of the sizes below the outermost axis, the same down any
+  number of levels (:func:`hierarchical_levels_schedule`)."""
+  return hierarchical_levels_schedule(p, n, inner)
+
+
+def halving_doubling_near_schedule(p: int, n: float, inner: int | None = None) -> Schedule:
+  """Near-first halving-doubling: the same steps and bytes as far-first (MPICH) in the
+  flat model; only the distances differ (a topology sees them, this model does not)."""
+  return halving_doubling_schedule(p, n)
+
+
+def swing_schedule(p: int, n: float, inner: int | None = None) -> Schedule:
+  """Swing (bandwidth-optimal): 2 lg p halving/doubling steps with partners r ± ρ(s),
+  MPICH's fold for non-powers of two; in the flat model the same counts as
+  Rabenseifner's halving-doubling."""
+  return halving_doubling_schedule(p, n)
+
+
+def double_binary_tree_schedule(
+  p: int, n: float, inner: int | None = None, chunks: int | None = None
+) -> Schedule:
+  """Pipelined double binary tree with k chunks per tree (k: ``chunks``, else the
+  model's choice for (p, n), as the algorithm picks it at trace time).
+
+  steps = k + 2⌈lg p⌉ - 1 rounds of n/(2k)-byte chunks; beta_bytes = steps·n/(2k)
+  (each pair on its own link, the flat model's convention: → n/2; one NIC per
+  participant would carry ≈ 2n); gamma_bytes sums the busiest participant's
+  combines per round (→ n); permutes: per round the busiest participant's upward
+  plus downward transfers; max_sent_bytes = (1 + children)·n/2 over both trees (≤ 2n).
+  See ``allreduce_jax._dbtree.cost``.
+  """
+  from allreduce_jax import _dbtree  # lazy: the plan lives with the algorithm
+
+  k = chunks or _dbtree.choose_chunks(p, n)
+  c = _dbtree.cost(p, n, k)
+  return Schedule(c["steps"], c["beta_bytes"], c["gamma_bytes"], c["permutes"], c["max_sent_bytes"])
+
+
+def _axis_sizes(p: int, inner) -> tuple[int, ...]:
+  """Mesh axis sizes, outer first, from ``inner``: an int a (two levels, p/a × a) or
+  the tuple of every axis size below the outermost."""
+  inner = (inner,) if isinstance(inner, int) else tuple(inner or ())
+  below = math.prod(inner)
+  if not inner or any(a < 1 for a in inner) or p % below:
+    raise ValueError(f"hierarchical needs inner sizes dividing p={p}; got inner={inner}.")
+  return (p // below, *inner)
+
+
+def hierarchical_levels_schedule(p: int, n: float, inner) -> Schedule:
+  """Hierarchical over any number of axes: ring reduce-scatter down the inner axes
+  (innermost first), ring all-reduce on the outermost, all-gather back up.
+
+  ``inner``: the sizes of the axes below the outermost, outer first (``(a1, a2)`` on
+  an a0 × a1 × a2 mesh), or one int for two levels."""
+  sizes = _axis_sizes(p, inner)
+  total, shard = _empty(), n
+  for a in reversed(sizes[1:]):
+    rs = Schedule(a - 1, (a - 1) / a * shard, (a - 1) / a * shard, a - 1, (a - 1) / a * shard)
+    total = Schedule(
+      total.steps + 2 * rs.steps,
+      total.beta_bytes + 2 * rs.beta_bytes,
+      total.gamma_bytes + rs.gamma_bytes,
+      total.permutes + 2 * rs.permutes,
+      total.max_sent_bytes + 2 * rs.max_sent_bytes,
+    )
+    shard = shard / a
+  outer = _ring(sizes[0], shard) if sizes[0] > 1 else _empty()
   return Schedule(
-    2 * rs.steps + outer.steps,
-    2 * rs.beta_bytes + outer.beta_bytes,
-    rs.gamma_bytes + outer.gamma_bytes,
-    2 * rs.permutes + outer.permutes,
-    2 * rs.max_sent_bytes + outer.max_sent_bytes,
+    total.steps + outer.steps,
+    total.beta_bytes + outer.beta_bytes,
+    total.gamma_bytes + outer.gamma_bytes,
+    total.permutes + outer.permutes,
+    total.max_sent_bytes + outer.max_sent_bytes,
   )
 
 
@@ -206,10 +266,9 @@ def auto_candidates() -> tuple[str, ...]:
   return tuple(name for name, r in ALGORITHMS.items() if r.auto)
 
 
-#: Where the command-line tools (``bench``, ``fusion``, ``scaling``) look for a fit
-#: written by ``bench --fit``: the file named by this environment variable, else
-#: :data:`DEFAULT_FIT_PATH` (relative to the working directory). The library never
-#: reads them at trace time: ``algorithm="auto"`` uses :func:`current_params`.
+#: Where ``algorithm="auto"`` looks for fitted parameters: the file named by this
+#: environment variable, else :data:`DEFAULT_FIT_PATH` (relative to the working
+#: directory), else :data:`DEFAULT_PARAMS`.
 FIT_ENV_VAR = "ALLREDUCE_JAX_COST_PARAMS"
 DEFAULT_FIT_PATH = "results/cost_params.json"
 
@@ -314,8 +373,7 @@ def load_params(path) -> FittedParams:
 
 
 def default_fit_path():
-  """The fit file the command-line tools read and ``bench --fit`` writes:
-  ``$ALLREDUCE_JAX_COST_PARAMS`` or ``results/cost_params.json``."""
+  """The fit file ``auto`` uses: ``$ALLREDUCE_JAX_COST_PARAMS`` or ``results/cost_params.json``."""
   import os
   from pathlib import Path
 
@@ -323,12 +381,11 @@ def default_fit_path():
 
 
 def load_default_params() -> AnyParams:
-  """For the command-line tools: the fit in :func:`default_fit_path` if that file
-  exists and parses, else the running backend's shipped defaults
-  (:func:`backend_params`). The library itself never calls this at trace time."""
+  """Fitted parameters from :func:`default_fit_path` if that file exists and parses,
+  else :data:`DEFAULT_PARAMS`."""
   path = default_fit_path()
   if not Path(path).exists():
-    return backend_params()
+    return DEFAULT_PARAMS
   try:
     return load_params(path)
   except (OSError, ValueError, KeyError, TypeError) as e:
@@ -337,91 +394,7 @@ def load_default_params() -> AnyParams:
     warnings.warn(
       f"cost parameters in {path} could not be read ({e}); auto uses the defaults.", stacklevel=2
     )
-    return backend_params()
-
-
-def backend_params(backend: str | None = None) -> AnyParams:
-  """The parameters shipped for ``backend`` (default: ``jax.default_backend()``).
-
-  - ``"cpu"``: fitted on XLA:CPU with 8 emulated devices on a 2-core machine by
-    ``allreduce-jax bench --fit`` (the rows are ``docs/results/reuse/cpu_fit_bench.jsonl``,
-    the fit is stored in ``allreduce_jax/_cpu_params.py``); it prices only the
-    algorithms it measured, so ``auto`` chooses among those.
-  - anything else: :data:`DEFAULT_PARAMS`, a documented guess (an NVLink-class link),
-    not a measurement; fit your machine with ``bench --fit`` and pass the result with
-    :func:`use_params`.
-  """
-  if backend is None:
-    import jax
-
-    backend = jax.default_backend()
-  if backend == "cpu":
-    from allreduce_jax._cpu_params import CPU_FIT
-
-    return FittedParams.from_json(CPU_FIT)
-  return DEFAULT_PARAMS
-
-
-_active_params: contextvars.ContextVar[tuple[AnyParams, ...]] = contextvars.ContextVar(
-  "allreduce_jax_cost_params", default=()
-)
-
-
-@contextlib.contextmanager
-def use_params(params: AnyParams):
-  """Within this block, ``algorithm="auto"`` (and :func:`current_params`) uses ``params``.
-
-  The choice is made at trace time, so the block must enclose the tracing
-  (the first call of a ``jax.jit`` function, or ``.lower(...)``).
-
-  Example:
-    >>> with use_params(Params(100e-6, 1e-12, 0.0)):  # latency-bound machine
-    ...   choose(8, 1024, current_params())
-    'recursive_doubling'
-  """
-  if not isinstance(params, (Params, FittedParams)):
-    raise TypeError(
-      f"use_params expects cost_model.Params or FittedParams, got {type(params).__name__}"
-      " (load a fit file with cost_model.load_params(path))."
-    )
-  token = _active_params.set((*_active_params.get(), params))
-  try:
-    yield params
-  finally:
-    _active_params.reset(token)
-
-
-def current_params(backend: str | None = None) -> AnyParams:
-  """What ``algorithm="auto"`` uses now: the innermost :func:`use_params` block's
-  parameters, else :func:`backend_params` for the running backend."""
-  stack = _active_params.get()
-  return stack[-1] if stack else backend_params(backend)
-
-
-def describe_params(params: AnyParams | None) -> str:
-  """One line saying which parameters these are (for tables and logs)."""
-  if params is None:
-    return "none"
-  if isinstance(params, FittedParams):
-    meta = params.meta
-    origin = meta.get("source", "a fit")
-    algs = ",".join(sorted(fitted_algorithms(params) or ())) or "shared only"
-    devices = meta.get("n_devices")
-    return f"{origin} ({meta.get('backend', '?')}, {devices} devices; fitted: {algs})"
-  d = params_to_dict(params)
-  named = next((k for k, q in PRESETS.items() if q == params), None)
-  label = f"preset {named!r}" if named else "explicit Params"
-  return f"{label} (α = {d['alpha_us']:.2f} µs, β = {d['beta_ns_per_byte']:.4f} ns/B)"
-
-
-def fitted_algorithms(params: AnyParams | None) -> frozenset[str] | None:
-  """The algorithms a fit measured (its per-algorithm entries and
-  ``meta["algorithms"]``); None for plain :class:`Params` or a fit that names none
-  (then every candidate is priced with the shared parameters)."""
-  if not isinstance(params, FittedParams):
-    return None
-  measured = set(params.per_algorithm) | set(params.meta.get("algorithms", ()))
-  return frozenset(measured) or None
+    return DEFAULT_PARAMS
 
 
 def _features(algorithm: str, p: int, n: float, inner: int | None = None) -> list[float]:
@@ -519,10 +492,7 @@ def fit_all(rows, per_algorithm: bool = True, meta: dict | None = None) -> Fitte
       if len({r[2] for r in mine}) >= 2:
         per[alg] = fit(mine)
         identified[alg] = gamma_identifiable(mine)
-  measured = sorted({r[0] for r in rows})  # choose() never picks an algorithm outside it
-  return FittedParams(
-    shared, per, {**(meta or {}), "gamma_identified": identified, "algorithms": measured}
-  )
+  return FittedParams(shared, per, {**(meta or {}), "gamma_identified": identified})
 
 
 def choose(
@@ -539,11 +509,7 @@ def choose(
   replaying its steps on that network instead of the flat formula.
 
   :math:`\\arg\\min_a\\, α_a·\\mathrm{steps}_a(p) + β_a·\\mathrm{bytes}_a(p, n) + γ_a·\\mathrm{reduced}_a(p, n)`.
-  Ties go to the earlier candidate (ring first). With a :class:`FittedParams` that
-  names the algorithms it measured (:func:`fitted_algorithms`), only those are
-  candidates: an unmeasured algorithm would be priced by a model that may not hold
-  on this backend (issue 10: a fit without ``bidirectional_ring`` chose it, 2.3×
-  slower than the ring).
+  Ties go to the earlier candidate (ring first).
 
   Example:
     >>> choose(8, 1024, Params(100e-6, 1e-9, 0.0))  # latency-bound: fewest steps
@@ -554,16 +520,6 @@ def choose(
   candidates = auto_candidates() if candidates is None else tuple(candidates)
   if not candidates:
     raise ValueError("choose needs at least one candidate algorithm.")
-  measured = fitted_algorithms(params)
-  if measured is not None:  # a fit prices only what it measured
-    kept = tuple(a for a in candidates if a in measured)
-    if not kept:
-      raise ValueError(
-        f"the fit in use measured {sorted(measured)}, none of the candidates"
-        f" {list(candidates)}; measure them (bench --fit --algorithms ...) or pass"
-        " plain cost_model.Params."
-      )
-    candidates = kept
   if topology is not None:
     from allreduce_jax import topology as replay  # lazy: it imports this module
 
