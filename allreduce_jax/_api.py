@@ -7,6 +7,7 @@ finalizes (``mean``) and restores the shape.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from allreduce_jax import _comm, cost_model, topology
 from allreduce_jax._comm import AxisName
 from allreduce_jax._dbtree import double_binary_tree, double_binary_tree_messages
 from allreduce_jax._hierarchical import hierarchical, hierarchical_messages
+from allreduce_jax._invariant import as_invariant
 from allreduce_jax._naive import naive
 from allreduce_jax._ops import OPS, XLA_COLLECTIVE, get_op
 from allreduce_jax._recursive import (
@@ -35,7 +37,7 @@ def xla_psum(flat: jax.Array, axis_name: AxisName, combine) -> jax.Array:
   """XLA's own all-reduce (``lax.psum``/``pmax``/``pmin``): the reference.
 
   Its result is *invariant* over ``axis_name`` (typed shard_map may return it with
-  ``out_specs=P()``), while the hand-written algorithms return *varying* values.
+  ``out_specs=P()``); :func:`all_reduce` types the hand-written results the same way.
   """
   return XLA_COLLECTIVE[combine](flat, _comm.axes_tuple(axis_name))
 
@@ -44,16 +46,17 @@ def auto(flat: jax.Array, axis_name: AxisName, combine) -> jax.Array:
   """The cost model's choice (NCCL-style argmin) for this participant count and size.
 
   Picks, at trace time, ``cost_model.choose(p, n_bytes, params)`` among the
-  single-axis hand-written algorithms (never ``hierarchical`` or ``psum``), with the
-  fitted parameters of ``$ALLREDUCE_JAX_COST_PARAMS`` or ``results/cost_params.json``
-  when that file exists (``allreduce-jax bench --fit`` writes it), else
-  ``cost_model.DEFAULT_PARAMS``.
+  single-axis hand-written algorithms (never ``hierarchical`` or ``psum``), with
+  explicit parameters: those of the innermost ``cost_model.use_params(...)`` block
+  (or ``all_reduce(..., cost_params=...)``), else the defaults shipped for the
+  running backend (``cost_model.backend_params``). Nothing is read from the working
+  directory or the environment: the same code picks the same algorithm wherever it
+  is launched. With fitted parameters, only the algorithms the fit measured are
+  candidates.
   """
-  from allreduce_jax import cost_model  # lazy: keeps the import graph acyclic
-
   p = _comm.size(axis_name)
   nbytes = flat.shape[0] * flat.dtype.itemsize
-  choice = cost_model.choose(p, nbytes, cost_model.load_default_params())
+  choice = cost_model.choose(p, nbytes, cost_model.current_params())
   return ALGORITHMS[choice](flat, axis_name, combine)
 
 
@@ -280,8 +283,37 @@ def _check_axis_name(axis_name: AxisName, algorithm: str) -> None:
     )
 
 
+def keyword_only(n_positional: int, options: str):
+  """Decorator: a clear ``TypeError`` when options are passed positionally.
+
+  ``lax.psum``'s options are keyword-only; so are ours. The wrapped function keeps
+  its signature (``inspect.signature`` shows the ``*``)."""
+
+  def wrap(fn):
+    @functools.wraps(fn)
+    def checked(*args, **kwargs):
+      if len(args) > n_positional:
+        extra = ", ".join(repr(a) for a in args[n_positional:])
+        raise TypeError(
+          f"{fn.__name__}() takes {options} as keyword arguments only (like lax.psum's"
+          f" options); got {len(args) - n_positional} more positional ({extra}). Call e.g."
+          f" {fn.__name__}(x, 'i', op='sum', algorithm='ring')."
+        )
+      return fn(*args, **kwargs)
+
+    return checked
+
+  return wrap
+
+
+@keyword_only(2, "op and algorithm (and cost_params)")
 def all_reduce(
-  x: jax.Array, axis_name: AxisName, op: str = "sum", algorithm: str = "ring"
+  x: jax.Array,
+  axis_name: AxisName,
+  *,
+  op: str = "sum",
+  algorithm: str = "ring",
+  cost_params: cost_model.AnyParams | None = None,
 ) -> jax.Array:
   """All-reduces the local block ``x`` over ``axis_name`` with a hand-written algorithm.
 
@@ -293,19 +325,44 @@ def all_reduce(
       float16, int32, float64 under x64...).
     axis_name: a mesh axis name or a tuple of names (their product), as in
       ``lax.psum``. ``algorithm="hierarchical"`` takes ``(outer, inner)``.
-    op: one of ``OPS`` = ``("sum", "mean", "max", "min")``.
-    algorithm: a key of ``ALGORITHMS``. ``"psum"`` is XLA's own collective.
+    op: keyword-only, one of ``OPS`` = ``("sum", "mean", "max", "min")``. The
+      default ``"sum"`` is ``lax.psum``'s meaning and the same default as
+      :func:`~allreduce_jax.all_reduce_tree`; averaging gradients is
+      :func:`~allreduce_jax.all_reduce_gradients` (``op="mean"`` by default).
+    algorithm: keyword-only, a key of ``ALGORITHMS``. ``"psum"`` is XLA's own
+      collective; ``"auto"`` the cost model's choice.
+    cost_params: keyword-only, for ``algorithm="auto"``: the parameters to choose
+      with (a ``cost_model.Params`` or ``FittedParams``); None: the innermost
+      ``cost_model.use_params`` block, else the running backend's shipped defaults.
 
   Returns:
-    An array of ``x``'s shape and dtype, identical on every participant. The
-    hand-written algorithms return a value typed as varying over ``axis_name``:
-    return it with a per-device ``out_specs`` (e.g. ``P("i")``) or use
-    ``check_vma=False``.
+    An array of ``x``'s shape and dtype, identical (bit for bit) on every
+    participant, typed like ``lax.psum``'s result: under typed ``shard_map``
+    (``check_vma=True``) it is *invariant* over ``axis_name``, so it may be
+    returned with ``out_specs=P()``, used in a Python ``if`` in eager shard_map,
+    and differentiated like ``psum`` (see below). Under ``check_vma=False``
+    nothing is typed.
+
+  Gradients (``op="sum"``/``"mean"``): ``jax.grad``, ``jax.jvp`` and
+  ``jax.hessian`` through ``all_reduce`` give ``lax.psum``'s/``lax.pmean``'s values,
+  with the gradient taken inside or outside the ``shard_map`` body, for a
+  per-participant or a replicated (``in_specs=P()``) input, under ``check_vma``
+  True and False (``docs/gradients.md``; tested in ``tests/test_gradients.py``).
+  Under ``check_vma=True`` the result is typed invariant by a cast that compiles
+  to nothing; its transpose sends the cotangent through the same algorithm's
+  ``ppermute``\\ s in reverse (psum's backward is a free ``pvary``: ours costs one
+  more hand-written all-reduce). With a replicated input, JAX's own implicit
+  ``pvary`` of the input transposes to an XLA all-reduce in the backward pass,
+  exactly as it does for ``lax.psum``. ``op="max"``/``"min"``: ``lax.pmax``/``pmin``
+  have no differentiation rule; ours differentiate through the algorithm's
+  selections (the cotangent reaches the participant whose value was selected;
+  under ``check_vma=False`` once per participant, i.e. p times).
 
   Raises:
     ValueError: unknown ``op`` or ``algorithm``, unbound ``axis_name``, or
       ``hierarchical`` without two axes.
-    TypeError: non-numeric dtype, integer ``mean``, malformed ``axis_name``.
+    TypeError: options passed positionally, non-numeric dtype, integer ``mean``,
+      malformed ``axis_name``.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -317,7 +374,14 @@ def all_reduce(
     ...                   mesh=mesh, in_specs=P("i"), out_specs=P("i"))
     >>> print(f(x))
     [7. 7. 7. 7. 7. 7. 7. 7.]
+    >>> g = jax.shard_map(lambda b: all_reduce(b, "i", op="sum"),  # invariant, like psum
+    ...                   mesh=mesh, in_specs=P("i"), out_specs=P())
+    >>> print(g(x))
+    [28.]
   """
+  if cost_params is not None:
+    with cost_model.use_params(cost_params):
+      return all_reduce(x, axis_name, op=op, algorithm=algorithm)
   x = jnp.asarray(x)
   reduction = get_op(op, x.dtype)
   _check_algorithm(algorithm)
@@ -329,7 +393,10 @@ def all_reduce(
     flat = _comm.make_varying(flat, axis_name)
   if p > 1 or not record.hand_written:
     flat = ALGORITHMS[algorithm](flat, axis_name, reduction.combine)
-  return reduction.finalize(flat, p).reshape(x.shape)
+  out = reduction.finalize(flat, p).reshape(x.shape)
+  # Every participant holds the same bits: type the result like psum's (a no-op
+  # under check_vma=False and for XLA's own collective).
+  return as_invariant(out, axis_name)
 
 
 __all__ = ["ALGORITHMS", "OPS", "Algorithm", "all_reduce", "names", "register"]

@@ -12,6 +12,8 @@ The HLO audit checks the last two against the compiled program.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,9 +268,10 @@ def auto_candidates() -> tuple[str, ...]:
   return tuple(name for name, r in ALGORITHMS.items() if r.auto)
 
 
-#: Where ``algorithm="auto"`` looks for fitted parameters: the file named by this
-#: environment variable, else :data:`DEFAULT_FIT_PATH` (relative to the working
-#: directory), else :data:`DEFAULT_PARAMS`.
+#: Where the command-line tools (``bench``, ``fusion``, ``scaling``) look for a fit
+#: written by ``bench --fit``: the file named by this environment variable, else
+#: :data:`DEFAULT_FIT_PATH` (relative to the working directory). The library never
+#: reads them at trace time: ``algorithm="auto"`` uses :func:`current_params`.
 FIT_ENV_VAR = "ALLREDUCE_JAX_COST_PARAMS"
 DEFAULT_FIT_PATH = "results/cost_params.json"
 
@@ -373,7 +376,8 @@ def load_params(path) -> FittedParams:
 
 
 def default_fit_path():
-  """The fit file ``auto`` uses: ``$ALLREDUCE_JAX_COST_PARAMS`` or ``results/cost_params.json``."""
+  """The fit file the command-line tools read and ``bench --fit`` writes:
+  ``$ALLREDUCE_JAX_COST_PARAMS`` or ``results/cost_params.json``."""
   import os
   from pathlib import Path
 
@@ -381,11 +385,12 @@ def default_fit_path():
 
 
 def load_default_params() -> AnyParams:
-  """Fitted parameters from :func:`default_fit_path` if that file exists and parses,
-  else :data:`DEFAULT_PARAMS`."""
+  """For the command-line tools: the fit in :func:`default_fit_path` if that file
+  exists and parses, else the running backend's shipped defaults
+  (:func:`backend_params`). The library itself never calls this at trace time."""
   path = default_fit_path()
   if not Path(path).exists():
-    return DEFAULT_PARAMS
+    return backend_params()
   try:
     return load_params(path)
   except (OSError, ValueError, KeyError, TypeError) as e:
@@ -394,7 +399,91 @@ def load_default_params() -> AnyParams:
     warnings.warn(
       f"cost parameters in {path} could not be read ({e}); auto uses the defaults.", stacklevel=2
     )
-    return DEFAULT_PARAMS
+    return backend_params()
+
+
+def backend_params(backend: str | None = None) -> AnyParams:
+  """The parameters shipped for ``backend`` (default: ``jax.default_backend()``).
+
+  - ``"cpu"``: fitted on XLA:CPU with 8 emulated devices on a 2-core machine by
+    ``allreduce-jax bench --fit`` (the rows are ``docs/results/reuse/cpu_fit_bench.jsonl``,
+    the fit is stored in ``allreduce_jax/_cpu_params.py``); it prices only the
+    algorithms it measured, so ``auto`` chooses among those.
+  - anything else: :data:`DEFAULT_PARAMS`, a documented guess (an NVLink-class link),
+    not a measurement; fit your machine with ``bench --fit`` and pass the result with
+    :func:`use_params`.
+  """
+  if backend is None:
+    import jax
+
+    backend = jax.default_backend()
+  if backend == "cpu":
+    from allreduce_jax._cpu_params import CPU_FIT
+
+    return FittedParams.from_json(CPU_FIT)
+  return DEFAULT_PARAMS
+
+
+_active_params: contextvars.ContextVar[tuple[AnyParams, ...]] = contextvars.ContextVar(
+  "allreduce_jax_cost_params", default=()
+)
+
+
+@contextlib.contextmanager
+def use_params(params: AnyParams):
+  """Within this block, ``algorithm="auto"`` (and :func:`current_params`) uses ``params``.
+
+  The choice is made at trace time, so the block must enclose the tracing
+  (the first call of a ``jax.jit`` function, or ``.lower(...)``).
+
+  Example:
+    >>> with use_params(Params(100e-6, 1e-12, 0.0)):  # latency-bound machine
+    ...   choose(8, 1024, current_params())
+    'recursive_doubling'
+  """
+  if not isinstance(params, (Params, FittedParams)):
+    raise TypeError(
+      f"use_params expects cost_model.Params or FittedParams, got {type(params).__name__}"
+      " (load a fit file with cost_model.load_params(path))."
+    )
+  token = _active_params.set((*_active_params.get(), params))
+  try:
+    yield params
+  finally:
+    _active_params.reset(token)
+
+
+def current_params(backend: str | None = None) -> AnyParams:
+  """What ``algorithm="auto"`` uses now: the innermost :func:`use_params` block's
+  parameters, else :func:`backend_params` for the running backend."""
+  stack = _active_params.get()
+  return stack[-1] if stack else backend_params(backend)
+
+
+def describe_params(params: AnyParams | None) -> str:
+  """One line saying which parameters these are (for tables and logs)."""
+  if params is None:
+    return "none"
+  if isinstance(params, FittedParams):
+    meta = params.meta
+    origin = meta.get("source", "a fit")
+    algs = ",".join(sorted(fitted_algorithms(params) or ())) or "shared only"
+    devices = meta.get("n_devices")
+    return f"{origin} ({meta.get('backend', '?')}, {devices} devices; fitted: {algs})"
+  d = params_to_dict(params)
+  named = next((k for k, q in PRESETS.items() if q == params), None)
+  label = f"preset {named!r}" if named else "explicit Params"
+  return f"{label} (α = {d['alpha_us']:.2f} µs, β = {d['beta_ns_per_byte']:.4f} ns/B)"
+
+
+def fitted_algorithms(params: AnyParams | None) -> frozenset[str] | None:
+  """The algorithms a fit measured (its per-algorithm entries and
+  ``meta["algorithms"]``); None for plain :class:`Params` or a fit that names none
+  (then every candidate is priced with the shared parameters)."""
+  if not isinstance(params, FittedParams):
+    return None
+  measured = set(params.per_algorithm) | set(params.meta.get("algorithms", ()))
+  return frozenset(measured) or None
 
 
 def _features(algorithm: str, p: int, n: float, inner: int | None = None) -> list[float]:
@@ -492,7 +581,10 @@ def fit_all(rows, per_algorithm: bool = True, meta: dict | None = None) -> Fitte
       if len({r[2] for r in mine}) >= 2:
         per[alg] = fit(mine)
         identified[alg] = gamma_identifiable(mine)
-  return FittedParams(shared, per, {**(meta or {}), "gamma_identified": identified})
+  measured = sorted({r[0] for r in rows})  # choose() never picks an algorithm outside it
+  return FittedParams(
+    shared, per, {**(meta or {}), "gamma_identified": identified, "algorithms": measured}
+  )
 
 
 def choose(
@@ -509,7 +601,11 @@ def choose(
   replaying its steps on that network instead of the flat formula.
 
   :math:`\\arg\\min_a\\, α_a·\\mathrm{steps}_a(p) + β_a·\\mathrm{bytes}_a(p, n) + γ_a·\\mathrm{reduced}_a(p, n)`.
-  Ties go to the earlier candidate (ring first).
+  Ties go to the earlier candidate (ring first). With a :class:`FittedParams` that
+  names the algorithms it measured (:func:`fitted_algorithms`), only those are
+  candidates: an unmeasured algorithm would be priced by a model that may not hold
+  on this backend (issue 10: a fit without ``bidirectional_ring`` chose it, 2.3×
+  slower than the ring).
 
   Example:
     >>> choose(8, 1024, Params(100e-6, 1e-9, 0.0))  # latency-bound: fewest steps
@@ -520,6 +616,16 @@ def choose(
   candidates = auto_candidates() if candidates is None else tuple(candidates)
   if not candidates:
     raise ValueError("choose needs at least one candidate algorithm.")
+  measured = fitted_algorithms(params)
+  if measured is not None:  # a fit prices only what it measured
+    kept = tuple(a for a in candidates if a in measured)
+    if not kept:
+      raise ValueError(
+        f"the fit in use measured {sorted(measured)}, none of the candidates"
+        f" {list(candidates)}; measure them (bench --fit --algorithms ...) or pass"
+        " plain cost_model.Params."
+      )
+    candidates = kept
   if topology is not None:
     from allreduce_jax import topology as replay  # lazy: it imports this module
 
