@@ -4,18 +4,19 @@ and the bytes they move match the closed-form schedule (`cost_model.schedule`)."
 import jax.numpy as jnp
 import pytest
 
-from allreduce_jax import ALGORITHMS, cost_model, hlo
-from allreduce_jax._devices import factor_2d
+from allreduce_jax import cost_model, hlo
+from allreduce_jax._api import names
+from allreduce_jax._devices import inner_size
 
 N = 16 * 3 * 5 * 7  # float32 elements: divisible by 2p for every p below, so no padding
 
 
 def _audit(algorithm, p, n=N, dtype=jnp.float32):
-  inner = factor_2d(p)[1] if algorithm == "hierarchical" else None
+  inner = inner_size(algorithm, p)
   return hlo.audit_all_reduce(algorithm, p, n, dtype), inner
 
 
-CUSTOM = [a for a in ALGORITHMS if a not in ("psum", "auto")]
+CUSTOM = names(hand_written=True, priced=True)
 
 
 @pytest.mark.parametrize("p", [2, 3, 5, 8])

@@ -6,17 +6,18 @@ import itertools
 import numpy as np
 import pytest
 
-from allreduce_jax import ALGORITHMS, cost_model, trace
-from allreduce_jax._devices import factor_2d
+from allreduce_jax import cost_model, trace
+from allreduce_jax._api import names
+from allreduce_jax._devices import inner_size
 
-CUSTOM = [a for a in ALGORITHMS if a not in ("psum", "auto")]
+CUSTOM = names(hand_written=True, priced=True)
 
 
 @pytest.mark.parametrize("p", [4, 5])
 @pytest.mark.parametrize("algorithm", CUSTOM)
 def test_trace_ends_with_everyone_knowing_everything(algorithm, p):
   frames = trace.run_trace(algorithm, p)
-  inner = factor_2d(p)[1] if algorithm == "hierarchical" else None
+  inner = inner_size(algorithm, p)
   assert len(frames) - 1 == cost_model.schedule(algorithm, p, 4 * p, inner).permutes
   assert frames[0].counts.tolist() == np.ones((p, p), int).tolist()
   assert frames[-1].known.all()

@@ -53,6 +53,14 @@ def style(algorithm: str, k: int) -> dict:
   }
 
 
+def mark(ax, x: float, y: float, text: str) -> None:
+  """A dotted red vertical line at ``x`` labelled ``text`` (top-aligned at ``y``): where
+  something changes (the model's best algorithm, the ring's crossover)."""
+  ax.axvline(x, color="tab:red", ls=":", lw=1)
+  label = "\n".join(" " + line for line in text.splitlines())
+  ax.text(x, y, label, fontsize=7, color="tab:red", va="top")
+
+
 def save(fig: Figure, path, dpi: int = 120) -> Path:
   """Writes ``fig`` to ``path`` (folders created); returns the path."""
   path = Path(path)
@@ -111,15 +119,7 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
       color="0.3",
     )
   for n, before, after in cost_model.switch_points(p, params, sizes[0], sizes[-1]):
-    ax.axvline(n, color="tab:red", ls=":", lw=1)
-    ax.text(
-      n,
-      max(r["time_us"] for r in rows),
-      f" {before}→{after}\n {approx_size(n)}",
-      fontsize=7,
-      color="tab:red",
-      va="top",
-    )
+    mark(ax, n, max(r["time_us"] for r in rows), f"{before}→{after}\n{approx_size(n)}")
   ax.set_xscale("log", base=2)
   ax.set_yscale("log")
   ax.set_xlabel("bytes per participant")
@@ -216,16 +216,11 @@ def scaling(rows: Sequence[dict], crossovers: Sequence[dict] = ()) -> Figure:
         )
       c = cross.get((sc, n))
       if c and c["ring_loses_at"]:
-        ax.axvline(c["ring_loses_at"], color="tab:red", ls=":", lw=1)
-        ax.text(
-          c["ring_loses_at"],
-          max(r["predicted_us"] for r in mine),
-          f" ring loses at p={c['ring_loses_at']}\n to {c['winner_there']};"
-          f"\n {c['ring_over_best_at_max_p']:.1f}x slower at p={c['max_p']}",
-          fontsize=7,
-          color="tab:red",
-          va="top",
+        text = (
+          f"ring loses at p={c['ring_loses_at']}\nto {c['winner_there']};"
+          f"\n{c['ring_over_best_at_max_p']:.1f}x slower at p={c['max_p']}"
         )
+        mark(ax, c["ring_loses_at"], max(r["predicted_us"] for r in mine), text)
       ax.set_xscale("log", base=2)
       ax.set_yscale("log")
       ax.set_title(f"{sc}: {format_size(n)} per device", fontsize=9)
@@ -293,9 +288,7 @@ def model(
   one_axis = [a for a in algorithms if _devices.inner_size(a, p) is None]
   top = max(ax.get_ylim()[1], 1.0)
   for k, (n, before, after) in enumerate(cost_model.switch_points(p, params, lo, hi, one_axis)):
-    ax.axvline(n, color="tab:red", ls=":", lw=1)
-    ax.text(n, top / 6**k, f" {before}→{after}\n {approx_size(n)}", fontsize=7,
-            color="tab:red", va="top")  # fmt: skip
+    mark(ax, n, top / 6**k, f"{before}→{after}\n{approx_size(n)}")  # labels staggered down
   ax.set_xscale("log", base=2)
   ax.set_yscale("log")
   ax.set_xlabel("bytes per participant")
