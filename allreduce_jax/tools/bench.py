@@ -278,10 +278,14 @@ def summary(rows: Sequence[dict]) -> str:
 
 
 def _fit_rows(rows: Sequence[dict]) -> list[tuple]:
+  """``(algorithm, p, bytes, seconds)`` of the rows the α-β-γ fit can use: one-axis
+  algorithms with a cost schedule (multi-axis ones need an inner size per row)."""
+  from allreduce_jax._api import names
+
   return [
     (r["algorithm"], r["n_devices"], r["bytes"], r["time_us"] * 1e-6)
     for r in rows
-    if r["algorithm"] not in ("auto", "hierarchical") and r["n_devices"] > 1
+    if r["algorithm"] in names(axes=1, priced=True) and r["n_devices"] > 1
   ]
 
 
@@ -327,7 +331,7 @@ def fit_params_table(fitted) -> list[dict]:
   table = []
   for name, q in [("shared", fitted.shared), *fitted.per_algorithm.items()]:
     d = cost_model.params_to_dict(q)
-    if not known.get(name, True):
+    if not known.get(name, name == "shared"):  # older fit files: per-algorithm ones at one p
       d["gamma_ns_per_byte"] = None
     table.append({"fit": name, **d})
   return table
@@ -371,16 +375,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     default=None,
     help="comma-separated (default: all, psum included)",
   )
-  parser.add_argument("--min-bytes", default="1KiB", help="smallest size per participant")
-  parser.add_argument("--max-bytes", default="64MiB", help="largest size per participant")
-  parser.add_argument("--factor", type=int, default=4, help="size multiplier (default 4)")
+  # Short flags as in nccl-tests (all_reduce_perf -b 8 -e 128M -f 2 -n 20 -w 5 -d float -o sum).
+  parser.add_argument("-b", "--min-bytes", default="1KiB", help="smallest size per participant")
+  parser.add_argument("-e", "--max-bytes", default="64MiB", help="largest size per participant")
+  parser.add_argument("-f", "--factor", type=int, default=4, help="size multiplier")
   parser.add_argument("--no-uneven", action="store_true", help="skip the size not divisible by p")
-  parser.add_argument("--dtype", type=dtype_choice, default="float32")
-  parser.add_argument("--op", type=op_choice, default="sum")
+  parser.add_argument("-d", "--dtype", type=dtype_choice, default="float32", help="element type")
+  parser.add_argument("-o", "--op", type=op_choice, default="sum", help="reduction")
   parser.add_argument(
-    "--iters", type=positive_int, default=10, help="timed calls per (algorithm, size)"
+    "-n", "--iters", type=positive_int, default=10, help="timed calls per (algorithm, size)"
   )
-  parser.add_argument("--warmup", type=nonnegative_int, default=3, help="untimed calls first")
+  parser.add_argument("-w", "--warmup", type=nonnegative_int, default=3, help="untimed calls first")
   parser.add_argument("--out", default="results/bench.jsonl", help="JSON Lines file (appended)")
   parser.add_argument(
     "--fresh", action="store_true", help="overwrite --out instead of resuming (skip done rows)"
@@ -426,8 +431,12 @@ def run(args: argparse.Namespace) -> int:
   from tqdm import tqdm
 
   p = len(jax.devices()) if jax.distributed.is_initialized() else args.devices
-  if "hierarchical" in algorithms and _devices.factor_2d(p)[0] == 1:
-    algorithms = [a for a in algorithms if a != "hierarchical"]  # p prime: no 2-D mesh
+  # A k-axis algorithm needs p to split into k factors > 1 (p prime: no 2-D mesh).
+  algorithms = [
+    a
+    for a in algorithms
+    if ALGORITHMS[a].axes == 1 or 1 not in _devices.factor_axes(p, ALGORITHMS[a].axes)
+  ]
   main = jax.process_index() == 0
   backend = jax.default_backend()
   # Every input and output problem is found here, before the first measurement.
