@@ -14,9 +14,11 @@ Workload`` for ``arms.register_workload``:
 
 from __future__ import annotations
 
-#: Validation loss (nats per byte) that counts as trained. A unigram model of the
-#: text scores ~3.1 and the untrained model ~6.1.
-LM_TARGET = 1.8
+#: Validation loss (nats per byte) that counts as trained. The untrained model scores
+#: ~6.1; synchronous Adam on 8 × 16 windows reaches ~2.0 after 200 steps and ~1.6
+#: after ~400 steps of 64 windows (single device), so 2.2 is met by sync within a
+#: 2400-gradient budget and staleness or infrequent averaging visibly delay it.
+LM_TARGET = 2.2
 #: The smoke preset's looser target and smaller model.
 LM_SMOKE = {"d_model": 32, "layers": 1, "heads": 2, "context": 32}
 LM_SMOKE_TARGET = 3.0
