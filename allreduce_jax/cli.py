@@ -60,6 +60,28 @@ def build_parser() -> argparse.ArgumentParser:
   return parser
 
 
+def _show_defaults(parser: argparse.ArgumentParser) -> None:
+  """Every option's default in ``parser``'s help, and in its sub-commands' (``train``)."""
+  parser.formatter_class = HelpFormatter
+  for action in parser._actions:
+    if isinstance(action, argparse._SubParsersAction):
+      for child in action.choices.values():
+        _show_defaults(child)
+    # argparse prints no help line (so no default) for an option without a help text
+    elif action.help is None and action.option_strings and action.default is not None:
+      action.help = "(default: " + _default_text(action.default).replace("%", "%%") + ")"
+
+
+def subcommand_parser(name: str, module=None) -> argparse.ArgumentParser:
+  """The parser of ``allreduce-jax NAME``: the tool module's ``configure(parser)``, with
+  every default shown in ``--help``."""
+  module = module or importlib.import_module(COMMANDS[name][0])
+  sub = argparse.ArgumentParser(prog=f"allreduce-jax {name}", description=COMMANDS[name][1])
+  module.configure(sub)
+  _show_defaults(sub)
+  return sub
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = build_parser()
@@ -71,14 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.parse_args(argv)  # "invalid choice" with the list of commands
     return 2
   module = importlib.import_module(COMMANDS[name][0])
-  sub = argparse.ArgumentParser(
-    prog=f"allreduce-jax {name}", description=COMMANDS[name][1], formatter_class=HelpFormatter
-  )
-  module.configure(sub)
-  for action in sub._actions:  # argparse prints no help line (so no default) without a help text
-    if action.help is None and action.option_strings and action.default is not None:
-      action.help = "(default: " + _default_text(action.default).replace("%", "%%") + ")"
-  args = sub.parse_args(argv[1:])
+  args = subcommand_parser(name, module).parse_args(argv[1:])
   if name != "launch":  # join a jax.distributed run if the environment sets one up
     from allreduce_jax import distributed
 

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from allreduce_jax import ALGORITHMS, cli
+from allreduce_jax.tools import COMMANDS
 
 
 def test_verify_passes_and_prints_table(capsys, tmp_path):
@@ -51,3 +52,40 @@ def test_unknown_command_is_a_usage_error(capsys):
   with pytest.raises(SystemExit):
     cli.main(["frobnicate"])
   assert "invalid choice" in capsys.readouterr().err
+
+
+def test_version(capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["--version"])
+  assert e.value.code == 0
+  assert capsys.readouterr().out.startswith("allreduce-jax ")
+
+
+def _options(parser):
+  """Every option of ``parser`` and of its sub-commands, with the parser that owns it."""
+  import argparse
+
+  for action in parser._actions:
+    if isinstance(action, argparse._SubParsersAction):
+      for child in action.choices.values():
+        yield from _options(child)
+    elif action.option_strings and action.help != argparse.SUPPRESS:
+      yield parser, action
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_default_is_shown_in_help(name):
+  for parser, action in _options(cli.subcommand_parser(name)):
+    if action.default in (None, False) or action.dest == "help":
+      continue
+    shown = " ".join(parser.format_help().split())
+    default = action.default
+    text = ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+    assert f"default: {text}" in shown or f"default {text}" in shown, (name, action.dest)
+
+
+def test_nccl_tests_short_flags_are_bench_aliases():
+  argv = ["-b", "8", "-e", "128M", "-f", "2", "-n", "20", "-w", "5", "-d", "bfloat16", "-o", "max"]
+  args = cli.subcommand_parser("bench").parse_args(argv)
+  assert (args.min_bytes, args.max_bytes, args.factor) == ("8", "128M", 2)
+  assert (args.iters, args.warmup, args.dtype, args.op) == (20, 5, "bfloat16", "max")
