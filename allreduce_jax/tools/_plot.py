@@ -3,8 +3,8 @@
 The figures are built without ``pyplot`` and without choosing a backend, so the same
 function serves a headless command (:func:`save` writes a PNG) and a notebook (show
 the returned figure, e.g. as a cell's last expression or with ``display(fig)``).
-Reference lines are styled alike everywhere: ``psum`` (XLA's own all-reduce) is
-black and thicker, and every algorithm keeps one color, marker and line style.
+Reference lines are styled alike everywhere: XLA's own all-reduce (``psum``, the
+registry record with ``hand_written=False``) is black and thicker, and every algorithm keeps one color, marker and line style.
 """
 
 from __future__ import annotations
@@ -19,7 +19,20 @@ from matplotlib.figure import Figure
 
 from allreduce_jax.tools._args import format_size
 
-REFERENCE = "psum"
+
+def is_reference(algorithm: str) -> bool:
+  """XLA's own collective (a registry record with ``hand_written=False``): drawn black."""
+  from allreduce_jax._api import ALGORITHMS
+
+  record = ALGORITHMS.get(algorithm)
+  return record is not None and not record.hand_written
+
+
+def _order(algorithms) -> list[str]:
+  """Hand-written algorithms by name, then the reference (drawn last, on top)."""
+  return sorted(set(algorithms), key=lambda a: (is_reference(a), a))
+
+
 _MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*")
 _LINESTYLES = ("-", "--", "-.", ":")
 
@@ -40,7 +53,7 @@ def approx_size(nbytes: float) -> str:
 def style(algorithm: str, k: int) -> dict:
   """Line style of the ``k``-th algorithm of a figure: psum black and thick, the
   others a color, a marker and a line style each (overlapping lines stay visible)."""
-  if algorithm == REFERENCE:
+  if is_reference(algorithm):
     return {"color": "black", "lw": 2.6, "marker": "o", "ls": "-", "zorder": 5}
   colors = rcParams["axes.prop_cycle"].by_key()["color"]
   colors = [c for c in colors if c not in ("black", "#000000", "k")]
@@ -82,7 +95,7 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
   p = rows[0]["n_devices"]
   fig = Figure(figsize=(9, 6))
   ax = fig.subplots()
-  algs = sorted({r["algorithm"] for r in rows}, key=lambda a: (a == REFERENCE, a))
+  algs = _order(r["algorithm"] for r in rows)
   lo, hi = min(r["bytes"] for r in rows), max(r["bytes"] for r in rows)
   if lo == hi:  # a single-size sweep: draw the model over a span around it
     lo, hi = lo / 2, hi * 2
@@ -98,7 +111,7 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
         [r["time_us_max"] - r["time_us"] for r in mine],
       ],
       ms=4,
-      label=alg + (" (XLA, reference)" if alg == REFERENCE else ""),
+      label=alg + (" (XLA, reference)" if is_reference(alg) else ""),
       capsize=2,
       **st,
     )
@@ -139,7 +152,7 @@ def fusion(rows: Sequence[dict], buckets: Sequence[str] | None = None) -> Figure
   for r in rows:
     groups.setdefault((r["model"], r["algorithm"], r["n_leaves"]), []).append(r)
   order = list(buckets or dict.fromkeys(r["bucket"] for r in rows))
-  algs = sorted({g[1] for g in groups}, key=lambda a: (a == REFERENCE, a))
+  algs = _order(g[1] for g in groups)
   models = sorted({g[0] for g in groups})
   for (model, alg, leaves), rs in groups.items():
     rs = sorted(rs, key=lambda r: order.index(r["bucket"]) if r["bucket"] in order else 99)
@@ -238,14 +251,14 @@ def busbw(rows: Sequence[dict], title: str = "") -> Figure:
   rows = [r for r in rows if r["n_devices"] > 1]
   fig = Figure(figsize=(7, 4.5))
   ax = fig.subplots()
-  algs = sorted({r["algorithm"] for r in rows}, key=lambda a: (a == REFERENCE, a))
+  algs = _order(r["algorithm"] for r in rows)
   for k, alg in enumerate(algs):
     mine = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["bytes"])
     ax.plot(
       [r["bytes"] for r in mine],
       [r["busbw_gbps"] for r in mine],
       ms=4,
-      label=alg + (" (XLA, reference)" if alg == REFERENCE else ""),
+      label=alg + (" (XLA, reference)" if is_reference(alg) else ""),
       **style(alg, k),
     )
   ax.set_xscale("log", base=2)

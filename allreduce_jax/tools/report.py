@@ -350,7 +350,8 @@ def _bench_table(rows: list[dict], fitted) -> list[dict]:
   from allreduce_jax import _devices, cost_model
   from allreduce_jax._api import ALGORITHMS
 
-  psum = {r["bytes"]: r["busbw_gbps"] for r in rows if r["algorithm"] == "psum"}
+  reference = {a for a in ALGORITHMS if not ALGORITHMS[a].hand_written}
+  psum = {r["bytes"]: r["busbw_gbps"] for r in rows if r["algorithm"] in reference}
   table = []
   for r in sorted(rows, key=lambda r: (r["bytes"], r["time_us"])):
     record = ALGORITHMS.get(r["algorithm"])
@@ -740,14 +741,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--out", default=None, help="folder (default results/report, or results/report.smoke)"
   )
-  parser.add_argument("--devices", type=int, default=8, help="emulated CPU devices (default 8)")
+  from allreduce_jax.tools._args import add_devices, csv_list
+
+  add_devices(parser)
   parser.add_argument(
-    "--smoke", action="store_true", help="tiny sizes: the whole report in about a minute"
+    "--smoke", action="store_true", help="tiny sizes: the whole report in minutes"
   )
   parser.add_argument(
     "--only",
+    type=csv_list,
     default=None,
-    help="comma-separated sections: verify,audit,bench,auto,fusion,scaling,train",
+    help=f"comma-separated sections, some of {','.join(EXPERIMENTS)} (default: all)",
   )
   parser.add_argument(
     "--fresh", action="store_true", help="delete the folder first instead of resuming"
@@ -756,5 +760,4 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
   out = Path(args.out or ("results/report.smoke" if args.smoke else "results/report"))
-  only = [s.strip() for s in args.only.split(",")] if args.only else None
-  return run_report(out, smoke=args.smoke, devices=args.devices, only=only, fresh=args.fresh)
+  return run_report(out, smoke=args.smoke, devices=args.devices, only=args.only, fresh=args.fresh)
