@@ -43,7 +43,7 @@ from allreduce_jax import _devices
 from allreduce_jax._api import ALGORITHMS, all_reduce
 from allreduce_jax._ops import OPS, get_op, oracle
 from allreduce_jax._ring import ring_all_gather, ring_reduce_scatter
-from allreduce_jax.tools._args import algorithm_list, csv_list, row_store
+from allreduce_jax.tools._args import add_devices, algorithm_list, csv_list, row_store
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
 KINDS: tuple[str, ...] = ("verifiable", "random", "special")
@@ -519,7 +519,7 @@ def findings(rows: list[Row]) -> list[str]:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--devices", type=int, default=8, help="emulated CPU devices (default 8)")
+  add_devices(parser)
   parser.add_argument(
     "--algorithms",
     type=algorithm_list,
