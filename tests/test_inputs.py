@@ -102,10 +102,19 @@ def test_train_sync_more_workers_than_devices(capsys, tmp_path):
   assert "--workers 16: only 8 devices" in text
 
 
-def test_train_refuses_a_foreign_rows_file(capsys, tmp_path):
-  (tmp_path / "sync.jsonl").write_text('{"seed": 0}\n')
-  text = _error(["train", "sync", "--smoke", "--workers", "2", "--out", str(tmp_path)], capsys)
-  assert "--out: " in text and "line 1 is not an allreduce-jax row" in text
+@pytest.mark.parametrize(
+  "mode, content, message",
+  [
+    ("sync", '{"seed": 0}\n', "line 1 is not an allreduce-jax row"),
+    ("staleness", "garbage\n", "line 1 is not JSON"),
+  ],
+)
+def test_train_refuses_a_foreign_rows_file(mode, content, message, capsys, tmp_path):
+  (tmp_path / f"{mode}.jsonl").write_text(content)
+  extra = ["--workers", "2"] if mode == "sync" else []
+  text = _error(["train", mode, "--smoke", *extra, "--out", str(tmp_path)], capsys)
+  assert "--out: " in text and message in text
+  assert (tmp_path / f"{mode}.jsonl").read_text() == content
 
 
 def test_op_must_be_a_string():
