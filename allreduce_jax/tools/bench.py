@@ -454,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
   fig = output_path(args.plot or out.with_suffix(".png"), "--plot")
   if args.fit:
     output_path(args.params or cost_model.default_fit_path(), "--params")
-  done = store.done()
+  done = {} if args.fresh else store.done()  # every process: the same (empty) set
   params = cost_model.load_default_params()
   if main:
     fit_file = cost_model.default_fit_path()

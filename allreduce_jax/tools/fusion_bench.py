@@ -260,7 +260,7 @@ def run(args: argparse.Namespace) -> int:
   context = {**run_context(), "n_devices": p, "iters": args.iters, "warmup": args.warmup}
   store = row_store(out, "fusion", fresh=args.fresh and main, context=context)
   fig = output_path(args.plot or out.with_suffix(".png"), "--plot")
-  done = store.done()
+  done = {} if args.fresh else store.done()  # every process: the same (empty) set
   params = cost_model.load_default_params()
   buckets = {b: BUCKETS[b] for b in args.buckets}
   rows_all = []
