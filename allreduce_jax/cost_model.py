@@ -275,7 +275,7 @@ def auto_candidates() -> tuple[str, ...]:
 FIT_ENV_VAR = "ALLREDUCE_JAX_COST_PARAMS"
 DEFAULT_FIT_PATH = "results/cost_params.json"
 
-#: Hardware presets (DESIGN.md §10), per link and direction. α for NVLink is NCCL's
+#: Hardware presets, per link and direction. α for NVLink is NCCL's
 #: default Simple-protocol ring hop latency on NVLink (3.4 µs, ``src/graph/tuning.cc``);
 #: γ assumes a reduction at ~1 TB/s of HBM bandwidth on GPUs. Override any of them
 #: with measured values (``--inner``/``--outer`` in ``allreduce-jax scaling``).

@@ -13,7 +13,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import ALGORITHMS, all_reduce
-from allreduce_jax._devices import submesh
+from allreduce_jax._api import names
+from allreduce_jax._devices import mesh_for, submesh
 from allreduce_jax.tools import verify
 
 PARTICIPANTS = (1, 2, 3, 4, 5, 8)
@@ -68,7 +69,7 @@ def test_rank_coding_exposes_a_misrouted_chunk():
   assert _failures(rows)
 
 
-@pytest.mark.parametrize("algorithm", [a for a in ALGORITHMS if a != "hierarchical"])
+@pytest.mark.parametrize("algorithm", names(axes=1))
 def test_tuple_axis_names_reduce_over_the_product(algorithm):
   mesh = submesh((2, 4), ("a", "b"))
   x = verify.verifiable_input(8, (2, 5), "float32")
@@ -113,10 +114,7 @@ def test_hierarchical_on_every_2d_factorization(shape):
 
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_gradient_equals_gradient_through_psum(algorithm):
-  if algorithm == "hierarchical":
-    mesh, axis = submesh((2, 4), ("o", "i")), ("o", "i")
-  else:
-    mesh, axis = submesh((8,), ("i",)), "i"
+  mesh, axis = mesh_for(algorithm, 8)
   x = jnp.asarray(verify.random_input(8, (6,), "float32", seed=3))
   w = jnp.asarray(verify.random_input(8, (6,), "float32", seed=4))  # per-participant weights
   sharding = NamedSharding(mesh, P(axis))
@@ -139,10 +137,7 @@ def test_gradient_equals_gradient_through_psum(algorithm):
 
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_results_keep_shape_and_dtype_and_work_with_check_vma_false(algorithm):
-  if algorithm == "hierarchical":
-    mesh, axis = submesh((2, 2), ("o", "i")), ("o", "i")
-  else:
-    mesh, axis = submesh((4,), ("i",)), "i"
+  mesh, axis = mesh_for(algorithm, 4)
   x = jax.device_put(jnp.ones((4, 2, 3), jnp.bfloat16), NamedSharding(mesh, P(axis)))
   f = jax.shard_map(
     lambda b: all_reduce(b, axis, op="mean", algorithm=algorithm),

@@ -9,14 +9,12 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import ALGORITHMS, all_reduce
-from allreduce_jax._devices import factor_2d, submesh
-
-ONE_AXIS = sorted(a for a in ALGORITHMS if a != "hierarchical")
+from allreduce_jax._devices import mesh_for
 
 
 @st.composite
 def cases(draw):
-  algorithm = draw(st.sampled_from([*ONE_AXIS, "hierarchical"]))
+  algorithm = draw(st.sampled_from(sorted(ALGORITHMS)))
   p = draw(st.sampled_from([2, 3, 4, 6, 7, 8]))
   shape = tuple(draw(st.lists(st.integers(1, 9), min_size=0, max_size=3)))
   op = draw(st.sampled_from(["sum", "mean", "max", "min"]))
@@ -34,10 +32,7 @@ def test_random_cases_match_numpy_and_lax(case):
     x = rng.integers(-1000, 1000, size=(p, *shape)).astype(np.int32)
   else:
     x = (rng.standard_normal((p, *shape)) * 10.0 ** rng.integers(-3, 4)).astype(np.float32)
-  if algorithm == "hierarchical":
-    mesh, axis = submesh(factor_2d(p), ("o", "i")), ("o", "i")
-  else:
-    mesh, axis = submesh((p,), ("i",)), "i"
+  mesh, axis = mesh_for(algorithm, p)
   ref_fn = {"sum": jax.lax.psum, "mean": jax.lax.pmean, "max": jax.lax.pmax, "min": jax.lax.pmin}[
     op
   ]
