@@ -38,7 +38,10 @@ def test_random_cases_match_numpy_and_lax(case):
   ]
   f = jax.jit(
     jax.shard_map(
-      lambda b: (all_reduce(b[0], axis, op=op, algorithm=algorithm)[None], ref_fn(b[0], axis)[None]),
+      lambda b: (
+        all_reduce(b[0], axis, op=op, algorithm=algorithm)[None],
+        ref_fn(b[0], axis)[None],
+      ),
       mesh=mesh,
       in_specs=P(axis),
       out_specs=P(axis),
