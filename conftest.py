@@ -9,3 +9,7 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
+
+# Start the backend now: a command run in-process later with --devices N < 8 would
+# otherwise shrink this test worker's device count for every test after it.
+jax.devices()
