@@ -43,7 +43,12 @@ from allreduce_jax import _devices
 from allreduce_jax._api import ALGORITHMS, all_reduce
 from allreduce_jax._ops import OPS, get_op, oracle
 from allreduce_jax._ring import ring_all_gather, ring_reduce_scatter
-from allreduce_jax.tools._args import add_devices, algorithm_list, csv_list, row_store
+from allreduce_jax.tools._args import (
+  add_algorithms,
+  add_devices,
+  csv_list,
+  row_store,
+)
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
 KINDS: tuple[str, ...] = ("verifiable", "random", "special")
@@ -520,12 +525,7 @@ def findings(rows: list[Row]) -> list[str]:
 
 def configure(parser: argparse.ArgumentParser) -> None:
   add_devices(parser)
-  parser.add_argument(
-    "--algorithms",
-    type=algorithm_list,
-    default=None,
-    help=f"comma-separated subset of {', '.join(ALGORITHMS)} (default: all)",
-  )
+  add_algorithms(parser, f"comma-separated subset of {', '.join(ALGORITHMS)} (default: all)")
   parser.add_argument(
     "--participants",
     type=csv_list,
@@ -689,7 +689,7 @@ def _write(path, records: list[dict]) -> None:
 
 def _collective_valid(name: str, dtype: str, kind: str) -> bool:
   op = {"pmean": "mean", "pmax": "max", "pmin": "min"}.get(name, "sum")
-  return name == "all_gather" or _valid(op, dtype, kind)
+  return _valid(op, dtype, kind)  # all_gather: as sum (no special values in integers)
 
 
 def backend_case(

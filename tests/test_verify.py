@@ -1,0 +1,148 @@
+"""NaN/±inf/±0 semantics of the ops, the NumPy oracle, and verify's backend findings.
+
+The semantics are defined once in ``allreduce_jax._ops``; these tests pin them, check
+that every hand-written algorithm follows them, and that a backend collective which
+differs from the oracle is a finding, not a failure (``--strict`` makes it one).
+"""
+
+import re
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from allreduce_jax import ALGORITHMS, cli
+from allreduce_jax._ops import get_op, oracle
+from allreduce_jax.tools import verify
+
+HAND_WRITTEN = [a for a, r in ALGORITHMS.items() if r.hand_written]
+nan, inf = np.nan, np.inf
+
+
+def _bits_equal(a, b) -> bool:
+  a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+  return bool(np.array_equal(np.isnan(a), np.isnan(b))) and bool(
+    np.array_equal(a.view(np.uint32)[~np.isnan(a)], b.view(np.uint32)[~np.isnan(b)])
+  )
+
+
+@pytest.mark.parametrize(
+  "column, want_max, want_min",
+  [
+    ([1.0, nan, 3.0, 0.0], nan, nan),  # NaN on one participant propagates
+    ([nan, nan, nan, nan], nan, nan),  # lax.pmax on XLA:CPU gives -inf here
+    ([1.0, inf, -inf, 0.0], inf, -inf),  # infinities are ordinary values
+    ([-0.0, 0.0, -0.0, -0.0], 0.0, -0.0),  # -0.0 < +0.0, whatever the order
+    ([0.0, -0.0, 0.0, 0.0], 0.0, -0.0),
+    ([-0.0, -0.0, -0.0, -0.0], -0.0, -0.0),
+    ([-3.0, -0.0, -5.0, -1.0], -0.0, -5.0),
+  ],
+)
+def test_oracle_semantics(column, want_max, want_min):
+  x = np.asarray(column, np.float32)[:, None]  # f32[p=4, 1]
+  assert _bits_equal(oracle("max", x), [want_max])
+  assert _bits_equal(oracle("min", x), [want_min])
+
+
+def test_combine_is_order_free_and_matches_the_oracle():
+  values = np.asarray([nan, inf, -inf, -0.0, 0.0, 1.0, -1.0], np.float32)
+  a, b = np.meshgrid(values, values)
+  for op in ("max", "min"):
+    combine = get_op(op, jnp.float32).combine
+    ab = np.asarray(combine(jnp.asarray(a), jnp.asarray(b)))
+    ba = np.asarray(combine(jnp.asarray(b), jnp.asarray(a)))
+    assert _bits_equal(ab, ba), op
+    want = oracle(op, np.stack([a, b]))
+    assert _bits_equal(ab, want), op
+
+
+def test_oracle_sums_exactly_and_wraps_integers():
+  x = np.asarray([[inf], [-inf]], np.float32)
+  assert np.isnan(oracle("sum", x)).all()
+  big = np.asarray([[2**31 - 1], [1]], np.int32)
+  assert oracle("sum", big)[0] == -(2**31)
+  assert oracle("mean", np.asarray([[1.0], [2.0]], np.float32))[0] == 1.5
+
+
+def test_agreement_counts_signed_zeros_only_for_max_min():
+  got, want = np.asarray([0.0], np.float32), np.asarray([-0.0], np.float32)
+  assert verify.agreement(got, want, "sum").ok
+  assert not verify.agreement(got, want, "max").ok
+  a = verify.agreement(np.asarray([1.0, 3.0]), np.asarray([1.0, nan]), "max")
+  assert (a.bad, a.first) == (1, 1)
+
+
+def test_special_inputs_cover_every_pattern():
+  x = verify.special_input(3, (4,), "float32")  # f32[p, V, 4]
+  assert x.shape == (3, len(verify.SPECIALS), 4)
+  for v, (name, _) in enumerate(verify.SPECIALS):
+    assert verify.special_label((4,), v * 4) == name
+  assert verify.special_label((4,), 1) == "verifiable value"
+  assert np.isnan(x[:, 1, 0]).all() and np.isnan(x[:, 0, 0]).sum() == 1
+  assert np.signbit(x[:, 8, 0]).all() and (x[:, 8, 0] == 0).all()
+
+
+@pytest.mark.parametrize("algorithm", HAND_WRITTEN)
+def test_hand_written_algorithms_follow_the_semantics(algorithm):
+  rows = verify.run_case(
+    algorithm, 4, ops=("sum", "max", "min"), dtypes=("float32",), kinds=("special",), shapes=((3,),)
+  )
+  assert rows and all(r.passed and r.bit_exact for r in rows), [r.detail for r in rows]
+
+
+def test_a_backend_collective_that_differs_is_a_finding_not_a_failure(capsys):
+  argv = ["verify", "--participants", "4", "--algorithms", "ring,psum", "--dtypes", "float32"]
+  argv += ["--shapes", "3", "--kinds", "special"]
+  assert cli.main(argv) == 0
+  out = capsys.readouterr().out
+  assert "FAIL" not in out
+  assert re.search(r"^ring +max +float32 +4 .* PASS$", out, re.M)
+  findings = [line for line in out.splitlines() if line.startswith("backend finding:")]
+  for line in findings:
+    assert re.match(r"backend finding: lax\.p\w+ .*p=4 special inputs: .*got .*, oracle ", line)
+  strict = cli.main([*argv, "--strict"])
+  capsys.readouterr()
+  assert strict == (1 if findings else 0)
+
+
+def test_a_wrong_algorithm_still_fails_on_special_inputs(capsys, monkeypatch):
+  import dataclasses
+
+  ring = ALGORITHMS["ring"]
+
+  def nan_skipping(flat, axis_name, combine):  # the old fmax behaviour
+    out = ring(jnp.nan_to_num(flat, nan=-jnp.inf), axis_name, combine)
+    return out
+
+  monkeypatch.setitem(ALGORITHMS, "ring", dataclasses.replace(ring, fn=nan_skipping))
+  argv = ["verify", "--participants", "2", "--algorithms", "ring", "--dtypes", "float32"]
+  rc = cli.main([*argv, "--shapes", "3", "--kinds", "special", "--ops", "max"])
+  out = capsys.readouterr().out
+  assert rc == 1
+  assert re.search(r"^FAIL ring max float32 p=2 special .*NaN", out, re.M)
+
+
+def test_backend_oracle_mode_in_one_process(capsys):
+  argv = ["verify", "--participants", "2", "--backend-oracle", "--dtypes", "float32,int32"]
+  rc = cli.main([*argv, "--shapes", "3", "--kinds", "verifiable,special"])
+  out = capsys.readouterr().out
+  assert rc == 0
+  for name in verify.COLLECTIVES:
+    assert re.search(rf"^lax\.{name} +float32 +2 +verifiable +\d+ +0 +ok +agrees$", out, re.M)
+  assert re.search(r"^# backend oracle: \d+ of \d+ .* hand-written: 0 failed", out, re.M)
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (["--dtypes", "complex64", "--ops", "max"], "--dtypes complex64 with --ops max"),
+    (["--dtypes", "bool"], "--dtypes bool with --ops sum"),
+    (["--devices", "0"], "--devices"),
+    (["--backend-oracle", "--repeat", "0"], "--repeat: must be at least 1"),
+  ],
+)
+def test_bad_arguments_are_one_line(argv, message, capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.main(["verify", *argv])
+  text = f"{e.value.code} {capsys.readouterr().err}"
+  assert message in text and "Traceback" not in text
