@@ -97,6 +97,11 @@ def add_devices(parser: argparse.ArgumentParser, default: int = 8) -> None:
   )
 
 
+def add_algorithms(parser: argparse.ArgumentParser, help: str = "comma-separated") -> None:
+  """``--algorithms a,b``: registry names (checked; default None: every algorithm)."""
+  parser.add_argument("--algorithms", type=algorithm_list, default=None, help=help)
+
+
 # ----------------------------------------------------------------------------------------
 # Checked values: every input problem found while parsing, as one line naming the option.
 # argparse ``type`` functions raise ArgumentTypeError ("argument --dtype: ..."); the

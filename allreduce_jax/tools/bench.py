@@ -31,8 +31,8 @@ import numpy as np
 from allreduce_jax.results import run_context
 from allreduce_jax.tools import _plot
 from allreduce_jax.tools._args import (
+  add_algorithms,
   add_devices,
-  algorithm_list,
   check_op_dtypes,
   dtype_choice,
   format_size,
@@ -369,12 +369,7 @@ def fit_and_save(rows: Sequence[dict], path) -> tuple:
 
 def configure(parser: argparse.ArgumentParser) -> None:
   add_devices(parser)
-  parser.add_argument(
-    "--algorithms",
-    type=algorithm_list,
-    default=None,
-    help="comma-separated (default: all, psum included)",
-  )
+  add_algorithms(parser, "comma-separated (default: all, psum included)")
   # Short flags as in nccl-tests (all_reduce_perf -b 8 -e 128M -f 2 -n 20 -w 5 -d float -o sum).
   parser.add_argument("-b", "--min-bytes", default="1KiB", help="smallest size per participant")
   parser.add_argument("-e", "--max-bytes", default="64MiB", help="largest size per participant")
