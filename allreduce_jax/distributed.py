@@ -16,12 +16,25 @@ subcommand touches any device. It initializes when it finds, in this order:
 3. a SLURM step or an Open MPI job with more than one task (auto-detected as in 2).
 
 ``ALLREDUCE_JAX_DISTRIBUTED=off`` disables all of this. Nothing happens at import.
+
+Once it has joined a run, :func:`initialize_from_env` also makes the process fail
+fast (:func:`exit_fast_on_error`): an uncaught exception prints its traceback and
+exits with status 1 at once, instead of waiting in JAX's shutdown barrier for peers
+that are blocked in a collective with it (300 s by default), so the process that
+failed first is the one a launcher sees fail. ``SIGUSR1`` prints every thread's
+Python stack (``faulthandler``), which ``allreduce-jax launch --timeout`` uses to say
+which process is stuck.
 """
 
 from __future__ import annotations
 
+import errno
+import faulthandler
 import os
+import signal
+import socket
 import sys
+import traceback
 from collections.abc import Mapping, Sequence
 
 ENV_COORDINATOR = "ALLREDUCE_JAX_COORDINATOR"
@@ -31,6 +44,8 @@ ENV_PROCESS_ID = "ALLREDUCE_JAX_PROCESS_ID"
 ENV_LOCAL_DEVICES = "ALLREDUCE_JAX_LOCAL_DEVICES"
 ENV_LOCAL_DEVICE_IDS = "ALLREDUCE_JAX_LOCAL_DEVICE_IDS"
 ENV_INIT_TIMEOUT = "ALLREDUCE_JAX_INIT_TIMEOUT"
+ENV_HEARTBEAT_TIMEOUT = "ALLREDUCE_JAX_HEARTBEAT_TIMEOUT"
+ENV_SHUTDOWN_TIMEOUT = "ALLREDUCE_JAX_SHUTDOWN_TIMEOUT"
 ENV_MODE = "ALLREDUCE_JAX_DISTRIBUTED"
 
 LAUNCHER_VARS = (
@@ -41,7 +56,14 @@ LAUNCHER_VARS = (
   ENV_LOCAL_DEVICES,
   ENV_LOCAL_DEVICE_IDS,
   ENV_INIT_TIMEOUT,
+  ENV_HEARTBEAT_TIMEOUT,
+  ENV_SHUTDOWN_TIMEOUT,
 )
+
+
+class CoordinatorError(RuntimeError):
+  """The coordinator service cannot start (its port is taken, or the address is not
+  one of this machine's); the message names the address and what to change."""
 
 
 def _int_env(env: Mapping[str, str], name: str, minimum: int = 0) -> int | None:
@@ -63,6 +85,78 @@ def _check_address(address: str, what: str) -> None:
     raise ValueError(f"{what}={address!r} must be HOST:PORT with a port in 1..65535.")
 
 
+def check_coordinator_port(bind_address: str, what: str = "coordinator") -> None:
+  """Raises :class:`CoordinatorError` if the coordinator could not listen on
+  ``bind_address`` (``HOST:PORT``) right now.
+
+  JAX's coordinator service crashes the process (SIGSEGV) when its port is taken,
+  so process 0 checks first and fails with a message instead.
+  """
+  host, _, port = bind_address.rpartition(":")
+  host = host.strip("[]")
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
+  try:
+    infos = socket.getaddrinfo(host or None, int(port), family, socket.SOCK_STREAM)
+  except OSError as e:
+    raise CoordinatorError(f"{what} {bind_address}: cannot resolve {host!r} ({e}).") from None
+  with socket.socket(family, socket.SOCK_STREAM) as s:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      s.bind(infos[0][4])
+    except OSError as e:
+      if e.errno == errno.EADDRINUSE:
+        raise CoordinatorError(
+          f"{what} {bind_address}: port {port} is already in use on this machine;"
+          " pick another port (another run may still be using it)."
+        ) from None
+      raise CoordinatorError(
+        f"{what} {bind_address}: cannot listen there ({e.strerror}); process 0 runs the"
+        f" coordinator, so the address must be one of its own (set {ENV_COORDINATOR_BIND}"
+        " to e.g. 0.0.0.0:PORT to listen on every interface)."
+      ) from None
+
+
+def exit_fast_on_error() -> None:
+  """Makes an uncaught exception end this process at once (status 1).
+
+  After ``jax.distributed.initialize`` a normal exit runs JAX's shutdown barrier,
+  which waits (``shutdown_timeout``, 300 s by default) for every other process, and
+  those may be blocked in a collective waiting for this one: the run then hangs
+  until the timeout aborts them all, and the failure looks like theirs. Instead the
+  traceback is printed, output flushed and the process leaves with ``os._exit(1)``.
+  A ``SystemExit`` (a deliberate exit) still shuts down normally.
+  """
+  previous = sys.excepthook
+
+  def hook(kind, value, tb):
+    try:
+      if issubclass(kind, KeyboardInterrupt):
+        code = 130
+      else:
+        code = 1
+      (previous if previous is not hook else sys.__excepthook__)(kind, value, tb)
+      print(
+        f"{sys.argv[0] or 'python'}: exiting at once (status {code}) without waiting in"
+        " jax.distributed's shutdown barrier",
+        file=sys.stderr,
+      )
+    except Exception:  # pragma: no cover - printing must not stop the exit
+      traceback.print_exception(kind, value, tb)
+      code = 1
+    for stream in (sys.stdout, sys.stderr):
+      try:
+        stream.flush()
+      except Exception:  # pragma: no cover
+        pass
+    os._exit(code)
+
+  sys.excepthook = hook
+  try:  # a stack dump on demand, for a launcher's --timeout report
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+  except (AttributeError, ValueError, RuntimeError):  # pragma: no cover - no SIGUSR1 / not main
+    pass
+
+
 def initialize(
   coordinator_address: str | None = None,
   num_processes: int | None = None,
@@ -72,6 +166,8 @@ def initialize(
   local_device_ids: Sequence[int] | None = None,
   coordinator_bind_address: str | None = None,
   initialization_timeout: int = 300,
+  heartbeat_timeout: int | None = None,
+  shutdown_timeout: int | None = None,
 ) -> None:
   """Joins this process to a ``jax.distributed`` runtime. Call before any JAX work.
 
@@ -85,12 +181,20 @@ def initialize(
     process_id: this process's index, ``0 <= process_id < num_processes``.
     local_devices: emulated CPU devices in this process (CPU backend only).
     local_device_ids: the accelerators this process uses (GPU), as in JAX.
-    coordinator_bind_address: where process 0's service listens (default: JAX's,
-      all interfaces; the local launcher passes loopback).
+    coordinator_bind_address: where process 0's service listens. Default: the
+      ``coordinator_address`` itself (so ``127.0.0.1:PORT`` listens on loopback
+      only, not on every interface as JAX's default would); pass
+      ``0.0.0.0:PORT`` to listen everywhere.
     initialization_timeout: seconds to wait for all processes to connect.
+    heartbeat_timeout: seconds without a heartbeat after which a process counts as
+      dead (JAX's default 100 when None).
+    shutdown_timeout: seconds a finishing process waits for the others in the
+      shutdown barrier (JAX's default 300 when None).
 
   Raises:
     ValueError: malformed or inconsistent arguments.
+    CoordinatorError: process 0 cannot listen on the coordinator's address (port
+      in use, or not this machine's address).
     RuntimeError: called after the JAX backend started.
   """
   import jax
@@ -112,6 +216,15 @@ def initialize(
   if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   explicit = None not in (coordinator_address, num_processes, process_id)
+  if explicit and coordinator_bind_address is None:
+    coordinator_bind_address = coordinator_address  # not every interface
+  if explicit and process_id == 0 and num_processes > 1:
+    check_coordinator_port(coordinator_bind_address)
+  timeouts = {}
+  if heartbeat_timeout is not None:
+    timeouts["heartbeat_timeout_seconds"] = int(heartbeat_timeout)
+  if shutdown_timeout is not None:
+    timeouts["shutdown_timeout_seconds"] = int(shutdown_timeout)
   jax.distributed.initialize(
     # All three given: skip cluster detection, so that e.g. a SLURM allocation
     # around a local launcher does not change this process's devices.
@@ -122,6 +235,7 @@ def initialize(
     local_device_ids=list(local_device_ids) if local_device_ids is not None else None,
     coordinator_bind_address=coordinator_bind_address,
     initialization_timeout=initialization_timeout,
+    **timeouts,
   )
 
 
@@ -183,7 +297,10 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
     local_device_ids=ids,
     coordinator_bind_address=env.get(ENV_COORDINATOR_BIND) or None,
     initialization_timeout=_int_env(env, ENV_INIT_TIMEOUT, 1) or 300,
+    heartbeat_timeout=_int_env(env, ENV_HEARTBEAT_TIMEOUT, 1),
+    shutdown_timeout=_int_env(env, ENV_SHUTDOWN_TIMEOUT, 1),
   )
+  exit_fast_on_error()
   return True
 
 
@@ -194,6 +311,9 @@ def main_guard(argv0: str = "allreduce-jax") -> None:
   except ValueError as e:
     print(f"{argv0}: {e}", file=sys.stderr)
     raise SystemExit(2) from None
+  except CoordinatorError as e:
+    print(f"{argv0}: {e}", file=sys.stderr)
+    raise SystemExit(1) from None
   except Exception as e:  # JaxRuntimeError from the coordinator service or client
     address = os.environ.get(ENV_COORDINATOR_BIND) or os.environ.get(ENV_COORDINATOR)
     hint = ""

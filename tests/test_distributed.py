@@ -25,7 +25,9 @@ from allreduce_jax.tools import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, "-m", "allreduce_jax", "launch"]
-QUICK = ["--dtypes", "float32,int32", "--kinds", "verifiable,random"]
+# special inputs (NaN, ±inf, ±0) included: gloo's pmax/pmin differ from the oracle there,
+# which verify reports as backend findings while the hand-written algorithms pass.
+QUICK = ["--dtypes", "float32,int32", "--kinds", "verifiable,special"]
 
 
 def _launch(args: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -65,10 +67,14 @@ def _check_verify(res: subprocess.CompletedProcess, processes: int, devices: int
   out = res.stdout
   assert f"{devices} devices, {processes} process(es)" in out
   assert out.count("# verify:") == 1  # process 0's output only
-  assert " 0 failed" in out
-  for algorithm in ALGORITHMS:
+  assert " 0 failed" in out and "FAIL" not in out
+  for algorithm, record in ALGORITHMS.items():
     rows = [line for line in out.splitlines() if line.startswith(algorithm + " ")]
-    assert rows and all(line.endswith("PASS") for line in rows), algorithm
+    ok = ("PASS",) if record.hand_written else ("PASS", "backend")
+    assert rows and all(line.endswith(ok) for line in rows), algorithm
+  for line in out.splitlines():
+    if line.startswith("backend finding:"):
+      assert re.match(r"backend finding: lax\.p\w+ \w+ p=\d+ \w+ inputs: .*, oracle ", line)
   assert f"all {processes} processes finished OK" in res.stderr
 
 
@@ -87,6 +93,38 @@ def test_verify_4_processes_x_1_device(tmp_path):
   verify = ["verify", *QUICK, "--shapes", "3x7", "--ops", "sum,max"]
   res = _launch([*args, str(tmp_path), "--", *verify], timeout=280)
   _check_verify(res, processes=4, devices=4)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("local", [1, 2])
+def test_backend_oracle_across_processes(tmp_path, local):
+  # XLA's own collectives over gloo against the NumPy oracle (jax#40830 reports
+  # psum_scatter returning wrong values). A disagreement is a finding: exit 0, and the
+  # line says which collective, dtype, how many elements and the first mismatch.
+  args = ["-n", "2", "--local-devices", str(local), "--timeout", "240", "--log-dir", str(tmp_path)]
+  verify = ["verify", "--backend-oracle", "--dtypes", "float32", "--shapes", "5"]
+  res = _launch([*args, "--", *verify, "--kinds", "verifiable,random,special"], timeout=280)
+  assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+  out = res.stdout
+  p = 2 * local
+  assert f"{p} devices, 2 process(es)" in out
+  for name in ("psum", "pmean", "pmax", "pmin", "psum_scatter", "all_gather"):
+    for kind in ("verifiable", "random", "special"):
+      row = rf"^lax\.{name} +float32 +{p} +{kind} +\d+ +\d+ +ok +(agrees|DIFFERS)$"
+      assert re.search(row, out, re.M), (name, kind)
+  summary = re.search(
+    r"^# backend oracle: (\d+) of 18 .* (\d+) differ; hand-written: 0 failed", out, re.M
+  )
+  assert summary, out
+  findings = [line for line in out.splitlines() if line.startswith("backend finding:")]
+  assert len(findings) == int(summary.group(2))
+  for line in findings:
+    assert re.match(
+      rf"backend finding: lax\.\w+ float32 p={p} \w+ inputs: \d+ of \d+ elements differ from"
+      r" the NumPy oracle.*; shape \[\d+\]: \d+ of \d+ elements differ; first at \[\d+, \d+\]"
+      r".*: got \S+, oracle \S+",
+      line,
+    ), line
 
 
 @pytest.mark.timeout(180)
@@ -144,7 +182,9 @@ def test_stuck_participant_ends_at_timeout(tmp_path):
     timeout=90,
   )
   assert res.returncode == 124, res.stdout + res.stderr
-  assert "--timeout 20 s reached" in res.stderr and "process 1: process 1 is stuck" in res.stderr
+  assert "--timeout 20 s reached: process 1 is stuck outside JAX" in res.stderr, res.stderr
+  assert "while process 0 wait(s) for it in a JAX call" in res.stderr
+  assert "last output: process 1 is stuck" in res.stderr
   assert "first all-reduce: [2.]" in res.stdout  # the run really started across processes
   assert time.monotonic() - t0 < 60
   assert not any(_alive(p) for p in _pids(logs, 2))
@@ -166,9 +206,11 @@ def test_coordinator_port_in_use(tmp_path):
 
 @pytest.mark.parametrize("how", ["SIGINT", "SIGKILL"])
 def test_no_orphans_when_the_launcher_is_interrupted_or_killed(tmp_path, how):
-  sleeper = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(300)"]
+  # A wrapper (bash -c) whose own child is the real work: both must go, even when
+  # the launcher dies by SIGKILL (PR_SET_PDEATHSIG alone reaches only the wrapper).
+  wrapper = f"sleep 300 & echo $! > {tmp_path}/grandchild-$ALLREDUCE_JAX_PROCESS_ID; echo up; wait"
   launcher = subprocess.Popen(
-    [*LAUNCH, "-n", "3", "--log-dir", str(tmp_path), "--", *sleeper],
+    [*LAUNCH, "-n", "3", "--log-dir", str(tmp_path), "--", "bash", "-c", wrapper],
     cwd=ROOT,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
@@ -177,6 +219,7 @@ def test_no_orphans_when_the_launcher_is_interrupted_or_killed(tmp_path, how):
     pids = _pids(tmp_path, 3)
     for r in range(3):
       _wait_for(tmp_path / f"process-{r}.log", "up", wait_s=30)
+    pids += [int((tmp_path / f"grandchild-{r}").read_text()) for r in range(3)]
     launcher.send_signal(getattr(signal, how))
     _, err = launcher.communicate(timeout=30)
   finally:
@@ -191,12 +234,219 @@ def test_no_orphans_when_the_launcher_is_interrupted_or_killed(tmp_path, how):
   assert not any(_alive(p) for p in pids)
 
 
+def test_a_second_ctrl_c_while_stopping_exits_quietly(tmp_path):
+  # Children that ignore SIGTERM keep the launcher in its 3 s grace period, where a
+  # second Ctrl-C must kill them at once, without a traceback.
+  stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
+  stubborn += " print('up', flush=True); time.sleep(300)"
+  launcher = subprocess.Popen(
+    [*LAUNCH, "-n", "2", "--log-dir", str(tmp_path), "--", sys.executable, "-c", stubborn],
+    cwd=ROOT,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+  )
+  try:
+    pids = _pids(tmp_path, 2)
+    for r in range(2):
+      _wait_for(tmp_path / f"process-{r}.log", "up", wait_s=30)
+    launcher.send_signal(signal.SIGINT)
+    time.sleep(0.5)  # now in the grace period
+    launcher.send_signal(signal.SIGINT)
+    t = time.monotonic()
+    _, err = launcher.communicate(timeout=30)
+  finally:
+    if launcher.poll() is None:
+      launcher.kill()
+  assert launcher.returncode == 130, err
+  assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err
+  assert time.monotonic() - t < 2.5  # did not sit out the grace period
+  assert not any(_alive(p) for p in pids)
+
+
+RAISE = textwrap.dedent(
+  """
+  import sys, time
+  from allreduce_jax import distributed
+  distributed.initialize_from_env()
+  import jax
+  print("joined", flush=True)
+  if jax.process_index() == int(sys.argv[1]):
+    time.sleep(1)
+    raise RuntimeError(f"boom in process {jax.process_index()}")
+  time.sleep(300)  # a healthy peer, as if blocked in a collective with the failed one
+  """
+)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("rank", [0, 1])
+def test_an_uncaught_error_after_initialize_names_that_process_at_once(tmp_path, rank):
+  # Without exit_fast_on_error the failed process waits in JAX's shutdown barrier
+  # (300 s) and the launcher ends up naming a peer's SIGABRT.
+  script = tmp_path / "raise.py"
+  script.write_text(RAISE)
+  logs = tmp_path / "logs"
+  args = ["-n", "2", "--log-dir", str(logs), "--", sys.executable, str(script), str(rank)]
+  t0 = time.monotonic()
+  res = _launch(args, timeout=100)
+  elapsed = time.monotonic() - t0
+  assert res.returncode == 1, res.stderr
+  assert f"launch: process {rank} of 2" in res.stderr and "exited with status 1" in res.stderr
+  assert f"RuntimeError: boom in process {rank}" in res.stdout + res.stderr
+  assert elapsed < 60, f"{elapsed:.0f} s"  # seconds of start-up on a busy machine, not 300
+  assert not any(_alive(p) for p in _pids(logs, 2))
+
+
+STOP = textwrap.dedent(
+  """
+  import os, signal
+  from allreduce_jax import distributed
+  distributed.initialize_from_env()
+  import jax, jax.numpy as jnp
+  from jax.sharding import PartitionSpec as P
+  mesh = jax.make_mesh((jax.device_count(),), ("i",))
+  f = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh, in_specs=P("i"),
+                            out_specs=P()))
+  x = jax.make_array_from_callback((jax.device_count(),), jax.NamedSharding(mesh, P("i")),
+                                   lambda idx: jnp.ones(1))
+  print("first all-reduce:", f(x).addressable_data(0), flush=True)
+  if jax.process_index() == 1:
+    os.kill(os.getpid(), signal.SIGSTOP)
+  print("second all-reduce:", f(x).addressable_data(0), flush=True)
+  """
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_process_is_blamed_not_the_peer_that_gave_up(tmp_path):
+  script = tmp_path / "stop.py"
+  script.write_text(STOP)
+  logs = tmp_path / "logs"
+  args = ["-n", "2", "--heartbeat-timeout", "5", "--timeout", "90", "--log-dir", str(logs)]
+  res = _launch([*args, "--", sys.executable, str(script)], timeout=110)
+  assert res.returncode != 0
+  assert re.search(r"launch: process 1 \(pid \d+\) of 2 is stopped", res.stderr), res.stderr
+  assert not any(_alive(p) for p in _pids(logs, 2))
+
+
+def test_blame_prefers_an_error_exit_over_signals():
+  class P:
+    pid = 0
+
+  def child(rank, rc):
+    return launch._Child(rank, P(), Path("x"), rc=rc)
+
+  seen = [child(0, -signal.SIGABRT), child(1, -signal.SIGKILL), child(2, 1)]
+  assert min(seen, key=launch._blame_key).rank == 2
+  assert min(seen[:2], key=launch._blame_key).rank == 1
+
+
+def test_timeout_frame_parsing():
+  dump = textwrap.dedent(
+    """
+    Thread 0x00007f01 (most recent call first):
+      File "/x/threading.py", line 331 in wait
+      File "/x/threading.py", line 1002 in _bootstrap
+    Current thread 0x00007f02 (most recent call first):
+      File "/site-packages/jax/_src/array.py", line 9 in _value
+      File "/tmp/hang.py", line 17 in <module>
+    """
+  )
+  frame = launch._main_thread_top(dump)
+  assert frame == 'File "/site-packages/jax/_src/array.py", line 9 in _value'
+  assert launch._in_jax(frame) and not launch._in_jax('File "/tmp/hang.py", line 17 in <module>')
+
+
+def _env_process0(port: int, names: str = "ours") -> dict:
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("ALLREDUCE_JAX_", "JAX_"))}
+  env["JAX_PLATFORMS"] = "cpu"
+  if names == "ours":
+    env.update(
+      {
+        distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
+        distributed.ENV_NUM_PROCESSES: "2",
+        distributed.ENV_PROCESS_ID: "0",
+        distributed.ENV_INIT_TIMEOUT: "30",
+      }
+    )
+  else:
+    env.update(
+      {
+        "JAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+        "JAX_NUM_PROCESSES": "2",
+        "JAX_PROCESS_ID": "0",
+      }
+    )
+  return env
+
+
+@pytest.mark.parametrize("names", ["ours", "jax"])
+def test_busy_coordinator_port_with_environment_variables_is_one_line(names):
+  # docs/distributed.md's set-up without the launcher: JAX's coordinator used to
+  # crash with SIGSEGV (exit 139) on a taken port.
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    res = subprocess.run(
+      [sys.executable, "-m", "allreduce_jax", "verify", "--devices", "1"],
+      cwd=ROOT,
+      env=_env_process0(port, names),
+      capture_output=True,
+      text=True,
+      timeout=60,
+    )
+  assert res.returncode == 1, res.stderr[-2000:]
+  lines = res.stderr.strip().splitlines()
+  assert len(lines) == 1 and f"127.0.0.1:{port}: port {port} is already in use" in lines[0]
+
+
+def test_coordinator_listens_on_loopback_only():
+  port = launch.free_port()
+  script = "from allreduce_jax import distributed; distributed.initialize_from_env()"
+  proc = subprocess.Popen(
+    [sys.executable, "-c", script],
+    cwd=ROOT,
+    env=_env_process0(port),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  try:
+    deadline, listening = time.monotonic() + 60, []
+    while not listening and time.monotonic() < deadline:
+      listening = _listeners(port)
+      time.sleep(0.1)
+  finally:
+    proc.kill()
+    proc.wait()
+  loopback = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1, v4 or v4-mapped v6
+  assert listening and set(listening) <= loopback, listening  # not 0.0.0.0 or [::]
+
+
+def _listeners(port: int) -> list[str]:
+  """Local addresses (hex, as in /proc/net/tcp*) listening on ``port``."""
+  found = []
+  for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    try:
+      rows = Path(table).read_text().splitlines()[1:]
+    except OSError:
+      continue
+    for row in rows:
+      local, state = row.split()[1], row.split()[3]
+      host, _, hexport = local.partition(":")
+      if state == "0A" and int(hexport, 16) == port:
+        found.append(host)
+  return found
+
+
 def test_bad_arguments_are_named(tmp_path):
   cases = [
     ({"num_processes": 0}, "-n/--num-processes must be at least 1"),
     ({"local_devices": 0}, "--local-devices must be at least 1"),
     ({"coordinator": "localhost"}, "--coordinator 'localhost'"),
     ({"timeout": -1}, "--timeout must be positive"),
+    ({"shutdown_timeout": 0}, "--shutdown-timeout must be at least 1"),
+    ({"heartbeat_timeout": 0}, "--heartbeat-timeout must be at least 1"),
     ({"output": "7"}, "--output must be all, none or a rank in 0..1"),
     ({"command": []}, "after '--'"),
     ({"command": ["launch"]}, "launch -- launch"),

@@ -11,11 +11,17 @@ subcommand (``verify``, ``bench``, ``train``...) or any program that calls
 :func:`allreduce_jax.distributed.initialize_from_env` itself.
 
 The launcher watches its children. When one exits with an error or is killed, it
-stops the others and exits non-zero naming that process; ``--timeout`` ends a run
-whose participants are alive but stuck (a JAX multi-host failure mode, jax#38503).
-Each child runs in its own process group and dies with the launcher (Linux
-``PR_SET_PDEATHSIG``), so none outlives a success, a failure or Ctrl-C. Every
-process's output goes to ``DIR/process-R.log``; process 0's is also shown.
+stops the others and exits non-zero naming that process: the first to fail (an
+error exit before a signal, since peers of a failed process abort with SIGABRT), or
+a stopped one (SIGSTOP) that the others gave up on. An uncaught exception in a
+child ends it at once (:func:`allreduce_jax.distributed.exit_fast_on_error`), not
+after JAX's shutdown barrier. ``--timeout`` ends a run whose participants are alive
+but stuck (a JAX multi-host failure mode, jax#38503), naming the process that is not
+waiting inside JAX (from a ``SIGUSR1`` stack dump). Each child runs in its own
+process group, which a watchdog process kills if the launcher dies, even by
+SIGKILL (and Linux ``PR_SET_PDEATHSIG`` kills the child itself), so nothing outlives
+a success, a failure or Ctrl-C. Every process's output goes to
+``DIR/process-R.log``; process 0's is also shown.
 """
 
 from __future__ import annotations
@@ -128,7 +134,16 @@ def _command_argv(command: list[str]) -> list[str]:
   return command
 
 
-def _child_env(rank: int, n: int, address: str, local_devices: int, platform: str, init_s: int):
+def _child_env(
+  rank: int,
+  n: int,
+  address: str,
+  local_devices: int,
+  platform: str,
+  init_s: int,
+  shutdown_s: int = 30,
+  heartbeat_s: int | None = None,
+):
   env = {k: v for k, v in os.environ.items() if k not in distributed.LAUNCHER_VARS}
   env.pop(distributed.ENV_MODE, None)
   env.update(
@@ -138,9 +153,12 @@ def _child_env(rank: int, n: int, address: str, local_devices: int, platform: st
       distributed.ENV_NUM_PROCESSES: str(n),
       distributed.ENV_PROCESS_ID: str(rank),
       distributed.ENV_INIT_TIMEOUT: str(init_s),
+      distributed.ENV_SHUTDOWN_TIMEOUT: str(shutdown_s),
       "PYTHONUNBUFFERED": "1",
     }
   )
+  if heartbeat_s is not None:
+    env[distributed.ENV_HEARTBEAT_TIMEOUT] = str(heartbeat_s)
   if platform == "cpu":
     env["JAX_PLATFORMS"] = "cpu"
     env[distributed.ENV_LOCAL_DEVICES] = str(local_devices)
@@ -149,6 +167,120 @@ def _child_env(rank: int, n: int, address: str, local_devices: int, platform: st
     ids = range(rank * local_devices, (rank + 1) * local_devices)
     env[distributed.ENV_LOCAL_DEVICE_IDS] = ",".join(map(str, ids))
   return env
+
+
+# The watchdog: a separate process (its own session, so Ctrl-C does not reach it)
+# that learns each child's process group on stdin. If its stdin reaches EOF without
+# the word "done" (the launcher died, even by SIGKILL), it kills those groups, which
+# also takes the grandchildren a wrapper such as `bash -c` started.
+_WATCHDOG = """
+import os, signal, sys
+groups = []
+for line in sys.stdin:
+  line = line.strip()
+  if line == "done":
+    sys.exit(0)
+  if line.isdigit():
+    groups.append(int(line))
+for g in groups:
+  try:
+    os.killpg(g, signal.SIGKILL)
+  except OSError:
+    pass
+"""
+
+
+def _start_watchdog() -> subprocess.Popen | None:
+  try:
+    return subprocess.Popen(
+      [sys.executable, "-c", _WATCHDOG],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+      start_new_session=True,
+    )
+  except OSError:  # pragma: no cover - PR_SET_PDEATHSIG still covers the children
+    return None
+
+
+def _tell(watchdog: subprocess.Popen | None, text: str) -> None:
+  if watchdog is None:
+    return
+  with contextlib.suppress(OSError, ValueError):
+    watchdog.stdin.write(f"{text}\n".encode())
+    watchdog.stdin.flush()
+
+
+def _state(pid: int) -> str:
+  """The kernel's one-letter process state (R, S, D, T stopped, Z...), '' if gone."""
+  try:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+  except (OSError, IndexError):
+    return ""
+
+
+def _wchan(pid: int) -> str:
+  """Where in the kernel the process's main thread sleeps ('futex_do_wait', ...)."""
+  try:
+    return Path(f"/proc/{pid}/wchan").read_text().strip()
+  except OSError:
+    return ""
+
+
+def _blame_key(c: _Child) -> tuple:
+  """Who to name among processes seen failing in the same poll: an error exit first
+  (the cause), then a kill by another signal, SIGABRT last (how JAX ends the peers of
+  a failed process), then the lowest rank."""
+  if c.rc > 0:
+    return (0, c.rank)
+  return (2 if -c.rc == signal.SIGABRT else 1, c.rank)
+
+
+def _stacks(children: list[_Child], wait_s: float = 1.5) -> dict[int, str]:
+  """Asks each running child for its Python stacks (SIGUSR1: faulthandler, set up by
+  ``distributed.exit_fast_on_error``) and returns, per rank, the innermost frame of
+  its main thread, or nothing for a child that printed none."""
+  sizes = {}
+  for c in children:
+    if c.rc is None:
+      sizes[c.rank] = c.log.stat().st_size if c.log.exists() else 0
+      with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(c.proc.pid, signal.SIGUSR1)
+  time.sleep(wait_s)
+  frames = {}
+  for c in children:
+    if c.rank not in sizes:
+      continue
+    try:
+      with open(c.log, "rb") as f:
+        f.seek(sizes[c.rank])
+        text = f.read().decode("utf-8", "replace")
+    except OSError:
+      continue
+    frame = _main_thread_top(text)
+    if frame:
+      frames[c.rank] = frame
+  return frames
+
+
+def _main_thread_top(dump: str) -> str | None:
+  """From a faulthandler dump, the innermost frame of the thread whose outermost
+  frame is ``<module>`` (the main thread): 'File "x.py", line 3 in f'."""
+  blocks, current = [], []
+  for line in dump.splitlines():
+    if line.startswith(("Thread 0x", "Current thread 0x")):
+      current = []
+      blocks.append(current)
+    elif line.strip().startswith("File ") and blocks:
+      current.append(line.strip())
+  for frames in blocks:
+    if frames and frames[-1].endswith("in <module>"):
+      return frames[0]
+  return None
+
+
+def _in_jax(frame: str) -> bool:
+  return any(part in frame for part in ("/jax/", "/jaxlib/", "/jax_plugins/", "/flax/"))
 
 
 class _Terminated(Exception):
@@ -172,6 +304,8 @@ def launch(
   output: str = "0",
   platform: str = "cpu",
   init_timeout: int = 120,
+  shutdown_timeout: int = 30,
+  heartbeat_timeout: int | None = None,
   stop_grace: float = 3.0,
   out=None,
   err=None,
@@ -181,7 +315,10 @@ def launch(
   Returns 0 if every process exited with status 0; otherwise the failed process's
   status (128 + signal if it was killed), 124 on ``timeout``, 130/143 if the
   launcher was interrupted/terminated. Raises ``LaunchError`` for a launch that
-  cannot start, with the offending option in the message.
+  cannot start, with the offending option in the message. ``shutdown_timeout``:
+  seconds a finished process waits for the others in JAX's shutdown barrier;
+  ``heartbeat_timeout``: seconds of silence after which JAX declares a process dead
+  (None: JAX's default, 100).
   """
   out = out or sys.stdout
   err = err or sys.stderr
@@ -191,6 +328,10 @@ def launch(
     raise LaunchError(f"--local-devices must be at least 1, got {local_devices}.")
   if timeout is not None and timeout <= 0:
     raise LaunchError(f"--timeout must be positive, got {timeout}.")
+  if shutdown_timeout < 1:
+    raise LaunchError(f"--shutdown-timeout must be at least 1, got {shutdown_timeout}.")
+  if heartbeat_timeout is not None and heartbeat_timeout < 1:
+    raise LaunchError(f"--heartbeat-timeout must be at least 1, got {heartbeat_timeout}.")
   if platform not in ("cpu", "gpu"):
     raise LaunchError(f"--platform must be cpu or gpu, got {platform!r}.")
   if output not in ("all", "none") and not (output.isdigit() and int(output) < num_processes):
@@ -228,6 +369,7 @@ def launch(
   t0 = time.monotonic()
   failure: str | None = None
   code = 0
+  watchdog = _start_watchdog()
   try:
     for rank in range(num_processes):
       log = logs / f"process-{rank}.log"
@@ -235,7 +377,16 @@ def launch(
         try:
           proc = subprocess.Popen(
             argv,
-            env=_child_env(rank, num_processes, address, local_devices, platform, init_timeout),
+            env=_child_env(
+              rank,
+              num_processes,
+              address,
+              local_devices,
+              platform,
+              init_timeout,
+              shutdown_timeout,
+              heartbeat_timeout,
+            ),
             stdin=subprocess.DEVNULL,
             stdout=f,
             stderr=subprocess.STDOUT,
@@ -244,6 +395,7 @@ def launch(
           )
         except OSError as e:
           raise LaunchError(f"cannot start {argv[0]!r}: {e.strerror}") from None
+      _tell(watchdog, str(proc.pid))  # its process group id (a new session)
       children.append(_Child(rank, proc, log, shown=rank in shown))
     (logs / "pids.json").write_text(json.dumps({c.rank: c.proc.pid for c in children}))
 
@@ -256,12 +408,19 @@ def launch(
           if rc != 0:
             newly.append(c)
       if newly:
-        # The first to fail is the likeliest cause; prefer one killed by a signal.
-        first = min(newly, key=lambda c: (c.rc > 0, c.rank))
+        # The first to fail is the likeliest cause: an error exit before a signal.
+        first = min(newly, key=_blame_key)
         failure = (
           f"process {first.rank} of {num_processes} (pid {first.proc.pid}) {_status(first.rc)}"
           f" after {first.ended:.1f} s; stopping the other processes. Its log: {first.log}"
         )
+        stopped = [c for c in children if c.rc is None and _state(c.proc.pid) == "T"]
+        if stopped:  # e.g. SIGSTOP: its peers' heartbeat check gave up on it
+          names = ", ".join(f"{c.rank} (pid {c.proc.pid})" for c in stopped)
+          failure = (
+            f"process {names} of {num_processes} is stopped (SIGSTOP?) and stopped"
+            f" answering; the others gave up on it: {failure}"
+          )
         code = first.rc if first.rc > 0 else 128 - first.rc
         if not first.shown:
           failure += f"\n--- last lines of process {first.rank} ---\n{_tail(first.log)}"
@@ -269,17 +428,7 @@ def launch(
       if all(c.rc == 0 for c in children):
         break
       if timeout is not None and time.monotonic() - t0 > timeout:
-        running = [c.rank for c in children if c.rc is None]
-        lines = "\n".join(
-          f"  process {c.rank}: {(_tail(c.log, 1) or '(no output)')[:200]}"
-          for c in children
-          if c.rc is None
-        )
-        failure = (
-          f"--timeout {timeout:g} s reached with process(es) {', '.join(map(str, running))}"
-          " still running (alive but not finishing: a stuck participant blocks every"
-          f" collective, cf. jax#38503); stopping them. Last line of each log:\n{lines}"
-        )
+        failure = _timeout_report(children, timeout)
         code = 124
         break
       time.sleep(POLL_S)
@@ -292,6 +441,11 @@ def launch(
     if failure:
       print(f"launch: {failure}", file=err, flush=True)
     also = _stop(children, stop_grace)
+    _tell(watchdog, "done")
+    if watchdog is not None:
+      with contextlib.suppress(OSError, ValueError, subprocess.TimeoutExpired):
+        watchdog.stdin.close()
+        watchdog.wait(5)
     for s, h in old_handlers.items():
       signal.signal(s, h)
     _stream(children, out, prefix=output == "all", final=True)
@@ -307,21 +461,80 @@ def launch(
   return 0
 
 
+def _timeout_report(children: list[_Child], timeout: float) -> str:
+  """The --timeout message: which process is stuck (its main thread is not inside a
+  JAX call, from a SIGUSR1 stack dump), which are waiting for it, and each one's
+  last log line."""
+  running = [c for c in children if c.rc is None]
+  # Blocked in a JAX call = its main thread waits on a futex (a JAX computation or
+  # collective, which releases the GIL) or its Python stack ends inside JAX. A
+  # process sleeping, computing, reading input or stopped is the one not coming.
+  waits = {c.rank: _wchan(c.proc.pid).startswith("futex") for c in running}
+  frames = _stacks(running)
+  for rank, frame in frames.items():
+    waits[rank] = waits[rank] or _in_jax(frame)
+  stuck = [c.rank for c in running if not waits[c.rank]]
+  waiting = [c.rank for c in running if waits[c.rank]]
+  if stuck and waiting:
+    who = (
+      f"process {', '.join(map(str, stuck))} is stuck outside JAX while process"
+      f" {', '.join(map(str, waiting))} wait(s) for it in a JAX call"
+    )
+  elif waiting:
+    who = f"processes {', '.join(map(str, waiting))} all wait in JAX calls (a collective mismatch?)"
+  else:
+    who = f"process(es) {', '.join(map(str, stuck))} still running, none inside a JAX call"
+  lines = []
+  for c in running:
+    where = f" at {frames[c.rank]}" if c.rank in frames else ""
+    last = (_tail(c.log, 1) or "(no output)")[:200]
+    if c.rank in frames:  # the dump is now the log's tail: show the line before it
+      last = _last_line_before_dump(c.log) or last
+    lines.append(f"  process {c.rank} (pid {c.proc.pid}){where}; last output: {last}")
+  return (
+    f"--timeout {timeout:g} s reached: {who} (a stuck participant blocks every"
+    " collective, cf. jax#38503); stopping them.\n" + "\n".join(lines)
+  )
+
+
+def _last_line_before_dump(path: Path) -> str:
+  text = _tail(path, 400)
+  lines = text.splitlines()
+  for k, line in enumerate(lines):
+    if line.startswith(("Thread 0x", "Current thread 0x")):
+      before = [x for x in lines[:k] if x.strip()]
+      return before[-1][:200] if before else ""
+  return ""
+
+
+def _kill_groups(children: list[_Child], sig: int) -> None:
+  for c in children:
+    if c.proc.poll() is None:  # the leader is not reaped yet, so its group id is ours
+      with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(c.proc.pid, sig)
+
+
 def _stop(children: list[_Child], grace: float) -> list[str]:
   """SIGTERM to every still-running child's process group, SIGKILL after ``grace``
-  seconds; reaps them all. Returns notes on those that had already failed."""
+  seconds; reaps them all. A Ctrl-C meanwhile sends SIGKILL at once, quietly.
+  Returns notes on those that had already failed."""
   running = [c for c in children if c.proc.poll() is None]
-  for c in running:  # the leader is not reaped yet, so its group id is still ours
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-      os.killpg(c.proc.pid, signal.SIGTERM)
-  deadline = time.monotonic() + grace
-  for c in running:
-    try:
-      c.proc.wait(max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-      with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(c.proc.pid, signal.SIGKILL)
-      c.proc.wait()
+  previous = None
+  with contextlib.suppress(ValueError):  # not the main thread: leave SIGINT alone
+    previous = signal.signal(signal.SIGINT, lambda *_: _kill_groups(running, signal.SIGKILL))
+  try:
+    _kill_groups(running, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for c in running:
+      try:
+        c.proc.wait(max(0.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+          os.killpg(c.proc.pid, signal.SIGKILL)
+        c.proc.wait()
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGINT, previous)
   notes = []
   for c in children:
     if c.rc is None:
@@ -394,6 +607,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     help="seconds the processes wait for each other to connect (default 120)",
   )
   parser.add_argument(
+    "--shutdown-timeout",
+    type=int,
+    default=30,
+    help="seconds a finished process waits for the others at exit (JAX's default 300)",
+  )
+  parser.add_argument(
+    "--heartbeat-timeout",
+    type=int,
+    default=None,
+    help="seconds without a heartbeat after which JAX declares a process dead (default: JAX's, 100)",
+  )
+  parser.add_argument(
     "command",
     nargs=argparse.REMAINDER,
     help="after --: an allreduce-jax subcommand (verify, bench, train...) or a program",
@@ -416,6 +641,8 @@ def run(args: argparse.Namespace) -> int:
       output=args.output,
       platform=args.platform,
       init_timeout=args.init_timeout,
+      shutdown_timeout=args.shutdown_timeout,
+      heartbeat_timeout=args.heartbeat_timeout,
     )
   except LaunchError as e:
     print(f"allreduce-jax launch: {e}", file=sys.stderr)
