@@ -25,7 +25,10 @@
 #
 # Here we train a Flax MLP on the 8×8 digits, synchronously on 8 emulated devices with
 # the hand-written ring and with `lax.psum`, then replay asynchronous SGD at fixed
-# staleness τ and try the two classic mitigations.
+# staleness τ and try the two classic mitigations. Then we charge communication on both
+# sides and add the methods the field uses *between* the two ends — Local SGD, DiLoCo
+# and gossip (D-PSGD) — on the digits and on a small byte-level transformer language
+# model trained on Python's own documentation.
 
 # %% tags=["parameters"]
 import os
@@ -40,6 +43,14 @@ TAUS = (0, 2, 8) if SMALL else (0, 1, 2, 4, 8, 16)
 SEEDS = (0,) if SMALL else (0, 1, 2)
 STALENESS_EVAL_EVERY = 25 if SMALL else 50
 TARGET = 0.9 if SMALL else 0.95  # test accuracy that counts as "trained"
+# Between the ends (Local SGD, DiLoCo, gossip) on one time model, digits and the LM
+BETWEEN_WORKERS = 4 if SMALL else 8
+BETWEEN_GRADIENTS = 160 if SMALL else 2400  # per-worker gradients per run, every arm
+H_SHORT, H_LONG = (4, 10) if SMALL else (8, 50)  # local steps per round
+DIGITS_ARMS = ["sync", "async", f"local_sgd_h{H_SHORT}", f"diloco_h{H_LONG}", "gossip"]
+DIGITS_ARMS += [] if SMALL else [f"local_sgd_h{H_LONG}", "diloco_h100", "gossip_ring", "ssp4"]
+LM_ARMS = ["sync", f"diloco_h{H_LONG}", "gossip", "async"]
+LM_BATCH = 8  # windows of 64 bytes per worker-gradient (16 for digits)
 
 # %%
 import jax
@@ -52,7 +63,7 @@ import numpy as np
 from IPython.display import Markdown, display
 
 from allreduce_jax.tools import report
-from allreduce_jax.training import async_sim, experiments, tables
+from allreduce_jax.training import async_sim, experiments, figures, tables
 
 OUT = report.results_dir("notebooks", "05")  # the repository's results/, wherever this runs
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
@@ -273,6 +284,107 @@ plt.show()
 # on the same simulated clock with real-looking compute-time distributions.
 
 # %% [markdown]
+# ## Communication, charged on both sides
+#
+# Every arm below runs on one clock (`allreduce_jax.training.arms`): simulated compute
+# (log-normal σ = 0.5 compute times, one worker 4× slower) **plus** communication priced
+# by the project's cost model on 100 GbE — sync pays one all-reduce per step, the
+# parameter server a push and a pull per gradient through its one link (a FIFO queue),
+# and the arms between the ends pay what they send:
+#
+# * **Local SGD(H)** (Stich 2019): H local steps per worker, then one all-reduce (mean)
+#   of the *parameters* — the hand-written ring inside `shard_map`, once every H steps.
+# * **DiLoCo(H)** (Douillard et al. 2023): inner AdamW for H steps, then an outer
+#   Nesterov SGD step (lr 0.7, momentum 0.9) on the averaged pseudo-gradient
+#   Δ = θ − mean(θ_i). Same bytes as Local SGD(H).
+# * **Gossip D-PSGD** (Lian et al. 2017): no all-reduce at all; every step each worker
+#   averages its parameters with one ring neighbour (alternating pairings) — one
+#   `ppermute` of the parameters per step, executed on the emulated devices.
+#
+# What each sends, per training sample, for this MLP and for a 100 M-parameter model:
+
+# %%
+import pandas as pd
+
+from allreduce_jax.training import arms, configs, gossip, local, models
+
+mlp_params = models.n_params(models.split(models.make_model("mlp", 0))[1])
+names = ["sync", "async", f"local_sgd_h{H_SHORT}", f"diloco_h{H_LONG}", "gossip"]
+price = pd.DataFrame(
+  {
+    f"{label}: {unit}": [
+      fn(arms.get_arm(a))(arms.Setup(workers=BETWEEN_WORKERS, model_params=size)) for a in names
+    ]
+    for size, label in [(mlp_params, "MLP"), (100_000_000, "100 M")]
+    for unit, fn in [
+      ("bytes / sample", lambda arm: arm.bytes_per_sample),
+      ("one exchange (ms)", lambda arm: lambda s: 1e3 * arm.comm_seconds(s)),
+    ]
+  },
+  index=names,
+)
+display(price.style.format("{:,.3g}"))
+
+# %% [markdown]
+# The gossip claim, checked in the compiled program: one step of gossip sends the
+# parameters once (n bytes per participant, one `collective-permute`), against
+# 2(p−1)/p · n for the ring all-reduce of synchronous SGD — in 2(p−1) messages.
+
+# %%
+g_mlp, w_mlp, r_mlp = models.split(models.make_model("mlp", 0))
+audit = gossip.audit_step_bytes(g_mlp, w_mlp, r_mlp, BETWEEN_WORKERS)
+print(
+  f"p = {BETWEEN_WORKERS}, n = {audit['param_bytes']:,} bytes: gossip sends "
+  f"{audit['sent_bytes_per_step']:,.0f} bytes per step per participant in "
+  f"{audit['permutes_per_step']:.0f} collective-permute; the ring all-reduce sends "
+  f"{audit['ring_allreduce_bytes']:,} (= 2(p−1)/p · n)"
+)
+
+# %% [markdown]
+# ## Between the ends, on the digits
+#
+# Every arm computes the same number of per-worker gradients, starts from the same
+# weights and sees the same batches; the table counts time to the target in simulated
+# seconds *including* communication and the bytes sent per sample. Runs resume from
+# `table_c.jsonl`.
+
+# %%
+tc_setup = dict(
+  workers=BETWEEN_WORKERS,
+  speeds=(1.0,) * (BETWEEN_WORKERS - 1) + (0.25,),
+  gradients=BETWEEN_GRADIENTS,
+  seeds=SEEDS,
+)
+digit_cfg = configs.TableCConfig(workloads=("digits_mlp",), arms=tuple(DIGITS_ARMS), **tc_setup)
+digit_rows = experiments.run_table_c(digit_cfg, OUT / "between", smoke=SMALL, log=lambda line: None)
+display(Markdown(tables.setup_line(digit_cfg) + "\n\n" + tables.table_c(digit_rows)))
+local.bytes_figure(digit_rows)
+plt.show()
+
+# %% [markdown]
+# Periodic averaging keeps sync's accuracy at a fraction of its bytes: DiLoCo averages
+# once every H steps, so it sends H× fewer bytes than sync for the same number of
+# gradients, and its outer Nesterov step recovers what plain Local SGD(H) loses at
+# large H. Gossip sends about half of the ring all-reduce's bytes, in one message
+# instead of 2(p−1), and only approximately agrees (the workers' average is evaluated).
+#
+# ## The same arms on a language model
+#
+# `lm` is a 2-layer byte-level transformer (d_model 64, 4 heads, context 64, Flax NNX,
+# Adam) trained on the help topics that ship with Python (`pydoc_data.topics`, no
+# download), with a fixed train/validation split; the metric is validation loss in nats
+# per byte (lower is better). Small mode trains a 1-layer, d_model-32 smoke version.
+
+# %%
+lm_cfg = configs.TableCConfig(
+  workloads=("lm",), arms=tuple(LM_ARMS), batch_per_worker=LM_BATCH, **tc_setup
+)
+lm_rows = experiments.run_table_c(lm_cfg, OUT / "between_lm", smoke=SMALL, log=lambda line: None)
+display(Markdown(tables.setup_line(lm_cfg) + "\n\n" + tables.table_c(lm_rows)))
+figures.table_c_figure(lm_rows)
+plt.show()
+
+# %% [markdown]
 # ## What this run showed
 
 
@@ -297,4 +409,25 @@ print(
   f"{plain}. At τ = {tau_max} "
   f"η/τ reached {mean_acc('async_eta_tau', tau_max):.1%} and DC-ASGD "
   f"{mean_acc('dcasgd', tau_max):.1%}; the best method there was {best_m}."
+)
+
+
+def median(rows, arm, field):
+  return float(np.median([r[field] for r in rows if r["arm"] == arm]))
+
+
+sync_acc, dil_acc = (
+  median(digit_rows, "sync", "final_metric"),
+  median(digit_rows, f"diloco_h{H_LONG}", "final_metric"),
+)
+ratio = median(digit_rows, "sync", "bytes_per_sample") / median(
+  digit_rows, f"diloco_h{H_LONG}", "bytes_per_sample"
+)
+lm_line = ", ".join(f"{a} {median(lm_rows, a, 'final_metric'):.2f}" for a in LM_ARMS)
+print(
+  f"Between the ends ({BETWEEN_WORKERS} workers, {BETWEEN_GRADIENTS} gradients each, median of "
+  f"{len(SEEDS)} seed(s)): on the digits DiLoCo(H={H_LONG}) reached {dil_acc:.1%} against "
+  f"sync's {sync_acc:.1%} ({100 * (dil_acc - sync_acc):+.2f} points) sending {ratio:.0f}× fewer "
+  f"bytes; gossip sent {audit['sent_bytes_per_step'] / audit['ring_allreduce_bytes']:.2f}× the "
+  f"ring all-reduce's bytes per step. LM validation loss (nats/byte): {lm_line}."
 )

@@ -380,3 +380,49 @@ def register_arms() -> None:
 
   for mixing in MIXINGS:
     arms.register(gossip_arm(mixing))
+
+
+def audit_step_bytes(
+  graphdef: Any, params: Any, rest: Any, p: int, mixing: str = "pairs", data=None
+) -> dict:
+  """Compiles a gossip chunk on ``p`` devices and counts what one step sends (HLO audit).
+
+  ``data`` (default: the digits) gives the input shapes the program is compiled for.
+
+  Returns ``{"param_bytes": n, "permutes_per_step", "sent_bytes_per_step"}`` (the most
+  any participant sends through ``collective-permute`` per step) and
+  ``"ring_allreduce_bytes"``, what one participant sends in the ring all-reduce of the
+  same ``n`` bytes, from the compiled hand-written ring. Example (``pairs``: one
+  exchange of the ``n`` parameter bytes per step)::
+
+    >>> from allreduce_jax.training import models
+    >>> g, w, r = models.split(models.make_model("mlp", 0, hidden=(30,)))
+    >>> a = audit_step_bytes(g, w, r, 4)
+    >>> a["sent_bytes_per_step"] == a["param_bytes"], a["ring_allreduce_bytes"] / a["param_bytes"]
+    (True, 1.5)
+  """
+  from allreduce_jax import hlo
+
+  mesh = _devices.submesh((p,), ("data",))
+  tx = optax.sgd(0.0)
+  chunk = make_gossip_chunk(graphdef, rest, tx, mesh, mixing)
+  state = replicate((params, tx.init(params)), mesh)
+  leaves = jax.tree.leaves(params)
+  n = int(sum(np.asarray(a).nbytes for a in leaves))
+  if data is None:
+    from allreduce_jax.training.data import load_digits
+
+    data = load_digits()
+  rep = NamedSharding(mesh, P())
+  x = jax.ShapeDtypeStruct((2, *data.x_train.shape[1:]), data.x_train.dtype, sharding=rep)
+  y = jax.ShapeDtypeStruct((2, *data.y_train.shape[1:]), data.y_train.dtype, sharding=rep)
+  idx = jax.ShapeDtypeStruct((2, p), jnp.int32, sharding=NamedSharding(mesh, P(None, "data")))
+  audit = hlo.audit(chunk.lower(state, x, y, idx).compile().as_text())
+  body = 2 if mixing == "pairs" else 1  # steps in the scan body
+  ring = hlo.audit_all_reduce("ring", p, -(-n // 4))  # float32 elements
+  return {
+    "param_bytes": n,
+    "permutes_per_step": audit.permutes / body,
+    "sent_bytes_per_step": audit.max_sent_bytes / body,
+    "ring_allreduce_bytes": ring.max_sent_bytes,
+  }
