@@ -184,3 +184,39 @@ def test_gossip_pairs_needs_an_even_ring():
     gossip.pairings(3)
   with pytest.raises(ValueError, match="mixing"):
     gossip.exchanges_per_step("star")
+
+
+def _setup(**kw):
+  from allreduce_jax.training import arms
+
+  base = dict(workers=4, gradients=32, compute="constant", compute_s=1.0, model_params=1000)
+  return arms.Setup(**{**base, **kw})
+
+
+def test_local_timeline_waits_for_the_slowest_once_per_round():
+  from allreduce_jax.training import arms
+
+  setup = _setup(speeds=(1.0, 1.0, 1.0, 0.5))  # worker 3 takes 2 s per gradient
+  ar = arms.allreduce_seconds(setup)
+  tl = local.local_timeline(setup, 0, 4, ar, arms.allreduce_bytes(setup))
+  assert len(tl.time) == 8 and tl.info["rounds"] == 2
+  # update u of a round ends when the slow worker has done u local steps (2 s each)
+  np.testing.assert_allclose(tl.time[:4], [2, 4, 6, 8 + ar])
+  np.testing.assert_allclose(tl.time[4:], 8 + ar + np.array([2, 4, 6, 8 + ar]))
+  assert tl.bytes_sent == 2 * arms.allreduce_bytes(setup)
+  arm = arms.get_arm("diloco_h4")
+  assert arm.bytes_per_sample(setup) == arms.allreduce_bytes(setup) / (4 * 4 * 16)
+  with pytest.raises(ValueError, match="do not fit"):
+    local.local_timeline(setup, 0, 9, ar, 0.0)
+
+
+def test_gossip_timeline_is_a_neighbour_barrier():
+  setup = _setup()
+  e = gossip.exchange_seconds(setup)
+  tl = gossip.gossip_timeline(setup, 0, "pairs")
+  np.testing.assert_allclose(tl.time, (np.arange(8) + 1) * (1 + e))
+  # one slow worker: its partner waits at once, the others only once the delay has spread
+  slow = gossip.gossip_timeline(_setup(speeds=(1.0, 1.0, 1.0, 0.25)), 0, "pairs")
+  sync_like = (np.arange(8) + 1) * (4 + e)
+  assert (slow.time <= sync_like + 1e-9).all() and slow.time[0] == pytest.approx(4 + e)
+  assert tl.bytes_sent == 8 * 4 * 4000 and slow.comm_s == pytest.approx(8 * e)
