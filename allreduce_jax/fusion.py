@@ -76,7 +76,7 @@ def invariant_leaves(tree: Any, axis_name: AxisName) -> list[str]:
     return []
   axes = set(_comm.axes_tuple(axis_name))
   return [
-    jax.tree_util.keystr(path)
+    jax.tree_util.keystr(path) or "(the array itself)"
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
     if not axes <= varying_axes(jnp.asarray(leaf))
   ]
@@ -139,7 +139,7 @@ def all_reduce_tree(
   if leaves:
     for path in invariant_leaves(tree, axis_name):
       warnings.warn(
-        f"all_reduce_tree: leaf {path or '(root)'} is already invariant over {axis_name!r}"
+        f"all_reduce_tree: leaf {path} is already invariant over {axis_name!r}"
         f" (typed shard_map); op={op!r} reduces it like lax.psum/lax.pmean reduce an"
         " invariant value (sum: p x it; mean: it unchanged). If it is a gradient with"
         " respect to replicated parameters, JAX has already summed it over the"

@@ -6,7 +6,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import ALGORITHMS, OPS, all_reduce, all_reduce_tree
+from allreduce_jax import ALGORITHMS, OPS, all_reduce, all_reduce_gradients, all_reduce_tree
 from allreduce_jax._devices import submesh
 
 
@@ -70,3 +70,104 @@ def test_registry_is_complete():
     "naive", "hierarchical", "psum",
   }  # fmt: skip
   assert expected <= set(ALGORITHMS)
+
+
+# ---- API edges (issue 11 §4): keyword-only options, explicit auto parameters ----
+
+
+def test_positional_options_are_a_clear_type_error():
+  with pytest.raises(TypeError, match=r"all_reduce\(\) takes op and algorithm .*keyword"):
+    _run(lambda b: all_reduce(b, "i", "sum"))
+  with pytest.raises(TypeError, match=r"all_reduce_tree\(\) takes op, algorithm and bucket_bytes"):
+    _run(lambda b: all_reduce_tree({"a": b}, "i", "mean", "ring")["a"])
+  with pytest.raises(TypeError, match=r"all_reduce_gradients\(\) takes op"):
+    all_reduce_gradients("i", "mean")
+
+
+def test_signatures_show_keyword_only_options():
+  import inspect
+
+  for fn, names in [
+    (all_reduce, ("op", "algorithm")),
+    (all_reduce_tree, ("op", "algorithm", "bucket_bytes")),
+    (all_reduce_gradients, ("op", "algorithm", "bucket_bytes")),
+  ]:
+    params = inspect.signature(fn).parameters
+    for name in names:
+      assert params[name].kind is inspect.Parameter.KEYWORD_ONLY, (fn.__name__, name)
+  assert inspect.signature(all_reduce).parameters["op"].default == "sum"
+  assert inspect.signature(all_reduce_tree).parameters["op"].default == "sum"
+  assert inspect.signature(all_reduce_gradients).parameters["op"].default == "mean"
+
+
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
+    ({"op": "prod"}, "op='prod'"),
+    ({"algorithm": "butterfly"}, "algorithm='butterfly'"),
+    ({"bucket_bytes": -1}, "bucket_bytes"),
+  ],
+)
+def test_all_reduce_gradients_checks_options_when_built(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    all_reduce_gradients("data", **kwargs)
+
+
+def test_use_params_refuses_a_path():
+  from allreduce_jax import cost_model
+
+  with (
+    pytest.raises(TypeError, match="load_params"),
+    cost_model.use_params("results/cost_params.json"),
+  ):
+    pass
+
+
+def test_auto_reads_no_file_and_no_environment(tmp_path, monkeypatch):
+  """The same code picks the same algorithm wherever it is launched."""
+  from allreduce_jax import cost_model
+
+  latency_bound = cost_model.Params(500e-6, 1e-12, 0.0)
+  path = tmp_path / "results" / "cost_params.json"
+  cost_model.save_params(cost_model.FittedParams(latency_bound, {}, {}), path)
+  monkeypatch.chdir(tmp_path)  # results/cost_params.json is right here
+  monkeypatch.setenv(cost_model.FIT_ENV_VAR, str(path))
+  assert cost_model.current_params() == cost_model.backend_params()
+  with cost_model.use_params(latency_bound):
+    assert cost_model.current_params() is latency_bound
+  assert cost_model.current_params() == cost_model.backend_params()
+
+
+def test_choose_never_picks_an_algorithm_the_fit_did_not_measure():
+  """Issue 10 §4: a fit on ring, recursive_doubling, halving_doubling, psum chose
+  bidirectional_ring (never measured) from 1 MiB on."""
+  from allreduce_jax import cost_model
+
+  rows = [
+    (a, 8, n, cost_model.predict_seconds(a, 8, n, cost_model.Params(20e-6, 1e-9, 0.0)))
+    for a in ("ring", "recursive_doubling", "halving_doubling", "psum")
+    for n in (1 << 10, 1 << 16, 1 << 22)
+  ]
+  fitted = cost_model.fit_all(rows)
+  assert set(fitted.meta["algorithms"]) == {
+    "ring",
+    "recursive_doubling",
+    "halving_doubling",
+    "psum",
+  }
+  for n in (1 << 10, 1 << 20, 1 << 22, 1 << 24):
+    assert cost_model.choose(8, n, fitted) in {"ring", "recursive_doubling", "halving_doubling"}
+  with pytest.raises(ValueError, match="none of the candidates"):
+    cost_model.choose(8, 1 << 20, fitted, candidates=("tree", "bidirectional_ring"))
+
+
+def test_shipped_cpu_defaults_price_only_what_they_measured():
+  from allreduce_jax import cost_model
+
+  cpu = cost_model.backend_params("cpu")
+  assert isinstance(cpu, cost_model.FittedParams)
+  assert "ring" in cost_model.fitted_algorithms(cpu)
+  assert "shipped CPU defaults" in cost_model.describe_params(cpu)
+  for n in (1 << 10, 1 << 20, 1 << 26):
+    assert cost_model.choose(8, n, cpu) in cost_model.fitted_algorithms(cpu)
+  assert cost_model.backend_params("gpu") is cost_model.DEFAULT_PARAMS
