@@ -236,7 +236,8 @@ def _check_setup(cfg) -> None:
   _require(len(cfg.seeds) >= 1, "seeds", cfg.seeds, "at least one seed")
 
 
-#: Table C's default arms: every arm built on this harness (13B's register more).
+#: Table C's default arms: every arm of the harness (Local SGD, DiLoCo and gossip
+#: come from ``training.local`` / ``training.gossip``).
 TABLE_C_ARMS = (
   "sync",
   "sync_b1",
@@ -247,6 +248,9 @@ TABLE_C_ARMS = (
   "dcasgd",
   "ssp1",
   "ssp4",
+  "local_sgd_h8",
+  "diloco_h50",
+  "gossip",
 )
 
 

@@ -361,6 +361,25 @@ def _setup_fields(cfg) -> dict[str, Any]:
   return fields_of(arms.setup_of(cfg))
 
 
+#: Per-evaluation fields the phase sweep does not keep (a cell needs the time to target).
+PHASE_DROP = ("eval_gradients", "eval_time", "eval_updates", "test_metric")
+
+
+def compact(row: dict[str, Any], digits: int = 5, drop=("eval_gradients",)) -> dict[str, Any]:
+  """``row`` with its curves rounded to ``digits`` significant digits (metrics are
+  float32, times simulated) and the fields ``drop`` left out, so committed rows stay
+  small (the phase sweep keeps no curves, :data:`PHASE_DROP`)."""
+
+  def r(x):
+    return float(f"{x:.{digits}g}") if isinstance(x, float) else x
+
+  out = {k: v for k, v in row.items() if k not in drop}
+  for k in ("eval_time", "test_metric"):
+    if k in out:
+      out[k] = [r(x) for x in out[k]]
+  return out
+
+
 def run_table_c(
   cfg: TableCConfig,
   out_dir: str | Path,
@@ -396,7 +415,7 @@ def run_table_c(
     if w not in workloads:
       workloads[w] = arms.get_workload(w, smoke)
     t0 = time.perf_counter()
-    row = arms.run_arm(arms.get_arm(a), setup, workloads[w], seed)
+    row = compact(arms.run_arm(arms.get_arm(a), setup, workloads[w], seed))
     row = {"key": key, **fields, **row, "wall_s": time.perf_counter() - t0, "env": environment()}
     done[key] = store.append(row)
     new += 1
@@ -448,6 +467,7 @@ def run_phase(
           wl = wl or arms.get_workload(cfg.workload, smoke)
           t0 = time.perf_counter()
           row = arms.run_arm(arms.get_arm(a), setup, wl, seed, curves)
+          row = compact(row, drop=PHASE_DROP)
           row = {"key": key, **fields, **row, "wall_s": time.perf_counter() - t0}
           done[key] = store.append({**row, "env": environment()})
           new += 1

@@ -224,23 +224,22 @@ def phase_table(cells: list[dict[str, Any]]) -> str:
 
 
 def phase_boundary(cells: list[dict[str, Any]]) -> str:
-  """Per σ: the lowest bandwidth at which a parameter-server arm is fastest, in GB/s
-  and as the all-reduce/compute ratio (the boundary in the project's units)."""
+  """Per σ, which arm is fastest over which bandwidths (in GB/s and as the cost of
+  one all-reduce over one mean gradient computation): the boundaries in the
+  project's units."""
   lines = []
   for s in dict.fromkeys(c["sigma"] for c in cells):
-    wins = sorted(
-      {
-        (c["bandwidth_gbps"], c["ratio"], c["winner"])
-        for c in cells
-        if c["sigma"] == s and c["winner"] and c["family"] == "ps" and c["arm"] == c["winner"]
-      }
-    )
-    if wins:
-      bw, ratio, arm = wins[0]
-      lines.append(
-        f"- σ = {s:g}: a parameter-server arm ({arm}) is fastest from {bw:g} GB/s up"
-        f" (all-reduce / compute = {ratio:.3g}); below, a sync arm."
-      )
-    else:
-      lines.append(f"- σ = {s:g}: a sync-family arm is fastest at every bandwidth.")
+    win = sorted({(c["bandwidth_gbps"], c["ratio"], c["winner"]) for c in cells if c["sigma"] == s})
+    segments: list[list] = []
+    for bw, ratio, arm in win:
+      if segments and segments[-1][0] == arm:
+        segments[-1][2], segments[-1][4] = bw, ratio
+      else:
+        segments.append([arm, bw, bw, ratio, ratio])
+    parts = []
+    for arm, lo, hi, r_lo, r_hi in segments:
+      span = f"{lo:g} GB/s" if lo == hi else f"{lo:g}–{hi:g} GB/s"
+      ratios = f"{r_lo:.3g}" if lo == hi else f"{r_hi:.3g}–{r_lo:.3g}"
+      parts.append(f"**{arm or 'none'}** at {span} (all-reduce / compute {ratios})")
+    lines.append(f"- σ = {s:g}: " + "; ".join(parts) + ".")
   return "\n".join(lines)
