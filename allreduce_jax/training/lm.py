@@ -56,3 +56,34 @@ def cnn_strict_workload(smoke: bool = False):
     metric="accuracy",
     target=0.9 if smoke else CNN_STRICT_TARGET,
   )
+
+
+def train_single(model, corpus, steps: int, batch: int = 16, lr: float = LM_LR, seed: int = 0):
+  """Trains ``model`` in place on one device with the plain Flax NNX idiom
+  (``nnx.Optimizer(model, tx, wrt=nnx.Param)``, ``nnx.value_and_grad``, ``nnx.jit``):
+  the single-device reference for the LM. Returns the training losses f32[steps].
+
+  The data-parallel arms use the same model through ``models.split``/``nnx.merge``
+  instead, so that parameters can carry a leading participant axis.
+  """
+  import numpy as np
+  import optax
+  from flax import nnx
+
+  from allreduce_jax.training import data, models
+
+  optimizer = nnx.Optimizer(model, models.make_optimizer("adam", lr), wrt=nnx.Param)
+
+  @nnx.jit
+  def step(model, optimizer, x, y):
+    def loss_fn(m):
+      return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return loss
+
+  idx = data.batch_indices(corpus.n_train, batch, steps, seed)
+  return np.asarray(
+    [float(step(model, optimizer, corpus.x_train[i], corpus.y_train[i])) for i in idx]
+  )
