@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from allreduce_jax import _comm
 from allreduce_jax._comm import AxisName
@@ -327,22 +326,28 @@ def double_binary_tree_chunks(
   k = chunks or choose_chunks(p, n * flat.dtype.itemsize)
   k = max(1, min(k, -(-n // 2)))  # at least one element per chunk
   i = _comm.index(axis_name)
-  buf = _comm.pad_to_multiple(flat, 2 * k).reshape(2 * k, -1)  # T[2k, c]: A's rows, then B's
+  padded = _comm.pad_to_multiple(flat, 2 * k)  # T[2k*c]
+  c = padded.shape[0] // (2 * k)
+  # The chunks as separate arrays (A's k, then B's k): a step reads and writes only
+  # the few rows its transfers touch, chosen by static candidate sets, which XLA:CPU
+  # runs ~4x faster than dynamic row updates of one T[2k, c] buffer.
+  rows = [padded[j * c : (j + 1) * c] for j in range(2 * k)]  # 2k x T[c]
   for rnd in plan(p, k):
     with _comm.concurrent():  # one round: its transfers are in flight together
       for step in rnd:
-        send_row, recv_row = np.zeros(p, np.int32), np.zeros(p, np.int32)
-        gets = np.zeros(p, bool)
-        for e in step:
-          send_row[e.src], recv_row[e.dst], gets[e.dst] = e.row, e.row, True
-        payload = lax.dynamic_index_in_dim(buf, jnp.asarray(send_row)[i], keepdims=False)  # T[c]
+        out_row, in_row = np.full(p, -1, np.int32), np.full(p, -1, np.int32)
+        for e in step:  # a participant may send one row and receive another
+          out_row[e.src], in_row[e.dst] = e.row, e.row
+        touched = sorted({e.row for e in step})
+        sends, gets = jnp.asarray(out_row)[i], jnp.asarray(in_row)[i]
+        payload = rows[touched[0]]  # T[c]
+        for j in touched[1:]:
+          payload = jnp.where(sends == j, rows[j], payload)
         recv = _comm.send(payload, axis_name, [(e.src, e.dst) for e in step])  # T[c]
-        at = jnp.asarray(recv_row)[i]
-        row = lax.dynamic_index_in_dim(buf, at, keepdims=False)  # T[c]
-        new = combine(row, recv) if step[0].mode == _COMBINE else recv
-        new = jnp.where(jnp.asarray(gets)[i], new, row)
-        buf = lax.dynamic_update_index_in_dim(buf, new, at, 0)
-  return buf.reshape(-1)[:n]
+        for j in touched:
+          new = combine(rows[j], recv) if step[0].mode == _COMBINE else recv
+          rows[j] = jnp.where(gets == j, new, rows[j])
+  return jnp.concatenate(rows)[:n]
 
 
 def double_binary_tree(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Array:
