@@ -343,9 +343,10 @@ def all_reduce(
     and differentiated like ``psum`` (see below). Under ``check_vma=False``
     nothing is typed.
 
-  Gradients (``op="sum"``/``"mean"``): ``jax.grad``, ``jax.jvp`` and
-  ``jax.hessian`` through ``all_reduce`` give ``lax.psum``'s/``lax.pmean``'s values,
-  with the gradient taken inside or outside the ``shard_map`` body, for a
+  Gradients (``op="sum"``/``"mean"``): ``jax.grad``, ``jax.jvp`` and second
+  derivatives (Hessian-vector products) through ``all_reduce`` give
+  ``lax.psum``'s/``lax.pmean``'s values, with the gradient taken inside or outside
+  the ``shard_map`` body, for a
   per-participant or a replicated (``in_specs=P()``) input, under ``check_vma``
   True and False (``docs/gradients.md``; tested in ``tests/test_gradients.py``).
   Under ``check_vma=True`` the result is typed invariant by a cast that compiles
