@@ -93,6 +93,10 @@ EXPERIMENTS: dict[str, dict[str, dict]] = {
   },
   "scaling": {"full": {"max_p": 16384}, "smoke": {"max_p": 64}},
   "train": {"full": {}, "smoke": {"smoke": True}},
+  "train_phase": {
+    "full": {"sigmas": "0,0.5,1.5", "bandwidths_gbps": "0.1,1,10,100,1000"},
+    "smoke": {"smoke": True},
+  },
 }
 
 
@@ -171,10 +175,12 @@ def plan(out: Path, smoke: bool, devices: int) -> list[Section]:
             "No collective runs here: predicted times from the α-β-γ model for nodes of 8 devices on NVLink joined by InfiniBand (documented presets), and for a flat machine with this run's fitted parameters.",
             [["scaling", *opts("scaling"), "--params", f"{o}/cost_params.json", "--out", f"{o}/scaling.jsonl"]]),
     Section("train", "Synchronous data-parallel training, asynchronous SGD, stragglers",
-            "Flax NNX on scikit-learn digits: synchronous data-parallel SGD over the hand-written ring, and simulated asynchronous SGD on stale gradients (fixed staleness τ, then straggling workers with and without backup workers).",
+            "Flax NNX on scikit-learn digits: synchronous data-parallel SGD over the hand-written ring, and simulated asynchronous SGD on stale gradients (fixed staleness τ, then straggling workers with and without backup workers). Table C puts every arm (sync, backups, batch ∝ speed, slow-node isolation, async, SSP, Local SGD, DiLoCo, gossip) on one clock, compute plus communication priced by the cost model; the phase diagram shows which arm reaches the target first by straggler heaviness × link bandwidth for a 100 M-parameter model.",
             [["train", "sync", *opts("train"), "--devices", d, "--out", f"{o}/train/sync"],
              ["train", "staleness", *opts("train"), "--devices", d, "--out", f"{o}/train/staleness"],
-             ["train", "stragglers", *opts("train"), "--devices", d, "--out", f"{o}/train/stragglers"]]),
+             ["train", "stragglers", *opts("train"), "--devices", d, "--out", f"{o}/train/stragglers"],
+             ["train", "table-c", *opts("train"), "--devices", d, "--out", f"{o}/train/table_c"],
+             ["train", "phase", *opts("train_phase"), "--devices", d, "--out", f"{o}/train/phase"]]),
   ]  # fmt: skip
 
 
