@@ -171,3 +171,11 @@ def test_shipped_cpu_defaults_price_only_what_they_measured():
   for n in (1 << 10, 1 << 20, 1 << 26):
     assert cost_model.choose(8, n, cpu) in cost_model.fitted_algorithms(cpu)
   assert cost_model.backend_params("gpu") is cost_model.DEFAULT_PARAMS
+
+
+def test_tree_and_gradients_outside_shard_map_name_the_unbound_axis():
+  with pytest.raises(ValueError, match="not bound"):
+    all_reduce_tree({"a": jnp.ones(3)}, "i")
+  tx = all_reduce_gradients("i")
+  with pytest.raises(ValueError, match="not bound"):
+    tx.update({"a": jnp.ones(3)}, tx.init(None))
