@@ -697,7 +697,8 @@ def _combined_flags(jaxpr) -> list[bool]:
 def axis_sizes(algorithm: str, p: int, topology: Topology | None = None) -> tuple[int, ...]:
   """The mesh axis sizes to price ``algorithm`` on ``p`` participants: ``(p,)`` for one
   axis; for k axes the topology's own levels where it has them (islands / leaves as
-  the inner axis, a torus's dimensions when k equals them), else as even as possible."""
+  the inner axis; a torus's dimensions, one axis each, when the record takes that many),
+  else as even as possible."""
   from allreduce_jax._api import ALGORITHMS
 
   k = ALGORITHMS[algorithm].axes
@@ -709,7 +710,7 @@ def axis_sizes(algorithm: str, p: int, topology: Topology | None = None) -> tupl
     g = getattr(top, inner)
     return (*even_dims(p // g, k - 1), g)
   if isinstance(top, Torus) and math.prod(top.dims) == p:
-    if len(top.dims) == k:
+    if k <= len(top.dims):  # a record takes at least k axes: one per torus dimension
       return top.dims
     if k == 2 and len(top.dims) > 1:  # the inner axis on one ring of the last dimension
       return (p // top.dims[-1], top.dims[-1])
