@@ -136,8 +136,9 @@ fig
 # `scaling.sweep_topology` (the rows `allreduce-jax scaling --topology ...` writes) prices
 # every replayable algorithm on each network. The torus family picks the most even 3-D
 # shape for each p (16384 = 32×32×16); the fat tree has 8 hosts per leaf and 7:1
-# oversubscribed uplinks; `hierarchical` runs its inner ring along the leaf / the last
-# torus dimension.
+# oversubscribed uplinks. `hierarchical` follows the network: on the torus one ring per
+# dimension (reduce-scatter along z, then y, all-reduce along x, all-gather back: the TPU
+# pod scheme), on the fat tree a ring inside each leaf and one across leaves.
 
 # %%
 rows = []
@@ -245,6 +246,10 @@ for label, net in (
 pd.DataFrame(dbt).T.round(1) if dbt else "double_binary_tree is not registered"
 
 # %% [markdown]
+# The flat model gives the bidirectional ring and the double binary tree a link per
+# message (two or more per participant): that is why both look best on `switch` at large
+# sizes. With one NIC per participant (the fat tree here, or `switch(1)`) they lose that.
+#
 # The model gets the direction (the tree wins by orders of magnitude at this scale) but
 # overstates the factor: every step here pays the same α (5 µs, an InfiniBand message),
 # so the ring's 2(p−1) steps cost 2(p−1)·α. NCCL's ring is pipelined hop by hop with its
