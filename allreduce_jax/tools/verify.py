@@ -471,14 +471,15 @@ def _result(t: dict) -> str:
 
 
 def format_table(table: list[dict]) -> str:
+  w = max([20, *(len(t["algorithm"]) + 2 for t in table)])  # a name is always followed by a space
   head = (
-    f"{'algorithm':<20}{'op':<6}{'dtype':<10}{'p':>3}  {'max|err| vs oracle':>18}"
+    f"{'algorithm':<{w}}{'op':<6}{'dtype':<10}{'p':>3}  {'max|err| vs oracle':>18}"
     f"  {'bit-exact':>9}  result"
   )
   lines = [head, "-" * len(head)]
   for t in table:
     lines.append(
-      f"{t['algorithm']:<20}{t['op']:<6}{t['dtype']:<10}{t['p']:>3}  {t['max_abs_err']:>18.3g}"
+      f"{t['algorithm']:<{w}}{t['op']:<6}{t['dtype']:<10}{t['p']:>3}  {t['max_abs_err']:>18.3g}"
       f"  {'yes' if t['bit_exact'] else 'no':>9}  {_result(t)}"
     )
   return "\n".join(lines)
@@ -800,7 +801,7 @@ def run_backend_oracle(args: argparse.Namespace, ps: list[int], shapes) -> int:
   for r in records:
     cells.setdefault((r["collective"], r["dtype"], r["p"], r["kind"]), []).append(r)
   head = (
-    f"{'collective':<18}{'dtype':<10}{'p':>3}  {'kind':<11}{'checked':>8}  {'differ':>7}"
+    f"{'collective':<18}{'dtype':<10}{'p':>3}  {'kind':<11}{'checked':>10}  {'differ':>7}"
     f"  {'hand-written':>12}  result"
   )
   print(head)
@@ -812,7 +813,7 @@ def run_backend_oracle(args: argparse.Namespace, ps: list[int], shapes) -> int:
     hand_differ = sum(r["hand_written_differ"] for r in rs)
     result = "agrees" if not differ else "DIFFERS"
     print(
-      f"{name:<18}{dtype:<10}{p:>3}  {kind:<11}{elements:>8}  {differ:>7}"
+      f"{name:<18}{dtype:<10}{p:>3}  {kind:<11}{elements:>10}  {differ:>7}"
       f"  {'ok' if not hand_differ else 'FAIL':>12}  {result}"
     )
     bad = [r for r in rs if r["differ"]]
