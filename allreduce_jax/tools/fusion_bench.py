@@ -274,7 +274,8 @@ def run(args: argparse.Namespace) -> int:
         continue
       if main:
         print(f"# fusion: {m} ({len(shapes)} leaves), {alg}, {p} devices ...", flush=True)
-      rows = measure_model(m, shapes, alg, p, buckets, args.iters, args.warmup, params)
+      with cost_model.use_params(params):  # what algorithm="auto" traces with
+        rows = measure_model(m, shapes, alg, p, buckets, args.iters, args.warmup, params)
       if main:
         store.extend(rows, [keys[r["bucket"]] for r in rows])
       rows_all += rows
