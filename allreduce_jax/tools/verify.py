@@ -28,7 +28,6 @@ input kind × shape, so a full verification compiles only a few dozen programs.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -53,7 +52,6 @@ from allreduce_jax.tools._args import (
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
 KINDS: tuple[str, ...] = ("verifiable", "random", "special")
 SHAPES: tuple[tuple[int, ...], ...] = ((), (1,), (13,), (3, 7))
-PARTICIPANTS: tuple[int, ...] = (1, 2, 3, 4, 5, 8)
 #: The collectives ``--backend-oracle`` checks.
 COLLECTIVES: tuple[str, ...] = ("psum", "pmean", "pmax", "pmin", "psum_scatter", "all_gather")
 
@@ -315,16 +313,13 @@ def _labeler(kind: str, shape: tuple[int, ...]):
 
 
 def _mesh_and_axis(algorithm: str, p: int):
-  axes = getattr(ALGORITHMS[algorithm], "axes", 1)
-  if axes == 2 and jax.process_count() > 1:
+  if ALGORITHMS[algorithm].axes == 2 and jax.process_count() > 1:
     # One mesh axis per process level: outer = processes, inner = local devices.
     if p != jax.device_count():
       raise ValueError(
         f"across processes {algorithm} needs all {jax.device_count()} devices, got p={p}."
       )
     return _devices.process_mesh(("outer", "inner")), ("outer", "inner")
-  if axes == 1:
-    return _devices.submesh((p,), ("i",)), "i"
   return _devices.mesh_for(algorithm, p)
 
 
@@ -848,9 +843,3 @@ def run_backend_oracle(args: argparse.Namespace, ps: list[int], shapes) -> int:
   _print_findings(found, args.strict)
   _write(args.out, records)
   return 1 if broken or (args.strict and found) else 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-  from allreduce_jax.cli import main
-
-  sys.exit(main(["verify", *sys.argv[1:]]))
