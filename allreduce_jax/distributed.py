@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import faulthandler
+import ipaddress
 import os
 import signal
 import socket
@@ -116,6 +117,16 @@ def check_coordinator_port(bind_address: str, what: str = "coordinator") -> None
       ) from None
 
 
+def _is_loopback(address: str) -> bool:
+  host = address.rpartition(":")[0].strip("[]")
+  if host == "localhost":
+    return True
+  try:
+    return ipaddress.ip_address(host).is_loopback
+  except ValueError:  # a host name
+    return False
+
+
 def exit_fast_on_error() -> None:
   """Makes an uncaught exception end this process at once (status 1).
 
@@ -181,10 +192,11 @@ def initialize(
     process_id: this process's index, ``0 <= process_id < num_processes``.
     local_devices: emulated CPU devices in this process (CPU backend only).
     local_device_ids: the accelerators this process uses (GPU), as in JAX.
-    coordinator_bind_address: where process 0's service listens. Default: the
-      ``coordinator_address`` itself (so ``127.0.0.1:PORT`` listens on loopback
-      only, not on every interface as JAX's default would); pass
-      ``0.0.0.0:PORT`` to listen everywhere.
+    coordinator_bind_address: where process 0's service listens. Default: for a
+      loopback ``coordinator_address`` (``127.0.0.1``, ``localhost``, ``::1``) that
+      address itself, so a local run is not reachable from other hosts; otherwise
+      JAX's default, every interface (other hosts must reach it, and a host name
+      may resolve to 127.0.1.1 locally).
     initialization_timeout: seconds to wait for all processes to connect.
     heartbeat_timeout: seconds without a heartbeat after which a process counts as
       dead (JAX's default 100 when None).
@@ -216,10 +228,11 @@ def initialize(
   if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   explicit = None not in (coordinator_address, num_processes, process_id)
-  if explicit and coordinator_bind_address is None:
-    coordinator_bind_address = coordinator_address  # not every interface
+  if explicit and coordinator_bind_address is None and _is_loopback(coordinator_address):
+    coordinator_bind_address = coordinator_address  # a local run: not every interface
   if explicit and process_id == 0 and num_processes > 1:
-    check_coordinator_port(coordinator_bind_address)
+    port = coordinator_address.rpartition(":")[2]
+    check_coordinator_port(coordinator_bind_address or f"0.0.0.0:{port}")
   timeouts = {}
   if heartbeat_timeout is not None:
     timeouts["heartbeat_timeout_seconds"] = int(heartbeat_timeout)
