@@ -127,6 +127,11 @@ def _is_loopback(address: str) -> bool:
     return False
 
 
+def _program() -> str:
+  name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+  return "allreduce-jax" if name in ("", "-c", "__main__.py") else name
+
+
 def exit_fast_on_error() -> None:
   """Makes an uncaught exception end this process at once (status 1).
 
@@ -147,7 +152,7 @@ def exit_fast_on_error() -> None:
         code = 1
       (previous if previous is not hook else sys.__excepthook__)(kind, value, tb)
       print(
-        f"{sys.argv[0] or 'python'}: exiting at once (status {code}) without waiting in"
+        f"{_program()}: exiting at once (status {code}) without waiting in"
         " jax.distributed's shutdown barrier",
         file=sys.stderr,
       )
