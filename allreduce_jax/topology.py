@@ -751,13 +751,18 @@ _PROFILES: dict = {}
 
 
 def algorithm_profile(
-  algorithm: str, p: int, topology: Topology, n_bytes: float | None = None
+  algorithm: str,
+  p: int,
+  topology: Topology,
+  n_bytes: float | None = None,
+  sizes: tuple[int, ...] | None = None,
 ) -> Profile:
   """:func:`profile` of ``algorithm``'s generated schedule at ``p`` (cached; ``n_bytes``
-  only matters to generators that take it)."""
+  only matters to generators that take it; ``sizes``: the mesh axis sizes, default
+  :func:`axis_sizes` on this topology)."""
   from allreduce_jax._api import ALGORITHMS
 
-  sizes = axis_sizes(algorithm, p, topology)
+  sizes = tuple(sizes) if sizes is not None else axis_sizes(algorithm, p, topology)
   sized = _takes_size(ALGORITHMS[algorithm].messages)
   key = (algorithm, sizes, topology, n_bytes if sized else None)
   if key not in _PROFILES:
@@ -768,22 +773,29 @@ def algorithm_profile(
 
 
 def predict_seconds(
-  algorithm: str, p: int, n_bytes: float, params, topology: Topology | None = None
+  algorithm: str,
+  p: int,
+  n_bytes: float,
+  params,
+  topology: Topology | None = None,
+  sizes: tuple[int, ...] | None = None,
 ) -> float:
   """Replayed time of ``algorithm`` on ``p`` participants of ``topology`` (default the
   flat :func:`switch`); ``params`` a ``Params`` or ``FittedParams`` (its entry for the
-  algorithm)."""
+  algorithm); ``sizes``: the mesh axis sizes (default :func:`axis_sizes`)."""
   from allreduce_jax._api import ALGORITHMS
 
   if p < 2:
     return 0.0
   q = cost_model.resolve(params, algorithm)
-  prof = algorithm_profile(algorithm, p, topology or switch(), n_bytes)
+  topology = topology or switch()
+  sizes = tuple(sizes) if sizes is not None else axis_sizes(algorithm, p, topology)
+  prof = algorithm_profile(algorithm, p, topology, n_bytes, sizes)
   t = float(prof.seconds(n_bytes, q).sum())
   record = ALGORITHMS[algorithm]
   if not prof.flagged and record.schedule is not None and q.gamma:
     # A generator without the ``combined`` flags: γ from the closed form instead.
-    inner = axis_sizes(algorithm, p, topology)[-1] if record.axes > 1 else None
+    inner = sizes[-1] if record.axes > 1 else None
     t += q.gamma * record.schedule(p, n_bytes, inner).gamma_bytes
   return t
 

@@ -279,7 +279,8 @@ def sweep_topology(top, params, ps=PS, sizes=SIZES, algorithms=None) -> list[dic
         best = min(t, key=t.get)
         for a in algorithms:
           prof = topology.algorithm_profile(a, p, top, n)
-          flat_s = topology.predict_seconds(a, p, n, params, flat)
+          sizes_here = topology.axis_sizes(a, p, top)  # the flat model on the same mesh
+          flat_s = topology.predict_seconds(a, p, n, params, flat, sizes_here)
           rows.append(
             {
               "scenario": top.name,
@@ -293,7 +294,7 @@ def sweep_topology(top, params, ps=PS, sizes=SIZES, algorithms=None) -> list[dic
               # the first half of the steps: the reduce-scatter of an RS + AG schedule
               "first_half_nbeta": float(prof.max_load()[: prof.steps // 2].sum()),
               "steps": prof.steps,
-              "sizes": list(topology.axis_sizes(a, p, top)),
+              "sizes": list(sizes_here),
               "best": best,
               "ring_over_best": t["ring"] / t[best] if "ring" in t else None,
             }
