@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import ALGORITHMS, all_reduce
+from allreduce_jax import ALGORITHMS, Algorithm, all_reduce, register
 from allreduce_jax._api import names
 from allreduce_jax._devices import mesh_for, submesh
 from allreduce_jax.tools import verify
@@ -61,7 +61,7 @@ def test_rank_coding_exposes_a_misrouted_chunk():
     rolled = jnp.roll(flat, 1)  # one element off
     return ALGORITHMS["ring"](rolled, axis_name, combine) if p > 1 else flat
 
-  ALGORITHMS["broken"] = wrong_ring
+  register(Algorithm("broken", wrong_ring, auto=False))  # a record, as the registry holds
   try:
     rows = verify.run_case("broken", 4, ops=("sum",), dtypes=("float32",), shapes=((13,),))
   finally:
