@@ -268,12 +268,6 @@ def halving_doubling_near(flat: jax.Array, axis_name: AxisName, combine: Combine
   return butterfly(flat, axis_name, combine, near_first_partners(_pof2(_comm.size(axis_name))))
 
 
-def halving_doubling_messages(sizes: tuple[int, ...]) -> list[list[tuple]]:
-  """Message steps of :func:`halving_doubling` on ``prod(sizes)`` participants."""
-  p = math.prod(sizes)
-  return butterfly_messages(p, far_first_partners(_pof2(p)))
-
-
 def halving_doubling_near_messages(sizes: tuple[int, ...]) -> list[list[tuple]]:
   """Message steps of :func:`halving_doubling_near` on ``prod(sizes)`` participants."""
   p = math.prod(sizes)
