@@ -393,7 +393,7 @@ plt.show()
 # in ~190 of 300 steps and ended near 1.79; DiLoCo ended near 2.37 at H = 50 *and* at
 # H = 10, so on this short budget its gap is mostly not the averaging interval: Local
 # SGD with H = 1 (Adam on each worker's small batch, parameters averaged every step)
-# already ends ~0.35 above sync. Per-worker Adam normalises each worker's own noisy
+# already ends ~0.37 above sync. Per-worker Adam normalises each worker's own noisy
 # gradient before averaging; sync takes one Adam step on the averaged gradient. The
 # parameter server (Adam on stale single-worker gradients) is the furthest from sync.
 
