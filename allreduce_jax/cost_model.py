@@ -610,7 +610,8 @@ def choose(
   Example:
     >>> choose(8, 1024, Params(100e-6, 1e-9, 0.0))  # latency-bound: fewest steps
     'recursive_doubling'
-    >>> choose(8, 64 << 20, Params(1e-6, 1e-9, 1e-9))  # bandwidth-bound
+    >>> choose(8, 64 << 20, Params(1e-6, 1e-9, 1e-9),  # bandwidth-bound
+    ...        candidates=("ring", "bidirectional_ring", "tree", "recursive_doubling"))
     'bidirectional_ring'
   """
   candidates = auto_candidates() if candidates is None else tuple(candidates)
