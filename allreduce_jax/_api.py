@@ -52,11 +52,14 @@ def auto(flat: jax.Array, axis_name: AxisName, combine) -> jax.Array:
   running backend (``cost_model.backend_params``). Nothing is read from the working
   directory or the environment: the same code picks the same algorithm wherever it
   is launched. With fitted parameters, only the algorithms the fit measured are
-  candidates.
+  candidates. Inside ``cost_model.use_topology(net)`` the candidates are priced by
+  replaying their message steps on that network (``allreduce_jax.topology``).
   """
   p = _comm.size(axis_name)
   nbytes = flat.shape[0] * flat.dtype.itemsize
-  choice = cost_model.choose(p, nbytes, cost_model.current_params())
+  choice = cost_model.choose(
+    p, nbytes, cost_model.current_params(), topology=cost_model.current_topology()
+  )
   return ALGORITHMS[choice](flat, axis_name, combine)
 
 

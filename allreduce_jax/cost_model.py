@@ -453,6 +453,39 @@ def use_params(params: AnyParams):
     _active_params.reset(token)
 
 
+_active_topology: contextvars.ContextVar[tuple] = contextvars.ContextVar(
+  "allreduce_jax_topology", default=()
+)
+
+
+@contextlib.contextmanager
+def use_topology(topology):
+  """Within this block, ``algorithm="auto"`` prices its candidates by replaying their
+  message steps on ``topology`` (a network of :mod:`allreduce_jax.topology`, e.g.
+  ``torus((16, 16, 16))`` or ``fat_tree(8, 7)``) instead of the flat α-β formula.
+
+  Like :func:`use_params`, the block must enclose the tracing.
+
+  Example:
+    >>> from allreduce_jax import topology
+    >>> with use_topology(topology.torus((64,))), use_params(Params(1e-6, 1e-9, 0.0)):
+    ...   choose(64, 64 << 20, current_params(), ("halving_doubling", "swing"),
+    ...          topology=current_topology())
+    'swing'
+  """
+  token = _active_topology.set((*_active_topology.get(), topology))
+  try:
+    yield topology
+  finally:
+    _active_topology.reset(token)
+
+
+def current_topology():
+  """The innermost :func:`use_topology` block's network, or None (the flat model)."""
+  stack = _active_topology.get()
+  return stack[-1] if stack else None
+
+
 def current_params(backend: str | None = None) -> AnyParams:
   """What ``algorithm="auto"`` uses now: the innermost :func:`use_params` block's
   parameters, else :func:`backend_params` for the running backend."""

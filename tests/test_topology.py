@@ -265,3 +265,23 @@ def test_scaling_topology_cli(tmp_path):
     opt = ["--topology", bad] if arg == "--topology" else ["--topology", "switch", "--link", bad]
     with pytest.raises(SystemExit, match=arg):
       main(["scaling", *opt, "--out", str(out)])
+
+
+def test_auto_inside_use_topology_picks_the_replayed_choice():
+  # On 8 participants at 16 MiB the flat model picks one algorithm and a 7:1 fat tree
+  # with 2 hosts per leaf another; auto traced inside use_topology must compile to the
+  # replayed choice (same collective-permute count and bytes as that algorithm).
+  from allreduce_jax import cost_model, hlo
+  from allreduce_jax import topology as t
+
+  params = cost_model.Params(5e-6, 1e-9, 0.0)
+  n = 1 << 22  # float32 elements: 16 MiB
+  net = t.fat_tree(2, 7)
+  flat = cost_model.choose(8, 4 * n, params)
+  replayed = cost_model.choose(8, 4 * n, params, topology=net)
+  assert flat != replayed
+  with cost_model.use_params(params), cost_model.use_topology(net):
+    got = hlo.audit_all_reduce("auto", 8, n)
+  want = hlo.audit_all_reduce(replayed, 8, n)
+  assert (got.permutes, got.max_sent_bytes) == (want.permutes, want.max_sent_bytes)
+  assert cost_model.current_topology() is None  # the block is closed
