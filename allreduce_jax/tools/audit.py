@@ -57,7 +57,10 @@ def audit_in_process(p: int, nbytes: int, algorithms=None) -> list[dict]:
         "max_sent_bytes_model": s.max_sent_bytes,
         "sent_over_n": a.max_sent_bytes / nbytes,
         "all_reduce_ops": a.counts["all-reduce"],
-        "match": a.permutes == s.permutes and abs(a.max_sent_bytes - s.max_sent_bytes) <= 4 * p,
+        # The formula is for unpadded n; the program pads the buffer to whole chunks
+        # (a bidirectional ring pads each half to p chunks: < 2p float32 elements in all,
+        # sent about twice), so allow 16·p bytes.
+        "match": a.permutes == s.permutes and abs(a.max_sent_bytes - s.max_sent_bytes) <= 16 * p,
         "compile_s": a.compile_s,
         "jax_version": jax.__version__,
       }
