@@ -474,6 +474,19 @@ def _final_loss(losses) -> float:
   return float(finite.mean()) if finite.size else float("nan")
 
 
+def periodic_curve(res, workload: Workload, tail: int, **info) -> Curve:
+  """The :class:`Curve` of a :class:`~allreduce_jax.training.local.PeriodicResult`
+  (Local SGD, DiLoCo, gossip): the workload's test metric at each evaluation, the mean
+  finite training loss over the last ``tail`` steps, ``info`` plus the final test loss."""
+  return Curve(
+    eval_updates=res.eval_steps,
+    metric=res.test_acc if workload.metric == "accuracy" else res.test_loss,
+    diverged=res.diverged,
+    final_loss=_final_loss(res.losses[-tail:]),
+    info={**info, "final_test_loss": res.final_test_loss},
+  )
+
+
 def run_sync_curve(setup: Setup, workload: Workload, timeline: Timeline, seed: int) -> Curve:
   """Synchronous data-parallel training on the emulated devices along ``timeline.plan``
   (an f32[S, N] mask of the gradients kept), with the workload's sync learning rate."""

@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec as P
 from allreduce_jax import _devices
 from allreduce_jax.training import models
 from allreduce_jax.training.local import PeriodicResult, make_metrics
-from allreduce_jax.training.sync import participants, replicate
+from allreduce_jax.training.sync import participants, put_train_set, replicate
 
 #: Mixing schemes: one neighbour per step (``pairs``) or both ring neighbours (``ring``).
 MIXINGS = ("pairs", "ring")
@@ -213,10 +213,8 @@ def train_gossip(
     )
   chunk = chunk_fn or make_gossip_chunk(graphdef, rest, tx, mesh, mixing, axis)
   metrics = metrics or make_metrics(graphdef, rest)
-  rep = NamedSharding(mesh, P())
   col = NamedSharding(mesh, P(None, axis))
-  x_all = _devices.put(data.x_train.shape, data.x_train.dtype, rep, lambda i: data.x_train[i])
-  y_all = _devices.put(data.y_train.shape, data.y_train.dtype, rep, lambda i: data.y_train[i])
+  x_all, y_all = put_train_set(data, mesh)
   state = replicate((params, tx.init(params)), mesh, axis)
   loss0, acc0 = metrics(params, data.x_test, data.y_test)
   eval_steps, test_loss, test_acc, consensus, losses = [0], [loss0], [acc0], [0.0], []
@@ -346,14 +344,7 @@ def run_gossip_curve(setup, workload, timeline, seed: int):
     chunk_fn=chunk,
     metrics=metrics,
   )
-  metric = res.test_acc if workload.metric == "accuracy" else res.test_loss
-  return arms.Curve(
-    eval_updates=res.eval_steps,
-    metric=metric,
-    diverged=res.diverged,
-    final_loss=arms._final_loss(res.losses[-every:]),
-    info={"consensus": res.consensus[-1], "final_test_loss": res.final_test_loss},
-  )
+  return arms.periodic_curve(res, workload, every, consensus=res.consensus[-1])
 
 
 def gossip_arm(mixing: str = "pairs"):

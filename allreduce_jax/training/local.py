@@ -38,7 +38,7 @@ from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import ALGORITHMS, _comm, _devices, all_reduce_tree
 from allreduce_jax.training import models
-from allreduce_jax.training.sync import first_replica, participants, replicate
+from allreduce_jax.training.sync import first_replica, participants, put_train_set, replicate
 
 #: DiLoCo's outer optimizer (Douillard et al. 2023): Nesterov SGD, lr 0.7, momentum 0.9.
 DILOCO_OUTER_LR = 0.7
@@ -241,10 +241,8 @@ def train_local(
     graphdef, rest, inner_tx, mesh, outer_tx, algorithm, axis, bucket_bytes
   )
   metrics = metrics or make_metrics(graphdef, rest)
-  rep = NamedSharding(mesh, P())
   col = NamedSharding(mesh, P(None, None, axis))
-  x_all = _devices.put(data.x_train.shape, data.x_train.dtype, rep, lambda i: data.x_train[i])
-  y_all = _devices.put(data.y_train.shape, data.y_train.dtype, rep, lambda i: data.y_train[i])
+  x_all, y_all = put_train_set(data, mesh)
   state = init_state(params, inner_tx, outer_tx, mesh, axis)
   loss0, acc0 = metrics(params, data.x_test, data.y_test)
   eval_steps, test_loss, test_acc, losses = [0], [loss0], [acc0], []
@@ -388,14 +386,7 @@ def run_local_curve(setup, workload, timeline, seed: int, outer: bool):
     chunk_fn=chunk,
     metrics=metrics,
   )
-  metric = res.test_acc if workload.metric == "accuracy" else res.test_loss
-  return arms.Curve(
-    eval_updates=res.eval_steps,
-    metric=metric,
-    diverged=res.diverged,
-    final_loss=arms._final_loss(res.losses[-H:]),
-    info={"inner_optimizer": inner_name, "inner_lr": lr, "final_test_loss": res.final_test_loss},
-  )
+  return arms.periodic_curve(res, workload, H, inner_optimizer=inner_name, inner_lr=lr)
 
 
 def local_arm(H: int):

@@ -139,6 +139,15 @@ def replicate(tree: Any, mesh: jax.sharding.Mesh, axis: str | tuple[str, ...] = 
   return jax.tree.map(one, tree)
 
 
+def put_train_set(data, mesh: jax.sharding.Mesh) -> tuple[jax.Array, jax.Array]:
+  """``data``'s whole training set, replicated on every device of ``mesh`` (the
+  compiled chunks gather their batches from it on device)."""
+  rep = NamedSharding(mesh, P())
+  return tuple(
+    _devices.put(a.shape, a.dtype, rep, lambda i, a=a: a[i]) for a in (data.x_train, data.y_train)
+  )
+
+
 def replicas_identical(stacked: Any) -> bool:
   """Whether every participant's copy (row of the leading axis) is bitwise identical."""
   for leaf in jax.tree.leaves(stacked):
@@ -233,10 +242,8 @@ def train_sync(
   chunk = chunk_fn or make_sync_chunk(
     graphdef, rest, tx, mesh, algorithm, axis, bucket_bytes, masked
   )
-  rep = NamedSharding(mesh, P())
   col = NamedSharding(mesh, P(None, axis))
-  x_all = _devices.put(data.x_train.shape, data.x_train.dtype, rep, lambda i: data.x_train[i])
-  y_all = _devices.put(data.y_train.shape, data.y_train.dtype, rep, lambda i: data.y_train[i])
+  x_all, y_all = put_train_set(data, mesh)
   w = replicate(params, mesh, axis)
   s = replicate(tx.init(params), mesh, axis)
   evaluate = evaluate or make_evaluator(graphdef, rest)
