@@ -125,27 +125,38 @@ def straggler_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
 _STYLE = {"sync": "-", "ps": "--", "local": "-.", "gossip": ":"}
 
 
-def table_c_figure(rows: list[dict[str, Any]]):
-  """Test metric vs simulated seconds (compute + communication), one panel per
-  workload, one line per arm (seed mean), the target as a grey line."""
+def workload_panels(rows: list[dict[str, Any]]):
+  """Table C's layout: one panel per workload, titled with it and its target drawn as a
+  grey line. Returns ``(fig, panels)``, ``panels`` a list of ``(ax, workload_rows,
+  {arm: that arm's rows})`` in first-seen order."""
   plt = _plt()
   workloads = list(dict.fromkeys(r["workload"] for r in rows))
   fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 3.8), squeeze=False)
+  panels = []
   for ax, w in zip(axes[0], workloads):
     rs_w = [r for r in rows if r["workload"] == w]
-    for arm in dict.fromkeys(r["arm"] for r in rs_w):
-      rs = [r for r in rs_w if r["arm"] == arm]
+    by_arm = {a: [r for r in rs_w if r["arm"] == a] for a in dict.fromkeys(r["arm"] for r in rs_w)}
+    ax.axhline(rs_w[0]["target"], color="0.5", lw=0.8)
+    ax.set_title(w)
+    panels.append((ax, rs_w, by_arm))
+  return fig, panels
+
+
+def table_c_figure(rows: list[dict[str, Any]]):
+  """Test metric vs simulated seconds (compute + communication), one panel per
+  workload, one line per arm (seed mean), the target as a grey line."""
+  fig, panels = workload_panels(rows)
+  for ax, rs_w, by_arm in panels:
+    for arm, rs in by_arm.items():
       x, y = _mean_curve(rs, "eval_time", "test_metric")
       ax.plot(x, y, _STYLE.get(rs[0]["family"], "-"), label=arm)
-    ax.axhline(rs_w[0]["target"], color="0.5", lw=0.8)
     reached = [r["time_to_target"] for r in rs_w if r["time_to_target"] is not None]
     if reached:
       ax.set_xlim(0, 2.5 * float(np.median(reached)))
-    ax.set_title(w)
     ax.set_xlabel("simulated time (s): compute + communication")
     ax.set_ylabel(f"test {rs_w[0]['metric']}")
     ax.grid(True, alpha=0.3)
-  axes[0][-1].legend(fontsize=7)
+  panels[-1][0].legend(fontsize=7)
   return fig
 
 

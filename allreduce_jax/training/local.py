@@ -444,15 +444,12 @@ def bytes_figure(rows: list[dict[str, Any]]):
   """Final test metric vs bytes communicated per training sample (log x), one panel per
   workload, one point per arm: the median over seeds, bars from the lowest to the
   highest seed. Rows are :func:`arms.run_arm` rows (Table C's)."""
-  import matplotlib.pyplot as plt
+  from allreduce_jax.training.figures import workload_panels
 
   markers = {"sync": "o", "ps": "s", "local": "^", "gossip": "D"}
-  workloads = list(dict.fromkeys(r["workload"] for r in rows))
-  fig, axes = plt.subplots(1, len(workloads), figsize=(5 * len(workloads), 3.8), squeeze=False)
-  for ax, w in zip(axes[0], workloads):
-    rs_w = [r for r in rows if r["workload"] == w]
-    for arm in dict.fromkeys(r["arm"] for r in rs_w):
-      rs = [r for r in rs_w if r["arm"] == arm]
+  fig, panels = workload_panels(rows)
+  for ax, rs_w, by_arm in panels:
+    for arm, rs in by_arm.items():
       m = np.asarray([r["final_metric"] for r in rs], np.float64)
       x = float(np.median([r["bytes_per_sample"] for r in rs]))
       med = float(np.median(m))
@@ -464,12 +461,10 @@ def bytes_figure(rows: list[dict[str, Any]]):
         capsize=3,
         label=arm,
       )
-    ax.axhline(rs_w[0]["target"], color="0.5", lw=0.8)
     ax.set_xscale("log")
-    ax.set_title(w)
     ax.set_xlabel("bytes sent per training sample (all workers)")
     ax.set_ylabel(f"final test {rs_w[0]['metric']} (median, min–max)")
     ax.grid(True, alpha=0.3, which="both")
-  axes[0][-1].legend(fontsize=7)
+  panels[-1][0].legend(fontsize=7)
   fig.tight_layout()
   return fig
