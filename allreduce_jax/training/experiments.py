@@ -527,33 +527,39 @@ def phase_cells(cfg: PhaseConfig, rows: list[dict[str, Any]]) -> list[dict[str, 
 # ------------------------------------------------------------------ outputs
 
 
+def _write_outputs(
+  out_dir: str | Path, md_name: str, parts: list[str], figs: dict[str, Any]
+) -> list[Path]:
+  """Writes ``md_name`` (``parts`` separated by blank lines) and each figure as
+  ``<name>.png`` under ``out_dir`` (created); returns the paths written."""
+  from allreduce_jax.training import figures
+
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  md = out_dir / md_name
+  md.write_text("\n\n".join(parts) + "\n")
+  return [md, *(figures.save(f, out_dir / f"{name}.png") for name, f in figs.items())]
+
+
 def write_staleness_outputs(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
   """Writes ``table_a.md`` and ``staleness_curves.png`` from Table A's rows."""
   from allreduce_jax.training import figures, tables
 
-  out_dir = Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  md = out_dir / "table_a.md"
-  md.write_text("# Table A: staleness sweep\n\n" + tables.staleness_table(rows) + "\n")
-  return [md, figures.save(figures.staleness_figure(rows), out_dir / "staleness_curves.png")]
+  return _write_outputs(
+    out_dir,
+    "table_a.md",
+    ["# Table A: staleness sweep", tables.staleness_table(rows)],
+    {"staleness_curves": figures.staleness_figure(rows)},
+  )
 
 
 def write_straggler_outputs(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
   """Writes ``table_b.md`` and the straggler figures from Table B's rows."""
   from allreduce_jax.training import figures, tables
 
-  out_dir = Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  md = out_dir / "table_b.md"
-  md.write_text(
-    "# Table B: straggler sweep\n\n"
-    + tables.straggler_table(rows)
-    + "\n\n## Time to target vs N\n\n"
-    + tables.time_to_target_vs_n_table(rows)
-    + "\n"
-  )
-  figs = figures.straggler_figures(rows)
-  return [md, *(figures.save(f, out_dir / f"{name}.png") for name, f in figs.items())]
+  parts = ["# Table B: straggler sweep", tables.straggler_table(rows)]
+  parts += ["## Time to target vs N", tables.time_to_target_vs_n_table(rows)]
+  return _write_outputs(out_dir, "table_b.md", parts, figures.straggler_figures(rows))
 
 
 def write_table_c_outputs(
@@ -562,17 +568,13 @@ def write_table_c_outputs(
   """Writes ``table_c.md`` and ``table_c_curves.png`` from Table C's rows."""
   from allreduce_jax.training import figures, tables
 
-  out_dir = Path(out_dir)
-  out_dir.mkdir(parents=True, exist_ok=True)
-  md = out_dir / "table_c.md"
-  md.write_text(
-    "# Table C: every arm × workload on one time model\n\n"
-    + tables.setup_line(cfg)
-    + "\n\n"
-    + tables.table_c(rows)
-    + "\n"
+  title = "# Table C: every arm × workload on one time model"
+  return _write_outputs(
+    out_dir,
+    "table_c.md",
+    [title, tables.setup_line(cfg), tables.table_c(rows)],
+    {"table_c_curves": figures.table_c_figure(rows)},
   )
-  return [md, figures.save(figures.table_c_figure(rows), out_dir / "table_c_curves.png")]
 
 
 def write_phase_outputs(
@@ -587,14 +589,9 @@ def write_phase_outputs(
   out_dir.mkdir(parents=True, exist_ok=True)
   cells_path = out_dir / "phase_cells.jsonl"
   cells_path.write_text("".join(json.dumps(c) + "\n" for c in cells))
-  md = out_dir / "phase.md"
-  md.write_text(
-    "# Phase diagram: fastest arm to the target\n\n"
-    + tables.setup_line(cfg)
-    + "\n\n"
-    + tables.phase_table(cells)
-    + "\n\n"
-    + tables.phase_boundary(cells)
-    + "\n"
-  )
-  return [cells_path, md, figures.save(figures.phase_figure(cells), out_dir / "phase.png")]
+  title = "# Phase diagram: fastest arm to the target"
+  parts = [title, tables.setup_line(cfg), tables.phase_table(cells), tables.phase_boundary(cells)]
+  return [
+    cells_path,
+    *_write_outputs(out_dir, "phase.md", parts, {"phase": figures.phase_figure(cells)}),
+  ]
