@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import re
+from collections.abc import Callable
+from typing import Any
 
 _UNITS = {
   "": 1,
@@ -79,6 +81,20 @@ def format_size(nbytes: float) -> str:
   return f"{int(nbytes)}B"
 
 
+def text_table(rows: list[dict], columns: list[tuple[str, int, Callable[[dict], Any]]]) -> str:
+  """A right-aligned, space-separated table: one ``(title, width, cell)`` per column,
+  ``cell(row)`` the value to print (formatted already where it needs a format).
+
+  Example:
+    >>> print(text_table([{"p": 4}], [("p", 3, lambda r: r["p"]), ("2p", 4, lambda r: 2 * r["p"])]))
+      p   2p
+      4    8
+  """
+  lines = [" ".join(f"{title:>{width}}" for title, width, _ in columns)]
+  lines += [" ".join(f"{cell(r):>{width}}" for _, width, cell in columns) for r in rows]
+  return "\n".join(lines)
+
+
 def size_list(text: str) -> list[int]:
   """``"1MiB,100MiB"`` -> byte counts (an argparse ``type``)."""
   try:
@@ -109,6 +125,16 @@ def add_algorithms(parser: argparse.ArgumentParser, help: str = "comma-separated
 # ----------------------------------------------------------------------------------------
 
 
+def _int_at_least(text: str, low: int, expected: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+  if value < low:
+    raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+  return value
+
+
 def positive_int(text: str) -> int:
   """An integer ≥ 1 (an argparse ``type``).
 
@@ -116,24 +142,12 @@ def positive_int(text: str) -> int:
     >>> positive_int("3")
     3
   """
-  try:
-    value = int(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-  if value < 1:
-    raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-  return value
+  return _int_at_least(text, 1, "a positive integer")
 
 
 def nonnegative_int(text: str) -> int:
   """An integer ≥ 0 (an argparse ``type``)."""
-  try:
-    value = int(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected an integer ≥ 0, got {text!r}") from None
-  if value < 0:
-    raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-  return value
+  return _int_at_least(text, 0, "an integer ≥ 0")
 
 
 def nonempty(parse):

@@ -20,7 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from allreduce_jax.tools._args import positive_int, positive_int_list
+from allreduce_jax.tools._args import positive_int, positive_int_list, text_table
 
 
 def audited() -> tuple[str, ...]:
@@ -85,18 +85,19 @@ def audit_subprocess(p: int, nbytes: int, algorithms=None, timeout: float = 600)
 
 
 def format_rows(rows: list[dict]) -> str:
-  head = (
-    f"{'algorithm':>18} {'p':>4} {'permutes':>8} {'model':>6} {'sent/n':>8}"
-    f" {'model':>8} {'match':>5} {'compile(s)':>10}"
+  return text_table(
+    rows,
+    [
+      ("algorithm", 18, lambda r: r["algorithm"]),
+      ("p", 4, lambda r: r["p"]),
+      ("permutes", 8, lambda r: r["permutes"]),
+      ("model", 6, lambda r: r["permutes_model"]),
+      ("sent/n", 8, lambda r: f"{r['sent_over_n']:.3f}"),
+      ("model", 8, lambda r: f"{r['max_sent_bytes_model'] / r['bytes']:.3f}"),
+      ("match", 5, lambda r: "yes" if r["match"] else "NO"),
+      ("compile(s)", 10, lambda r: f"{r['compile_s']:.2f}"),
+    ],
   )
-  lines = [head]
-  for r in rows:
-    lines.append(
-      f"{r['algorithm']:>18} {r['p']:>4} {r['permutes']:>8} {r['permutes_model']:>6}"
-      f" {r['sent_over_n']:>8.3f} {r['max_sent_bytes_model'] / r['bytes']:>8.3f}"
-      f" {'yes' if r['match'] else 'NO':>5} {r['compile_s']:>10.2f}"
-    )
-  return "\n".join(lines)
 
 
 def store(out, fresh: bool = False):

@@ -32,6 +32,7 @@ from allreduce_jax.tools._args import (
   output_path,
   positive_int,
   row_store,
+  text_table,
 )
 
 #: bucket label -> ``bucket_bytes`` of :func:`allreduce_jax.all_reduce_tree`.
@@ -180,20 +181,27 @@ def measure_model(
 
 
 def format_rows(rows: list[dict]) -> str:
-  head = (
-    f"{'model':>12} {'algorithm':>10} {'bucket':>9} {'leaves':>6} {'buckets':>7} {'MiB':>7}"
-    f" {'time(us)':>10} {'min':>9} {'max':>9} {'model(us)':>10} {'speedup':>7} {'#wrong':>6}"
-  )
-  lines = [head]
-  for r in rows:
+  def speedup(r):
     sp = r.get("speedup_vs_per_leaf")
-    lines.append(
-      f"{r['model']:>12} {r['algorithm']:>10} {r['bucket']:>9} {r['n_leaves']:>6}"
-      f" {r['n_buckets']:>7} {r['bytes'] / 2**20:>7.2f} {r['time_us']:>10.0f}"
-      f" {r['time_us_min']:>9.0f} {r['time_us_max']:>9.0f} {r['predicted_us']:>10.0f}"
-      f" {(f'{sp:.2f}x' if sp else '-'):>7} {r['wrong']:>6}"
-    )
-  return "\n".join(lines)
+    return f"{sp:.2f}x" if sp else "-"
+
+  return text_table(
+    rows,
+    [
+      ("model", 12, lambda r: r["model"]),
+      ("algorithm", 10, lambda r: r["algorithm"]),
+      ("bucket", 9, lambda r: r["bucket"]),
+      ("leaves", 6, lambda r: r["n_leaves"]),
+      ("buckets", 7, lambda r: r["n_buckets"]),
+      ("MiB", 7, lambda r: f"{r['bytes'] / 2**20:.2f}"),
+      ("time(us)", 10, lambda r: f"{r['time_us']:.0f}"),
+      ("min", 9, lambda r: f"{r['time_us_min']:.0f}"),
+      ("max", 9, lambda r: f"{r['time_us_max']:.0f}"),
+      ("model(us)", 10, lambda r: f"{r['predicted_us']:.0f}"),
+      ("speedup", 7, speedup),
+      ("#wrong", 6, lambda r: r["wrong"]),
+    ],
+  )
 
 
 #: The gradient pytrees ``--models`` chooses from.
