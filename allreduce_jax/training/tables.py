@@ -13,6 +13,14 @@ def _mean_std(xs: list[float]) -> str:
   return f"{a.mean():.4f} ± {a.std():.4f}" if a.size > 1 else f"{a.mean():.4f}"
 
 
+def _group(rows: list[dict[str, Any]], *fields: str) -> dict[tuple, list[dict[str, Any]]]:
+  """The rows by their values of ``fields`` (first-seen order)."""
+  groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+  for r in rows:
+    groups[tuple(r[f] for f in fields)].append(r)
+  return groups
+
+
 def _reached(xs: list, fmt: str = "{:.0f}") -> str:
   got = [x for x in xs if x is not None]
   if not got:
@@ -32,9 +40,7 @@ def staleness_table(rows: list[dict[str, Any]]) -> str:
   """
   if not rows:
     return "(no rows)"
-  groups: dict[tuple[str, int], list] = defaultdict(list)
-  for r in rows:
-    groups[r["method"], r["tau"]].append(r)
+  groups = _group(rows, "method", "tau")
   target = rows[0]["target"]
   lines = [
     f"| method | τ | final test acc (mean ± std) | updates to {target:.0%} | diverged |",
@@ -58,9 +64,7 @@ def straggler_table(rows: list[dict[str, Any]], n: int | None = None) -> str:
     return "(no rows)"
   n = n or max(r["n"] for r in rows)
   rows = [r for r in rows if r["n"] == n]
-  groups: dict[tuple[str, str], list] = defaultdict(list)
-  for r in rows:
-    groups[r["compute"], r["arm"]].append(r)
+  groups = _group(rows, "compute", "arm")
   target = rows[0]["target"]
   lines = [
     f"N = {n} workers. Time in units of one mean gradient computation.",
@@ -156,9 +160,7 @@ def table_c(rows: list[dict[str, Any]]) -> str:
   """
   if not rows:
     return "(no rows)"
-  groups: dict[tuple[str, str], list] = defaultdict(list)
-  for r in rows:
-    groups[r["workload"], r["arm"]].append(r)
+  groups = _group(rows, "workload", "arm")
   lines = [
     "| workload | arm | final metric (mean ± std) | time to target (median) | × sync"
     " | updates to target | bytes / sample | diverged | mean τ |",
