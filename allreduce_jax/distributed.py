@@ -100,21 +100,30 @@ def check_coordinator_port(bind_address: str, what: str = "coordinator") -> None
     infos = socket.getaddrinfo(host or None, int(port), family, socket.SOCK_STREAM)
   except OSError as e:
     raise CoordinatorError(f"{what} {bind_address}: cannot resolve {host!r} ({e}).") from None
+  e = bind_error(family, infos[0][4])
+  if e is not None and e.errno == errno.EADDRINUSE:
+    raise CoordinatorError(
+      f"{what} {bind_address}: port {port} is already in use on this machine;"
+      " pick another port (another run may still be using it)."
+    )
+  if e is not None:
+    raise CoordinatorError(
+      f"{what} {bind_address}: cannot listen there ({e.strerror}); process 0 runs the"
+      f" coordinator, so the address must be one of its own (set {ENV_COORDINATOR_BIND}"
+      " to e.g. 0.0.0.0:PORT to listen on every interface)."
+    )
+
+
+def bind_error(family: socket.AddressFamily, address: tuple) -> OSError | None:
+  """Why a TCP server could not bind ``address`` right now (``None`` if it could):
+  binds a socket of ``family`` with ``SO_REUSEADDR``, as a listener would, and closes it."""
   with socket.socket(family, socket.SOCK_STREAM) as s:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-      s.bind(infos[0][4])
+      s.bind(address)
     except OSError as e:
-      if e.errno == errno.EADDRINUSE:
-        raise CoordinatorError(
-          f"{what} {bind_address}: port {port} is already in use on this machine;"
-          " pick another port (another run may still be using it)."
-        ) from None
-      raise CoordinatorError(
-        f"{what} {bind_address}: cannot listen there ({e.strerror}); process 0 runs the"
-        f" coordinator, so the address must be one of its own (set {ENV_COORDINATOR_BIND}"
-        " to e.g. 0.0.0.0:PORT to listen on every interface)."
-      ) from None
+      return e
+  return None
 
 
 def _is_loopback(address: str) -> bool:

@@ -67,20 +67,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def check_port(host: str, port: int) -> None:
   """Raises ``LaunchError`` if the coordinator could not listen on ``host:port``."""
-  with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-      s.bind((host, port))
-    except OSError as e:
-      if e.errno == errno.EADDRINUSE:
-        raise LaunchError(
-          f"--coordinator {host}:{port}: port {port} is already in use on this machine;"
-          " pick another port or omit --coordinator to get a free one."
-        ) from None
-      raise LaunchError(
-        f"--coordinator {host}:{port}: cannot listen there ({e.strerror}); the local"
-        " launcher runs the coordinator on this machine, e.g. 127.0.0.1."
-      ) from None
+  e = distributed.bind_error(socket.AF_INET6 if ":" in host else socket.AF_INET, (host, port))
+  if e is not None and e.errno == errno.EADDRINUSE:
+    raise LaunchError(
+      f"--coordinator {host}:{port}: port {port} is already in use on this machine;"
+      " pick another port or omit --coordinator to get a free one."
+    )
+  if e is not None:
+    raise LaunchError(
+      f"--coordinator {host}:{port}: cannot listen there ({e.strerror}); the local"
+      " launcher runs the coordinator on this machine, e.g. 127.0.0.1."
+    )
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
