@@ -389,20 +389,30 @@ def run_local_curve(setup, workload, timeline, seed: int, outer: bool):
   return arms.periodic_curve(res, workload, H, inner_optimizer=inner_name, inner_lr=lr)
 
 
-def local_arm(H: int):
-  """Local SGD(H): H local steps with the workload's optimizer at its sync learning
-  rate, then one all-reduce (mean) of the parameters."""
+def _periodic_arm(name: str, H: int, outer: bool, summary: str):
+  """An arm that all-reduces the parameters once every ``H`` steps (Local SGD or DiLoCo)."""
   from allreduce_jax.training import arms
 
   return arms.Arm(
-    f"local_sgd_h{H}",
+    name,
     "local",
     lambda setup, seed: local_timeline(
       setup, seed, H, arms.allreduce_seconds(setup), arms.allreduce_bytes(setup)
     ),
     arms.allreduce_seconds,
     lambda setup: arms.allreduce_bytes(setup) / (H * setup.workers * setup.batch_per_worker),
-    lambda setup, wl, tl, seed: run_local_curve(setup, wl, tl, seed, outer=False),
+    lambda setup, wl, tl, seed: run_local_curve(setup, wl, tl, seed, outer=outer),
+    summary,
+  )
+
+
+def local_arm(H: int):
+  """Local SGD(H): H local steps with the workload's optimizer at its sync learning
+  rate, then one all-reduce (mean) of the parameters."""
+  return _periodic_arm(
+    f"local_sgd_h{H}",
+    H,
+    False,
     f"Local SGD: {H} local steps, then one all-reduce of the parameters",
   )
 
@@ -410,17 +420,10 @@ def local_arm(H: int):
 def diloco_arm(H: int):
   """DiLoCo(H): H inner AdamW steps, then one all-reduce of the parameters and an outer
   Nesterov step (lr 0.7, momentum 0.9) on the pseudo-gradient."""
-  from allreduce_jax.training import arms
-
-  return arms.Arm(
+  return _periodic_arm(
     f"diloco_h{H}",
-    "local",
-    lambda setup, seed: local_timeline(
-      setup, seed, H, arms.allreduce_seconds(setup), arms.allreduce_bytes(setup)
-    ),
-    arms.allreduce_seconds,
-    lambda setup: arms.allreduce_bytes(setup) / (H * setup.workers * setup.batch_per_worker),
-    lambda setup, wl, tl, seed: run_local_curve(setup, wl, tl, seed, outer=True),
+    H,
+    True,
     f"DiLoCo: {H} inner AdamW steps, outer Nesterov SGD (lr {DILOCO_OUTER_LR},"
     f" momentum {DILOCO_OUTER_MOMENTUM}) on the averaged pseudo-gradient",
   )
