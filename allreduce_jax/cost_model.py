@@ -424,6 +424,16 @@ def backend_params(backend: str | None = None) -> AnyParams:
   return DEFAULT_PARAMS
 
 
+@contextlib.contextmanager
+def _pushed(stack: contextvars.ContextVar[tuple], value):
+  """Pushes ``value`` on the context-local ``stack`` for the block; the innermost wins."""
+  token = stack.set((*stack.get(), value))
+  try:
+    yield
+  finally:
+    stack.reset(token)
+
+
 _active_params: contextvars.ContextVar[tuple[AnyParams, ...]] = contextvars.ContextVar(
   "allreduce_jax_cost_params", default=()
 )
@@ -446,11 +456,8 @@ def use_params(params: AnyParams):
       f"use_params expects cost_model.Params or FittedParams, got {type(params).__name__}"
       " (load a fit file with cost_model.load_params(path))."
     )
-  token = _active_params.set((*_active_params.get(), params))
-  try:
+  with _pushed(_active_params, params):
     yield params
-  finally:
-    _active_params.reset(token)
 
 
 _active_topology: contextvars.ContextVar[tuple] = contextvars.ContextVar(
@@ -473,11 +480,8 @@ def use_topology(topology):
     ...          topology=current_topology())
     'swing'
   """
-  token = _active_topology.set((*_active_topology.get(), topology))
-  try:
+  with _pushed(_active_topology, topology):
     yield topology
-  finally:
-    _active_topology.reset(token)
 
 
 def current_topology():
