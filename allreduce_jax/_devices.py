@@ -98,6 +98,12 @@ def put(global_shape, dtype, sharding, block) -> jax.Array:
   )
 
 
+def put_host(a: np.ndarray, sharding) -> jax.Array:
+  """:func:`put` of a host array that every process holds whole (e.g. a data set or a
+  batch plan): each process transfers only its own devices' slices."""
+  return put(a.shape, a.dtype, sharding, lambda index: a[index])
+
+
 def fetch(x: jax.Array) -> np.ndarray:
   """The whole value of ``x`` on this host (gathered across processes if needed)."""
   if x.is_fully_addressable:

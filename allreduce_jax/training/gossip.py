@@ -221,8 +221,7 @@ def train_gossip(
   avg = params
   for start in range(0, steps, eval_every):
     stop = min(start + eval_every, steps)
-    block = idx[start:stop]
-    ib = _devices.put(block.shape, np.int32, col, lambda i, a=block: a[i])
+    ib = _devices.put_host(idx[start:stop], col)
     state, chunk_losses = chunk(state, x_all, y_all, ib)
     losses.append(_devices.fetch(chunk_losses).mean(axis=0))
     stacked = jax.tree.map(_devices.fetch, state[0])

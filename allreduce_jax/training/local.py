@@ -249,8 +249,7 @@ def train_local(
   idx3 = idx.reshape(rounds, H, idx.shape[1])
   for start in range(0, rounds, rounds_per_eval):
     stop = min(start + rounds_per_eval, rounds)
-    block = idx3[start:stop]
-    ib = _devices.put(block.shape, np.int32, col, lambda i, a=block: a[i])
+    ib = _devices.put_host(idx3[start:stop], col)
     state, chunk_losses = chunk(state, x_all, y_all, ib)
     losses.append(_devices.fetch(chunk_losses).mean(axis=0))
     eval_steps.append(stop * H)

@@ -143,9 +143,7 @@ def put_train_set(data, mesh: jax.sharding.Mesh) -> tuple[jax.Array, jax.Array]:
   """``data``'s whole training set, replicated on every device of ``mesh`` (the
   compiled chunks gather their batches from it on device)."""
   rep = NamedSharding(mesh, P())
-  return tuple(
-    _devices.put(a.shape, a.dtype, rep, lambda i, a=a: a[i]) for a in (data.x_train, data.y_train)
-  )
+  return _devices.put_host(data.x_train, rep), _devices.put_host(data.y_train, rep)
 
 
 def replicas_identical(stacked: Any) -> bool:
@@ -251,10 +249,8 @@ def train_sync(
   identical = True
   for start in range(0, steps, eval_every):
     stop = min(start + eval_every, steps)
-    ib = _devices.put(
-      (stop - start, idx.shape[1]), np.int32, col, lambda i, a=idx[start:stop]: a[i]
-    )
-    mb = _devices.put((stop - start, p), np.float32, col, lambda i, a=mask[start:stop]: a[i])
+    ib = _devices.put_host(idx[start:stop], col)
+    mb = _devices.put_host(mask[start:stop], col)
     w, s, chunk_losses = chunk(w, s, x_all, y_all, ib, mb)
     losses.append(_devices.fetch(chunk_losses)[0])
     identical = replicas_identical(w)
