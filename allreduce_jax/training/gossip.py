@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec as P
 from allreduce_jax import _devices
 from allreduce_jax.training import models
 from allreduce_jax.training.local import PeriodicResult, make_metrics
-from allreduce_jax.training.sync import participants, put_train_set, replicate
+from allreduce_jax.training.sync import concat_losses, participants, put_train_set, replicate
 
 #: Mixing schemes: one neighbour per step (``pairs``) or both ring neighbours (``ring``).
 MIXINGS = ("pairs", "ring")
@@ -237,7 +237,7 @@ def train_gossip(
     test_loss.append(loss)
     test_acc.append(acc)
   return PeriodicResult(
-    losses=np.concatenate(losses) if losses else np.zeros(0, np.float32),
+    losses=concat_losses(losses),
     eval_steps=eval_steps,
     test_loss=test_loss,
     test_acc=test_acc,

@@ -38,7 +38,13 @@ from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import ALGORITHMS, _comm, _devices, all_reduce_tree
 from allreduce_jax.training import models
-from allreduce_jax.training.sync import first_replica, participants, put_train_set, replicate
+from allreduce_jax.training.sync import (
+  concat_losses,
+  first_replica,
+  participants,
+  put_train_set,
+  replicate,
+)
 
 #: DiLoCo's outer optimizer (Douillard et al. 2023): Nesterov SGD, lr 0.7, momentum 0.9.
 DILOCO_OUTER_LR = 0.7
@@ -260,7 +266,7 @@ def train_local(
   if not _rows_identical(state[2]):
     raise RuntimeError("participants' global parameters differ after averaging.")
   return PeriodicResult(
-    losses=np.concatenate(losses) if losses else np.zeros(0, np.float32),
+    losses=concat_losses(losses),
     eval_steps=eval_steps,
     test_loss=test_loss,
     test_acc=test_acc,

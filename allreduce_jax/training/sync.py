@@ -146,6 +146,11 @@ def put_train_set(data, mesh: jax.sharding.Mesh) -> tuple[jax.Array, jax.Array]:
   return _devices.put_host(data.x_train, rep), _devices.put_host(data.y_train, rep)
 
 
+def concat_losses(chunks: list[np.ndarray]) -> np.ndarray:
+  """The per-step training losses of a run from its chunks' (f32[0] if none ran)."""
+  return np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
+
+
 def replicas_identical(stacked: Any) -> bool:
   """Whether every participant's copy (row of the leading axis) is bitwise identical."""
   for leaf in jax.tree.leaves(stacked):
@@ -260,7 +265,7 @@ def train_sync(
     test_acc.append(evaluate(first_replica(w), data.x_test, data.y_test))
   final = first_replica(w)
   return SyncResult(
-    losses=np.concatenate(losses) if losses else np.zeros(0, np.float32),
+    losses=concat_losses(losses),
     eval_steps=eval_steps,
     test_acc=test_acc,
     final_test_acc=test_acc[-1],
