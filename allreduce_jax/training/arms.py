@@ -468,7 +468,8 @@ def param_count(params: Any) -> int:
 _compiled: dict[Any, Any] = {}
 
 
-def _final_loss(losses) -> float:
+def final_loss(losses) -> float:
+  """Mean of the finite losses of the last window; NaN when the run diverged."""
   finite = np.asarray(losses, np.float64)
   finite = finite[np.isfinite(finite)]
   return float(finite.mean()) if finite.size else float("nan")
@@ -482,7 +483,7 @@ def periodic_curve(res, workload: Workload, tail: int, **info) -> Curve:
     eval_updates=res.eval_steps,
     metric=res.test_acc if workload.metric == "accuracy" else res.test_loss,
     diverged=res.diverged,
-    final_loss=_final_loss(res.losses[-tail:]),
+    final_loss=final_loss(res.losses[-tail:]),
     info={**info, "final_test_loss": res.final_test_loss},
   )
 
@@ -525,7 +526,7 @@ def run_sync_curve(setup: Setup, workload: Workload, timeline: Timeline, seed: i
     eval_updates=res.eval_steps,
     metric=res.test_acc,
     diverged=bool(not np.isfinite(res.losses).all()),
-    final_loss=_final_loss(res.losses[-setup.eval_every :]),
+    final_loss=final_loss(res.losses[-setup.eval_every :]),
     info={"replicas_identical": res.replicas_identical},
   )
 
@@ -569,7 +570,7 @@ def run_ps_curve(
     eval_updates=res.eval_updates,
     metric=res.test_acc,
     diverged=res.diverged,
-    final_loss=_final_loss(res.losses[-setup.eval_every * setup.workers :]),
+    final_loss=final_loss(res.losses[-setup.eval_every * setup.workers :]),
   )
 
 

@@ -126,13 +126,6 @@ def run_sync(cfg: SyncConfig, seed: int = 0) -> dict[str, Any]:
   }
 
 
-def _final_loss(losses) -> float:
-  """Mean of the finite losses of the last window; NaN when the run diverged."""
-  finite = np.asarray(losses, np.float64)
-  finite = finite[np.isfinite(finite)]
-  return float(finite.mean()) if finite.size else float("nan")
-
-
 def _print(line: str) -> None:
   print(line, flush=True)
 
@@ -207,7 +200,7 @@ def run_staleness_sweep(
         "test_acc": res.test_acc,
         "updates_to_target": _first_reaching(res.eval_updates, res.test_acc, cfg.target),
         "diverged": res.diverged,
-        "final_loss": _final_loss(res.losses[-cfg.eval_every :]),
+        "final_loss": arms.final_loss(res.losses[-cfg.eval_every :]),
         "wall_s": time.perf_counter() - t0,
         "env": environment(),
       }
