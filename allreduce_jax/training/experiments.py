@@ -137,6 +137,34 @@ def _first_reaching(xs: list, accs: list[float], target: float):
   return None
 
 
+class _Resume:
+  """One resumable sweep over a row store: which runs have to run now (finished ones are
+  skipped, at most ``max_runs`` new ones per call) and this config's finished rows."""
+
+  def __init__(self, path: Path, max_runs: int | None):
+    self.store = Results(path)
+    self.done = self.store.done()
+    self.max_runs = max_runs
+    self.keys: list[str] = []
+    self.new = 0
+
+  def pending(self, fields: dict[str, Any]) -> str | None:
+    """The run's key (``fields`` + jax version, backend) if it has to run now, else None."""
+    key = self.store.key(fields)
+    self.keys.append(key)
+    if key in self.done or (self.max_runs is not None and self.new >= self.max_runs):
+      return None
+    return key
+
+  def add(self, key: str, row: dict[str, Any]) -> None:
+    self.done[key] = self.store.append(row)
+    self.new += 1
+
+  def rows(self) -> list[dict[str, Any]]:
+    """This config's finished rows (old and new), in run order."""
+    return [self.done[k] for k in self.keys if k in self.done]
+
+
 # ------------------------------------------------------------------ Table A
 
 
@@ -160,19 +188,15 @@ def run_staleness_sweep(
     The rows of this config's runs that are finished (old and new).
   """
   log = log or _print
-  store = Results(Path(out_dir) / "staleness.jsonl")
-  done = store.done()
+  sweep = _Resume(Path(out_dir) / "staleness.jsonl", max_runs)
   d = data.load_digits()
   K = max(cfg.taus) + 1
   tx = models.make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.momentum)
   compiled: dict[str, Any] = {}  # one replay (and evaluator), built on first use
-  new = 0
-  keys = []
   for seed in cfg.seeds:
     for method, tau in cfg.arms():
-      key = store.key(cfg.run_fields(method, tau, seed))  # + jax version, backend
-      keys.append(key)
-      if key in done or (max_runs is not None and new >= max_runs):
+      key = sweep.pending(cfg.run_fields(method, tau, seed))
+      if key is None:
         continue
       graphdef, params, rest = models.split(models.make_model(cfg.model, seed))
       if not compiled:
@@ -204,10 +228,9 @@ def run_staleness_sweep(
         "wall_s": time.perf_counter() - t0,
         "env": environment(),
       }
-      done[key] = store.append(row)
-      new += 1
+      sweep.add(key, row)
       log(f"staleness {method:14s} tau={tau:3d} seed={seed}: acc {res.final_test_acc:.4f}")
-  return [done[k] for k in keys if k in done]
+  return sweep.rows()
 
 
 # ------------------------------------------------------------------ Table B
@@ -229,19 +252,15 @@ def run_straggler_sweep(
   Args and Returns: as :func:`run_staleness_sweep`.
   """
   log = log or _print
-  store = Results(Path(out_dir) / "stragglers.jsonl")
-  done = store.done()
+  sweep = _Resume(Path(out_dir) / "stragglers.jsonl", max_runs)
   d = data.load_digits()
   B = cfg.batch_per_worker
   async_tx = models.make_optimizer(cfg.optimizer, cfg.async_lr, cfg.momentum)
   K = cfg.max_staleness + 1
   compiled: dict[Any, Any] = {}
-  new = 0
-  keys = []
   for n, compute, arm, seed in cfg.runs():
-    key = store.key(cfg.run_fields(n, compute, arm, seed))  # + jax version, backend
-    keys.append(key)
-    if key in done or (max_runs is not None and new >= max_runs):
+    key = sweep.pending(cfg.run_fields(n, compute, arm, seed))
+    if key is None:
       continue
     graphdef, params, rest = models.split(models.make_model(cfg.model, seed))
     if "evaluate" not in compiled:
@@ -338,13 +357,12 @@ def run_straggler_sweep(
       "wall_s": time.perf_counter() - t0,
       "env": environment(),
     }
-    done[key] = store.append(row)
-    new += 1
+    sweep.add(key, row)
     log(
       f"stragglers N={n} {compute:11s} {arm:14s} seed={seed}: acc {row['final_test_acc']:.4f},"
       f" time to target {row['time_to_target']}"
     )
-  return [done[k] for k in keys if k in done]
+  return sweep.rows()
 
 
 # ------------------------------------------------------------------ Table C
@@ -393,31 +411,27 @@ def run_table_c(
     log: progress printer.
   """
   log = log or _print
-  store = Results(Path(out_dir) / "table_c.jsonl")
-  done = store.done()
+  sweep = _Resume(Path(out_dir) / "table_c.jsonl", max_runs)
   setup = arms.setup_of(cfg)
   workloads: dict[str, arms.Workload] = {}
-  keys, new = [], 0
   for w, a, seed in cfg.runs():
     fields = {"sweep": "table_c", **_setup_fields(cfg), "workload": w, "arm": a, "seed": seed}
     fields["smoke"] = smoke
-    key = store.key(fields)  # + jax version, backend
-    keys.append(key)
-    if key in done or (max_runs is not None and new >= max_runs):
+    key = sweep.pending(fields)
+    if key is None:
       continue
     if w not in workloads:
       workloads[w] = arms.get_workload(w, smoke)
     t0 = time.perf_counter()
     row = compact(arms.run_arm(arms.get_arm(a), setup, workloads[w], seed))
     row = {"key": key, **fields, **row, "wall_s": time.perf_counter() - t0, "env": environment()}
-    done[key] = store.append(row)
-    new += 1
+    sweep.add(key, row)
     ttt = row["time_to_target"]
     log(
       f"table-c {w} {a:14s} seed={seed}: {row['metric']} {row['final_metric']:.4f},"
       f" time to target {'-' if ttt is None else f'{ttt:.2f} s'}"
     )
-  return [done[k] for k in keys if k in done]
+  return sweep.rows()
 
 
 # ------------------------------------------------------------------ phase diagram
@@ -441,11 +455,9 @@ def run_phase(
   does not depend on the bandwidth) reuses its curve (:func:`arms.run_arm`).
   """
   log = log or _print
-  store = Results(Path(out_dir) / "phase_runs.jsonl")
-  done = store.done()
+  sweep = _Resume(Path(out_dir) / "phase_runs.jsonl", max_runs)
   wl = None
   curves: dict[Any, Any] = {}
-  keys, new = [], 0
   for sigma in cfg.sigmas:
     for bw in cfg.bandwidths_gbps:
       setup = arms.setup_of(cfg, compute=cfg.compute_of(sigma), bandwidth_gbps=bw)
@@ -453,23 +465,21 @@ def run_phase(
         for seed in cfg.seeds:
           fields = {"sweep": "phase", **fields_of(setup), "workload": cfg.workload, "arm": a}
           fields |= {"seed": seed, "sigma": sigma, "smoke": smoke}
-          key = store.key(fields)  # + jax version, backend
-          keys.append(key)
-          if key in done or (max_runs is not None and new >= max_runs):
+          key = sweep.pending(fields)
+          if key is None:
             continue
           wl = wl or arms.get_workload(cfg.workload, smoke)
           t0 = time.perf_counter()
           row = arms.run_arm(arms.get_arm(a), setup, wl, seed, curves)
           row = compact(row, drop=PHASE_DROP)
           row = {"key": key, **fields, **row, "wall_s": time.perf_counter() - t0}
-          done[key] = store.append({**row, "env": environment()})
-          new += 1
+          sweep.add(key, {**row, "env": environment()})
           ttt = row["time_to_target"]
           log(
             f"phase σ={sigma:g} {bw:g} GB/s {a:14s} seed={seed}: time to target"
             f" {'-' if ttt is None else f'{ttt:.3g} s'} ({row['updates_to_target']} updates)"
           )
-  return [done[k] for k in keys if k in done]
+  return sweep.rows()
 
 
 def phase_cells(cfg: PhaseConfig, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
