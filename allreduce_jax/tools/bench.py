@@ -393,8 +393,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--params",
     default=None,
-    help="fit file to write with --fit (default: $ALLREDUCE_JAX_COST_PARAMS or"
-    " results/cost_params.json, which algorithm='auto' reads)",
+    help="fit file to write with --fit and to price auto with (default:"
+    " $ALLREDUCE_JAX_COST_PARAMS or results/cost_params.json; bench, fusion and scaling"
+    " pass it to auto explicitly, the library never reads it)",
   )
   parser.add_argument("--plot", default=None, help="figure path (default: --out with .png)")
   parser.add_argument("--smoke", action="store_true", help="tiny sweep for tests")
