@@ -148,11 +148,5 @@ def factor_axes(p: int, k: int) -> tuple[int, ...]:
   (a prime leaves 1s outside): (8, 2) -> (2, 4), (8, 3) -> (2, 2, 2), (5, 2) -> (1, 5)."""
   if k == 1:
     return (p,)
-  outer, rest = factor_2d(p) if k == 2 else (_smallest_factor(p), None)
-  if k == 2:
-    return (outer, rest)
-  return (outer, *factor_axes(p // outer, k - 1))
-
-
-def _smallest_factor(p: int) -> int:
-  return next((d for d in range(2, int(p**0.5) + 1) if p % d == 0), 1 if p == 1 else p)
+  outer, rest = factor_2d(p)
+  return (outer, *factor_axes(rest, k - 1))

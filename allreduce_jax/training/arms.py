@@ -144,25 +144,23 @@ def speeds(setup: Setup) -> np.ndarray:
 
 def allreduce_seconds(setup: Setup, p: int | None = None) -> float:
   """One all-reduce of the parameters over ``p`` (default N) workers, in seconds."""
-  from allreduce_jax import ALGORITHMS, _devices
+  from allreduce_jax import _devices
 
   p = setup.workers if p is None else p
   if p <= 1:
     return 0.0
-  axes = ALGORITHMS[setup.algorithm].axes
-  inner = _devices.factor_axes(p, axes)[-1] if axes > 1 else None
+  inner = _devices.inner_size(setup.algorithm, p)
   return cost_model.predict_seconds(setup.algorithm, p, model_bytes(setup), link(setup), inner)
 
 
 def allreduce_bytes(setup: Setup, p: int | None = None) -> float:
   """Bytes all ``p`` participants send in one all-reduce (p × the busiest sender's)."""
-  from allreduce_jax import ALGORITHMS, _devices
+  from allreduce_jax import _devices
 
   p = setup.workers if p is None else p
   if p <= 1:
     return 0.0
-  axes = ALGORITHMS[setup.algorithm].axes
-  inner = _devices.factor_axes(p, axes)[-1] if axes > 1 else None
+  inner = _devices.inner_size(setup.algorithm, p)
   return p * cost_model.schedule(setup.algorithm, p, model_bytes(setup), inner).max_sent_bytes
 
 

@@ -62,14 +62,11 @@ def allreduce_time_us(algorithm: str, p: int, nbytes: int) -> tuple[float, str]:
     from allreduce_jax.cost_model import predict_us
   except ImportError:
     return FALLBACK_ALLREDUCE_US, "constant"
-  kwargs = {}
-  axes = ALGORITHMS[algorithm].axes if algorithm in ALGORITHMS else 1
-  if axes > 1:
-    from allreduce_jax._devices import factor_axes
+  from allreduce_jax._devices import inner_size
 
-    kwargs["inner"] = factor_axes(p, axes)[-1]  # the mesh mesh_for builds for it
+  inner = inner_size(algorithm, p) if algorithm in ALGORITHMS else None
   try:
-    return float(predict_us(algorithm, p, nbytes, **kwargs)), "cost_model"
+    return float(predict_us(algorithm, p, nbytes, inner=inner)), "cost_model"
   except (TypeError, ValueError):  # an algorithm (or signature) the model does not know
     return FALLBACK_ALLREDUCE_US, "constant"
 
