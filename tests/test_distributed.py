@@ -149,12 +149,8 @@ def test_killed_participant_stops_the_run(tmp_path):
   assert not any(_alive(p) for p in pids)
 
 
-HANG = textwrap.dedent(
-  """
-  import time
-  from allreduce_jax import distributed
-  from allreduce_jax.tools import launch
-  distributed.initialize_from_env()
+# Child script prelude: join the run, then one psum over every device.
+FIRST_ALL_REDUCE = """
   import jax, jax.numpy as jnp
   from jax.sharding import PartitionSpec as P
   mesh = jax.make_mesh((jax.device_count(),), ("i",))
@@ -163,7 +159,16 @@ HANG = textwrap.dedent(
   x = jax.make_array_from_callback((jax.device_count(),), jax.NamedSharding(mesh, P("i")),
                                    lambda idx: jnp.ones(1))
   print("first all-reduce:", f(x).addressable_data(0), flush=True)
-  if jax.process_index() == 1:
+"""
+
+HANG = textwrap.dedent(
+  """
+  import time
+  from allreduce_jax import distributed
+  from allreduce_jax.tools import launch
+  distributed.initialize_from_env()"""
+  + FIRST_ALL_REDUCE
+  + """  if jax.process_index() == 1:
     print("process 1 is stuck", flush=True)
     time.sleep(1000)  # alive, but never joins the next collective
   print("second all-reduce:", f(x).addressable_data(0), flush=True)
@@ -301,16 +306,9 @@ STOP = textwrap.dedent(
   """
   import os, signal
   from allreduce_jax import distributed
-  distributed.initialize_from_env()
-  import jax, jax.numpy as jnp
-  from jax.sharding import PartitionSpec as P
-  mesh = jax.make_mesh((jax.device_count(),), ("i",))
-  f = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh, in_specs=P("i"),
-                            out_specs=P()))
-  x = jax.make_array_from_callback((jax.device_count(),), jax.NamedSharding(mesh, P("i")),
-                                   lambda idx: jnp.ones(1))
-  print("first all-reduce:", f(x).addressable_data(0), flush=True)
-  if jax.process_index() == 1:
+  distributed.initialize_from_env()"""
+  + FIRST_ALL_REDUCE
+  + """  if jax.process_index() == 1:
     os.kill(os.getpid(), signal.SIGSTOP)
   print("second all-reduce:", f(x).addressable_data(0), flush=True)
   """
