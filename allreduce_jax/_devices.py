@@ -134,6 +134,15 @@ def mesh_for(algorithm: str, p: int) -> tuple[Mesh, str | tuple[str, ...]]:
   return submesh(shape, axis_names), axis_names
 
 
+def fits(algorithm: str, p: int) -> bool:
+  """Whether ``mesh_for(algorithm, p)`` gives every level more than one participant: a
+  k-axis algorithm needs p to split into k factors > 1 (a prime p has no 2-D mesh)."""
+  from allreduce_jax._api import ALGORITHMS
+
+  k = ALGORITHMS[algorithm].axes
+  return k == 1 or 1 not in factor_axes(p, k)
+
+
 def inner_size(algorithm: str, p: int) -> int | None:
   """The inner (last) axis size of :func:`mesh_for`'s mesh for a multi-axis algorithm,
   the ``inner`` that ``cost_model.schedule`` prices it with; None for one axis."""

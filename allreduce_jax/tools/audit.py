@@ -35,17 +35,14 @@ def audit_in_process(p: int, nbytes: int, algorithms=None) -> list[dict]:
   import jax
 
   from allreduce_jax import _devices, cost_model, hlo
-  from allreduce_jax._api import ALGORITHMS
 
   count = nbytes // 4
   rows = []
   for alg in algorithms or audited():
-    k = ALGORITHMS[alg].axes
-    shape = _devices.factor_axes(p, k)
-    if k > 1 and 1 in shape:
+    if not _devices.fits(alg, p):
       continue  # p has too few factors for a k-level mesh
     a = hlo.audit_all_reduce(alg, p, count)
-    s = cost_model.schedule(alg, p, nbytes, inner=shape[-1] if k > 1 else None)
+    s = cost_model.schedule(alg, p, nbytes, inner=_devices.inner_size(alg, p))
     rows.append(
       {
         "algorithm": alg,
@@ -113,8 +110,7 @@ def store(out, fresh: bool = False):
 
 def sweep(ps, nbytes: int, out, algorithms=None, fresh: bool = False) -> list[dict]:
   """Audits every p (skipping the (algorithm, p, bytes) rows already in ``out``)."""
-  from allreduce_jax._api import ALGORITHMS
-  from allreduce_jax._devices import factor_axes
+  from allreduce_jax._devices import fits
 
   rows_store = store(out, fresh)
   done = rows_store.done()
@@ -123,8 +119,8 @@ def sweep(ps, nbytes: int, out, algorithms=None, fresh: bool = False) -> list[di
     keys = {
       a: rows_store.key(algorithm=a, p=p, bytes=nbytes)
       for a in algorithms or audited()
-      if ALGORITHMS[a].axes == 1 or 1 not in factor_axes(p, ALGORITHMS[a].axes)
-    }  # a k-axis algorithm needs p with k factors > 1
+      if fits(a, p)
+    }
     todo = [a for a, k in keys.items() if k not in done]
     if todo:
       new = audit_subprocess(p, nbytes, todo)

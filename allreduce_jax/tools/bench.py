@@ -427,12 +427,7 @@ def run(args: argparse.Namespace) -> int:
   from tqdm import tqdm
 
   p = len(jax.devices()) if jax.distributed.is_initialized() else args.devices
-  # A k-axis algorithm needs p to split into k factors > 1 (p prime: no 2-D mesh).
-  algorithms = [
-    a
-    for a in algorithms
-    if ALGORITHMS[a].axes == 1 or 1 not in _devices.factor_axes(p, ALGORITHMS[a].axes)
-  ]
+  algorithms = [a for a in algorithms if _devices.fits(a, p)]
   main = jax.process_index() == 0
   backend = jax.default_backend()
   # Every input and output problem is found here, before the first measurement.
