@@ -98,7 +98,38 @@ def main(argv: list[str] | None = None) -> int:
     from allreduce_jax import distributed
 
     distributed.main_guard()
-  return int(module.run(args) or 0)
+  from allreduce_jax.results import RowsError
+
+  try:
+    return int(module.run(args) or 0)
+  except KeyboardInterrupt:
+    print(f"allreduce-jax {name}: interrupted (Ctrl-C).", file=sys.stderr, flush=True)
+    raise SystemExit(130) from None
+  except (RowsError, *_FAILURES) as e:  # what the machine refused: one line, no traceback
+    raise SystemExit(f"allreduce-jax {name}: {_failure(e)}") from None
+  finally:
+    from allreduce_jax.results import release_locks
+
+    release_locks()
+
+
+def _failure(e: BaseException) -> str:
+  """One line for an error the user's machine raised while a command ran."""
+  from allreduce_jax.results import RowsError
+
+  if isinstance(e, RowsError):
+    return str(e)
+  if isinstance(e, MemoryError) or type(e).__name__ == "_ArrayMemoryError":
+    return (
+      f"out of memory ({str(e).splitlines()[0] if str(e) else 'MemoryError'});"
+      " choose smaller sizes."
+    )
+  where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+  return f"{where}{e.strerror or e} (errno {e.errno})." if e.errno else f"{where}{e}."
+
+
+#: Exceptions of the machine, not of the code: each ends a command with one line.
+_FAILURES = (MemoryError, OSError)
 
 
 if __name__ == "__main__":

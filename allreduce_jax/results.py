@@ -18,7 +18,12 @@ Every command that measures or computes rows (``bench``, ``fusion``, ``audit``,
   ``.jsonl``, a line that is not a row of this store (a stray JSON value, a row of
   another kind, a user's notes) raises :class:`RowsError`, a one-line message that
   names the file, before any work starts (:meth:`RowStore.check`), and ``--fresh``
-  (:meth:`RowStore.reset`) deletes only a file the store recognises as its own.
+  (:meth:`RowStore.reset`) empties only a file the store recognises as its own;
+- **append-only**: no command deletes or rewrites rows; a file is only appended to
+  (a rerun resumes or adds its rows), and emptied only by ``--fresh``;
+- **one writer at a time**: a command holds an exclusive ``flock`` on the file for
+  its whole run (:meth:`RowStore.lock`), so a second command writing the same file
+  is refused with one line (:class:`RowsError`) instead of measuring everything twice.
 
 Example:
   >>> import tempfile, os
@@ -34,12 +39,15 @@ Example:
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
 import platform
 import sys
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +61,36 @@ _PREFIX = b'{"schema": "' + SCHEMA.encode() + b'"'
 class RowsError(ValueError):
   """A results file that is not a row store of the expected kind, or cannot be
   written; the message is one line and names the file."""
+
+
+#: Stores holding a lock (released by :func:`release_locks`, or when collected).
+_LOCKED: weakref.WeakSet = weakref.WeakSet()
+
+
+def _unlock(fd: int, path: Path, created: bool) -> None:
+  try:
+    if created and os.fstat(fd).st_size == 0:  # nothing written: leave no empty file
+      path.unlink(missing_ok=True)
+  except OSError:
+    pass
+  try:
+    fcntl.flock(fd, fcntl.LOCK_UN)
+  finally:
+    os.close(fd)
+
+
+def release_locks() -> None:
+  """Releases every row-store lock this process holds (the end of a command)."""
+  for store in list(_LOCKED):
+    store.unlock()
+
+
+def _write_error(path: Path, e: OSError) -> RowsError:
+  why = "the disk is full" if e.errno == errno.ENOSPC else (e.strerror or str(e))
+  return RowsError(
+    f"{path}: cannot be written ({why}); the rows written before are kept."
+    " Free space (or fix the path) and rerun to resume."
+  )
 
 
 def run_key(fields: Mapping[str, Any]) -> str:
@@ -121,6 +159,7 @@ class RowStore:
     self.path = Path(path)
     self.kind = kind
     self._context = None if context is None else dict(context)
+    self._lock = None  # weakref.finalize releasing the flock, while held
 
   def __repr__(self) -> str:
     return f"RowStore({str(self.path)!r}, {self.kind!r})"
@@ -237,10 +276,47 @@ class RowStore:
     if not existed:
       self.path.unlink()
 
+  def lock(self) -> None:
+    """Takes an exclusive lock on the file for this run (``flock``, released by
+    :meth:`unlock`, :func:`release_locks` or when the store is collected); creates
+    the file if needed (removed again if nothing was written). Raises
+    :class:`RowsError` if another run holds it."""
+    if self._lock is not None:
+      return
+    try:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      created = not self.path.exists()
+      fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as e:
+      raise self._error(f"cannot be written ({e.strerror or e}).") from None
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      os.close(fd)
+      raise self._error(
+        "another allreduce-jax run is writing this file right now (it holds its lock);"
+        " wait for it to finish or choose another path."
+      ) from None
+    self._lock = weakref.finalize(self, _unlock, fd, self.path, created)
+    _LOCKED.add(self)
+
+  def unlock(self) -> None:
+    """Releases :meth:`lock` (nothing if not held)."""
+    if self._lock is not None:
+      self._lock()
+      self._lock = None
+    _LOCKED.discard(self)
+
   def reset(self) -> None:
-    """Deletes the file (``--fresh``) if it is one of ours; refuses anything else."""
+    """Empties the file (``--fresh``, the only way rows are ever removed) if it is
+    one of ours; refuses anything else. The file (and a held lock) stays."""
     self._read()
-    self.path.unlink(missing_ok=True)
+    if self.path.exists():
+      try:
+        with open(self.path, "r+b") as f:
+          f.truncate(0)
+      except OSError as e:
+        raise self._error(f"cannot be emptied ({e.strerror or e}).") from None
 
   def append(self, row: Mapping[str, Any], key: str | None = None) -> dict[str, Any]:
     """Appends one row, syncs it to disk and returns it as stored (see :meth:`extend`)."""
@@ -274,16 +350,29 @@ class RowStore:
     if not stored:
       return stored
     _, torn = self._read()  # refuses a foreign file before touching it
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    if torn is not None:
-      _warn(f"{self.path}: cutting off a half-written last line (an interrupted run).")
-      with open(self.path, "r+b") as f:
-        f.truncate(torn)
     text = "".join(json.dumps(r, default=_jsonable) + "\n" for r in stored)
-    with open(self.path, "a") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
+    try:
+      self.path.parent.mkdir(parents=True, exist_ok=True)
+      if torn is not None:
+        _warn(f"{self.path}: cutting off a half-written last line (an interrupted run).")
+        with open(self.path, "r+b") as f:
+          f.truncate(torn)
+      data = text.encode()
+      fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+      try:
+        start = os.lseek(fd, 0, os.SEEK_END)
+        try:
+          view = memoryview(data)
+          while view:
+            view = view[os.write(fd, view) :]
+          os.fsync(fd)
+        except OSError:
+          os.ftruncate(fd, start)  # no half row left behind (a full disk)
+          raise
+      finally:
+        os.close(fd)
+    except OSError as e:
+      raise _write_error(self.path, e) from None
     return stored
 
 

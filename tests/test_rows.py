@@ -108,12 +108,14 @@ def test_check_finds_an_unwritable_path_before_work(tmp_path):
   assert not (tmp_path / "rows.jsonl").exists()  # checking leaves nothing behind
 
 
-def test_reset_deletes_only_our_file(tmp_path):
+def test_reset_empties_only_our_file(tmp_path):
   store = _store(tmp_path)
   store.append({"n": 1}, "k")
   store.reset()
-  assert not (tmp_path / "rows.jsonl").exists()
+  assert (tmp_path / "rows.jsonl").read_bytes() == b""  # emptied in place (a lock stays valid)
+  (tmp_path / "rows.jsonl").unlink()
   store.reset()  # absent: nothing to do
+  assert not (tmp_path / "rows.jsonl").exists()
 
 
 def test_read_rows_and_extend(tmp_path):

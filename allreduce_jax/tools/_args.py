@@ -314,17 +314,28 @@ def output_dir(path, arg: str = "--log-dir"):
   return path
 
 
+def _main_process() -> bool:
+  """Process 0 of a ``jax.distributed`` run, or a single process (no backend started)."""
+  import jax
+
+  return not jax.distributed.is_initialized() or jax.process_index() == 0
+
+
 def row_store(path, kind: str, *, fresh: bool = False, context=None, arg: str = "--out"):
   """Before any work: the :class:`~allreduce_jax.results.RowStore` behind ``arg``,
-  checked (ours or absent, writable) and, with ``fresh``, emptied; a foreign file
-  (``--out notes.csv``, another command's rows) is refused with one line."""
+  checked (ours or absent, writable), locked for this run by the writing process
+  (process 0: a second command on the same file is refused with one line) and,
+  with ``fresh``, emptied; a foreign file (``--out notes.csv``, another command's
+  rows) is refused with one line."""
   from allreduce_jax.results import RowsError, RowStore
 
   store = RowStore(path, kind, context=context)
   try:
     store.check()
-    if fresh:
-      store.reset()
+    if _main_process():
+      store.lock()
+      if fresh:
+        store.reset()
   except RowsError as e:
     raise SystemExit(f"{arg}: {e}") from None
   return store

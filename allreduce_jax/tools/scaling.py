@@ -129,6 +129,21 @@ def _crossover_text(c: dict) -> str:
   )
 
 
+def _append_new(store, rows: list[dict], extra: dict | None = None) -> None:
+  """Appends the rows whose key (scenario, algorithm, p, size over the run's
+  configuration, plus ``extra[scenario]``) is not in the file yet: a rerun resumes,
+  another configuration adds its rows next to the earlier ones (none is deleted)."""
+  extra = extra or {}
+  keys = [
+    store.key(scenario=r["scenario"], algorithm=r["algorithm"], p=r["p"], bytes=r["bytes"],
+              **extra.get(r["scenario"], {}))
+    for r in rows
+  ]  # fmt: skip
+  done = store.done()
+  new = [(r, k) for r, k in zip(rows, keys) if k not in done]
+  store.extend([r for r, _ in new], [k for _, k in new])
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--inner", default="nvlink4", help="'latency_us,GBps' or a preset")
   parser.add_argument("--outer", default="ib_ndr", help="'latency_us,GBps' or a preset")
@@ -143,7 +158,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     "--sizes", type=nonempty(size_list), default="1MiB,100MiB,1GiB", help="bytes per device"
   )
   parser.add_argument("--params", default=None, help="local fit file (default: auto's)")
-  parser.add_argument("--out", default="results/scaling.jsonl")
+  parser.add_argument(
+    "--out", default="results/scaling.jsonl", help="JSON Lines file (appended; a rerun resumes)"
+  )
+  parser.add_argument("--fresh", action="store_true", help="empty --out first")
   parser.add_argument("--plot", default=None, help="figure (default: --out with .png)")
   parser.add_argument("--smoke", action="store_true", help="p up to 64 only")
   parser.add_argument(
@@ -173,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
   if args.topology:
     return run_topology(args)
   from allreduce_jax import cost_model
+  from allreduce_jax.cost_model import params_to_dict
+  from allreduce_jax.results import fingerprint
   from allreduce_jax.tools._args import format_size
 
   sizes = args.sizes
@@ -198,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
       raise SystemExit(f"--params {path}: not a cost-parameter file ({e}).") from None
   context = {"per_node": args.per_node, "nics_per_node": args.nics_per_node}
   context |= {"inner": args.inner, "outer": args.outer}
-  store = row_store(args.out, "scaling", context=context)
+  store = row_store(args.out, "scaling", fresh=args.fresh, context=context)
   fig = output_path(args.plot or Path(args.out).with_suffix(".png"), "--plot")
   rows = sweep(machine, "gpu-cluster", ps, sizes)
   if local is not None:
@@ -207,9 +227,8 @@ def run(args: argparse.Namespace) -> int:
   for r in rows:
     r.update(per_node=args.per_node, inner=args.inner, outer=args.outer)
   out = Path(args.out)
-  store.reset()  # cheap: recomputed whole
-  store.extend(rows, [store.key(scenario=r["scenario"], algorithm=r["algorithm"], p=r["p"],
-                                bytes=r["bytes"]) for r in rows])  # fmt: skip
+  extra = {"local-fit": {"local_params": fingerprint(params_to_dict(local))}} if local else {}
+  _append_new(store, rows, extra)
   print(f"# scaling by model: inner {args.inner}, outer {args.outer}, {args.per_node}/node")
   print(f"{'scenario':>12} {'size':>7} {'p':>6} " + " ".join(f"{a:>16}" for a in ALGORITHMS))
   for sc in dict.fromkeys(r["scenario"] for r in rows):
@@ -349,15 +368,13 @@ def run_topology(args: argparse.Namespace) -> int:
       ) from None
   context = {"topology": [t.name for t in tops], "link": args.link}
   context |= {"hop_latency_us": args.hop_latency_us}
-  store = row_store(args.out, "scaling", context=context)
+  store = row_store(args.out, "scaling", fresh=args.fresh, context=context)
   fig = output_path(args.plot or Path(args.out).with_suffix(".png"), "--plot")
   rows = sweep_topology(tops, params, ps, sizes, algorithms)
   rows.sort(key=lambda r: (r["scenario"], r["bytes"], r["p"]))
   for r in rows:
     r.update(link=args.link, hop_latency_us=args.hop_latency_us)
-  store.reset()  # cheap: recomputed whole
-  store.extend(rows, [store.key(scenario=r["scenario"], algorithm=r["algorithm"], p=r["p"],
-                                bytes=r["bytes"]) for r in rows])  # fmt: skip
+  _append_new(store, rows)
   print(f"# scaling by replay: link {args.link}, topologies {', '.join(t.name for t in tops)}")
   print("# predicted µs replayed on each topology; '(flat)': the flat α-β model at the largest p")
   width = max(len(a) for a in algorithms) + 1

@@ -558,7 +558,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     default=1,
     help="with --backend-oracle: run the checked program this many times (intermittent bugs)",
   )
-  parser.add_argument("--out", default=None, help="also write every compared case as JSON Lines")
+  parser.add_argument(
+    "--out", default=None, help="also write every compared case as JSON Lines (appended)"
+  )
+  parser.add_argument("--fresh", action="store_true", help="empty --out first")
 
 
 def _parse(args: argparse.Namespace):
@@ -603,8 +606,8 @@ def run(args: argparse.Namespace) -> int:
   if args.devices < 1:
     raise SystemExit(f"--devices: must be at least 1, got {args.devices}")
   algorithms, shapes = _parse(args)
-  if args.out:
-    row_store(args.out, "verify", context={})  # a foreign or unwritable --out: refused now
+  # A foreign, unwritable or busy --out: refused now (the lock is held until the end).
+  store = row_store(args.out, "verify", fresh=args.fresh, context={}) if args.out else None
   _devices.use_cpu_devices(args.devices)
   try:
     ps = [int(v) for v in args.participants] if args.participants else [len(jax.devices())]
@@ -625,7 +628,7 @@ def run(args: argparse.Namespace) -> int:
     flush=True,
   )
   if args.backend_oracle:
-    return run_backend_oracle(args, ps, shapes)
+    return run_backend_oracle(args, ps, shapes, store)
   rows: list[Row] = []
   t0 = time.perf_counter()
   for algorithm in algorithms:
@@ -655,7 +658,7 @@ def run(args: argparse.Namespace) -> int:
     + f" ({len(rows)} cases compared with the NumPy oracle in {time.perf_counter() - t0:.1f} s)"
   )
   _print_findings(found, args.strict)
-  _write(args.out, [asdict(r) for r in rows])
+  _write(store, [asdict(r) for r in rows], ("algorithm", "op", "dtype", "p", "kind", "shape"))
   return 1 if failed or (args.strict and found) else 0
 
 
@@ -672,12 +675,13 @@ def _print_findings(found: list[str], strict: bool) -> None:
     print(line)
 
 
-def _write(path, records: list[dict]) -> None:
-  """Replaces the rows in ``path`` (the one row store: a foreign file is refused)."""
-  if not path or jax.process_index() != 0:  # every process holds the same rows
+def _write(store, records: list[dict], fields: tuple[str, ...]) -> None:
+  """Appends the rows to ``store`` (``--out``), keyed on the compared cell's
+  ``fields``: earlier runs' rows stay (a rerun of a cell adds its newer row, which
+  ``RowStore.done`` prefers)."""
+  if store is None or jax.process_index() != 0:  # every process holds the same rows
     return
-  store = row_store(path, "verify", fresh=True)
-  store.extend(records, [store.key(case=k) for k in range(len(records))])
+  store.extend(records, [store.key({f: r[f] for f in fields}) for r in records])
 
 
 # -- the backend's own collectives ---------------------------------------------------
@@ -785,7 +789,7 @@ def _backend_record(name, kind, dtype, shape, x, xla, hand, p, rep) -> dict:
   }
 
 
-def run_backend_oracle(args: argparse.Namespace, ps: list[int], shapes) -> int:
+def run_backend_oracle(args: argparse.Namespace, ps: list[int], shapes, store=None) -> int:
   t0 = time.perf_counter()
   records = []
   for p in ps:
@@ -841,5 +845,5 @@ def run_backend_oracle(args: argparse.Namespace, ps: list[int], shapes) -> int:
     f" ({len(records)} results in {time.perf_counter() - t0:.1f} s)"
   )
   _print_findings(found, args.strict)
-  _write(args.out, records)
+  _write(store, records, ("collective", "kind", "dtype", "shape", "p", "repetition"))
   return 1 if broken or (args.strict and found) else 0
