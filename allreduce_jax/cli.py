@@ -82,6 +82,10 @@ def subcommand_parser(name: str, module=None) -> argparse.ArgumentParser:
   return sub
 
 
+#: How many ``main`` calls are running (``report`` runs the other commands through it).
+_depth = 0
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   parser = build_parser()
@@ -98,18 +102,21 @@ def main(argv: list[str] | None = None) -> int:
     from allreduce_jax import distributed
 
     distributed.main_guard()
-  from allreduce_jax.results import RowsError
+  from allreduce_jax.results import RowsError, release_locks
 
+  global _depth
+  _depth += 1
   try:
     return int(module.run(args) or 0)
   except KeyboardInterrupt:
+    if _depth > 1:  # a command run by another (report): the outer one stops too
+      raise
     print(f"allreduce-jax {name}: interrupted (Ctrl-C).", file=sys.stderr, flush=True)
     raise SystemExit(130) from None
   except (RowsError, *_FAILURES) as e:  # what the machine refused: one line, no traceback
     raise SystemExit(f"allreduce-jax {name}: {_failure(e)}") from None
   finally:
-    from allreduce_jax.results import release_locks
-
+    _depth -= 1
     release_locks()
 
 
