@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     return 2
   module = importlib.import_module(COMMANDS[name][0])
   args = subcommand_parser(name, module).parse_args(argv[1:])
-  if name != "launch":  # join a jax.distributed run if the environment sets one up
+  if name not in ("launch", "cluster"):  # join a jax.distributed run if the environment sets one up
     from allreduce_jax import distributed
 
     distributed.main_guard()

@@ -17,6 +17,25 @@ subcommand touches any device. It initializes when it finds, in this order:
 
 ``ALLREDUCE_JAX_DISTRIBUTED=off`` disables all of this. Nothing happens at import.
 
+Which address gloo tells its peers: JAX builds gloo's TCP device with no interface
+and no host name, so gloo resolves this machine's host name (``gethostname`` then
+``getaddrinfo``, the first address it can bind). Where the name resolves to a
+loopback address (Debian's ``127.0.1.1``, containers sharing one name) every peer
+would be told ``127.x`` and fail with "Connection refused". ``GLOO_SOCKET_IFNAME``
+(torch's name: the interface, e.g. ``eth0``) or ``ALLREDUCE_JAX_ADDRESS`` (a host
+name or IP address of this host) choose it instead; and a process of a run whose
+coordinator is not on loopback stops with one line (:class:`AddressError`) before
+it would advertise a loopback address.
+
+A user script joins the same way as the subcommands::
+
+    from allreduce_jax import distributed
+    distributed.initialize_from_env()   # before any JAX work; False when not launched
+    import jax                          # jax.devices() now spans every process
+
+and runs under ``allreduce-jax launch -n 4 -- python script.py`` or
+``allreduce-jax cluster --hosts 4 -- python script.py``.
+
 Once it has joined a run, :func:`initialize_from_env` also makes the process fail
 fast (:func:`exit_fast_on_error`): an uncaught exception prints its traceback and
 exits with status 1 at once, instead of waiting in JAX's shutdown barrier for peers
@@ -30,10 +49,13 @@ from __future__ import annotations
 
 import errno
 import faulthandler
+import fcntl
+import functools
 import ipaddress
 import os
 import signal
 import socket
+import struct
 import sys
 import traceback
 from collections.abc import Mapping, Sequence
@@ -48,6 +70,8 @@ ENV_INIT_TIMEOUT = "ALLREDUCE_JAX_INIT_TIMEOUT"
 ENV_HEARTBEAT_TIMEOUT = "ALLREDUCE_JAX_HEARTBEAT_TIMEOUT"
 ENV_SHUTDOWN_TIMEOUT = "ALLREDUCE_JAX_SHUTDOWN_TIMEOUT"
 ENV_MODE = "ALLREDUCE_JAX_DISTRIBUTED"
+ENV_GLOO_IFNAME = "GLOO_SOCKET_IFNAME"
+ENV_ADDRESS = "ALLREDUCE_JAX_ADDRESS"
 
 LAUNCHER_VARS = (
   ENV_COORDINATOR,
@@ -112,6 +136,99 @@ def check_coordinator_port(bind_address: str, what: str = "coordinator") -> None
       f" coordinator, so the address must be one of its own (set {ENV_COORDINATOR_BIND}"
       " to e.g. 0.0.0.0:PORT to listen on every interface)."
     )
+
+
+class AddressError(CoordinatorError):
+  """This process would advertise an address its peers cannot reach (loopback in a
+  run across hosts), or the interface / address chosen for gloo is not this host's."""
+
+
+def _iface_ipv4(name: str) -> str | None:
+  """The IPv4 address of interface ``name`` (SIOCGIFADDR), None if it has none."""
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    try:
+      packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+    except OSError:
+      return None
+  return socket.inet_ntoa(packed[20:24])
+
+
+def gloo_address(interface: str | None = None, hostname: str | None = None) -> str:
+  """The address gloo's TCP transport will listen on and advertise, chosen as gloo
+  chooses it (``gloo/transport/tcp/device.cc``): the interface's address if one is
+  named, else the first address of ``hostname`` (default: this machine's host name)
+  that a socket can bind. ``AddressError`` when there is none."""
+  if interface:
+    address = _iface_ipv4(interface)
+    if address is None:
+      raise AddressError(
+        f"{ENV_GLOO_IFNAME}={interface}: no such interface with an IPv4 address on this host"
+        f" (its interfaces: {', '.join(n for _, n in socket.if_nameindex())})."
+      )
+    return address
+  name = hostname or socket.gethostname()
+  try:
+    infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+  except OSError as e:
+    raise AddressError(
+      f"gloo advertises the address of this host's name {name!r}, which does not resolve"
+      f" ({e.strerror or e}); set {ENV_GLOO_IFNAME} to an interface or {ENV_ADDRESS} to"
+      " this host's address."
+    ) from None
+  for family, _, _, _, sockaddr in infos:
+    if bind_error(family, (sockaddr[0], 0)) is None:
+      return sockaddr[0]
+  raise AddressError(
+    f"{ENV_ADDRESS if hostname else 'this host name'}={name!r} resolves to"
+    f" {', '.join(sorted({i[4][0] for i in infos}))}, none of them this host's; set"
+    f" {ENV_GLOO_IFNAME} or {ENV_ADDRESS} to one of its own."
+  )
+
+
+def check_advertised_address(
+  coordinator_address: str, interface: str | None = None, hostname: str | None = None
+) -> str:
+  """Returns the address gloo will advertise; raises :class:`AddressError` (one line)
+  when it is loopback while the coordinator is not (peers on other hosts would be
+  told 127.x and fail with "Connection refused")."""
+  address = gloo_address(interface, hostname)
+  if ipaddress.ip_address(address.split("%")[0]).is_loopback and not _is_loopback(
+    coordinator_address
+  ):
+    how = (
+      f"{ENV_GLOO_IFNAME}={interface}" if interface
+      else f"{ENV_ADDRESS}={hostname}" if hostname
+      else f"this host's name {socket.gethostname()!r}"
+    )  # fmt: skip
+    raise AddressError(
+      f"{how} gives {address}, a loopback address, which gloo would advertise to peers on"
+      f" other hosts (coordinator {coordinator_address}); set {ENV_GLOO_IFNAME} to the"
+      f" interface that reaches them (e.g. eth0) or {ENV_ADDRESS} to this host's address."
+    )
+  return address
+
+
+def _use_gloo_address(interface: str | None, hostname: str | None) -> None:
+  """Makes JAX's CPU client use gloo collectives on ``interface`` / ``hostname``
+  (JAX itself passes neither). Call after ``jax.distributed.initialize`` and before
+  the CPU backend starts."""
+  from jax._src import distributed as jax_distributed
+  from jax._src import xla_bridge
+  from jax._src.lib import _jax
+
+  collectives = _jax.make_gloo_tcp_collectives(
+    distributed_client=jax_distributed.global_state.client,
+    hostname=hostname or None,
+    interface=interface or None,
+  )
+  current = xla_bridge._backend_factories["cpu"]
+  xla_bridge.register_backend_factory(
+    "cpu",
+    functools.partial(xla_bridge.make_cpu_client, collectives=collectives),
+    priority=current.priority,
+    fail_quietly=current.fail_quietly,
+    experimental=current.experimental,
+  )
 
 
 def bind_error(family: socket.AddressFamily, address: tuple) -> OSError | None:
@@ -193,6 +310,8 @@ def initialize(
   initialization_timeout: int = 300,
   heartbeat_timeout: int | None = None,
   shutdown_timeout: int | None = None,
+  gloo_interface: str | None = None,
+  gloo_hostname: str | None = None,
 ) -> None:
   """Joins this process to a ``jax.distributed`` runtime. Call before any JAX work.
 
@@ -216,11 +335,16 @@ def initialize(
       dead (JAX's default 100 when None).
     shutdown_timeout: seconds a finishing process waits for the others in the
       shutdown barrier (JAX's default 300 when None).
+    gloo_interface: the network interface gloo's CPU collectives use and advertise
+      (``GLOO_SOCKET_IFNAME``); default: the address of this host's name.
+    gloo_hostname: the host name or address gloo uses instead (``ALLREDUCE_JAX_ADDRESS``).
 
   Raises:
     ValueError: malformed or inconsistent arguments.
     CoordinatorError: process 0 cannot listen on the coordinator's address (port
       in use, or not this machine's address).
+    AddressError: gloo would advertise a loopback address to peers on other hosts,
+      or ``gloo_interface`` / ``gloo_hostname`` is not this host's.
     RuntimeError: called after the JAX backend started.
   """
   import jax
@@ -247,6 +371,9 @@ def initialize(
   if explicit and process_id == 0 and num_processes > 1:
     port = coordinator_address.rpartition(":")[2]
     check_coordinator_port(coordinator_bind_address or f"0.0.0.0:{port}")
+  gloo = jax.config.jax_cpu_collectives_implementation == "gloo"
+  if gloo and explicit and num_processes > 1:
+    check_advertised_address(coordinator_address, gloo_interface, gloo_hostname)
   timeouts = {}
   if heartbeat_timeout is not None:
     timeouts["heartbeat_timeout_seconds"] = int(heartbeat_timeout)
@@ -264,6 +391,8 @@ def initialize(
     initialization_timeout=initialization_timeout,
     **timeouts,
   )
+  if gloo and (gloo_interface or gloo_hostname):
+    _use_gloo_address(gloo_interface, gloo_hostname)
 
 
 def _slurm_or_mpi_tasks(env: Mapping[str, str]) -> int:
@@ -326,6 +455,8 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
     initialization_timeout=_int_env(env, ENV_INIT_TIMEOUT, 1) or 300,
     heartbeat_timeout=_int_env(env, ENV_HEARTBEAT_TIMEOUT, 1),
     shutdown_timeout=_int_env(env, ENV_SHUTDOWN_TIMEOUT, 1),
+    gloo_interface=env.get(ENV_GLOO_IFNAME, "").strip() or None,
+    gloo_hostname=env.get(ENV_ADDRESS, "").strip() or None,
   )
   exit_fast_on_error()
   return True

@@ -20,4 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
   ),
   "report": ("allreduce_jax.tools.report", "run everything and write results/report/REPORT.md"),
   "launch": ("allreduce_jax.tools.launch", "run a subcommand on n local jax.distributed processes"),
+  "cluster": (
+    "allreduce_jax.tools.cluster",
+    "run a subcommand on an emulated cluster: hosts as namespaces, shaped links",
+  ),
 }

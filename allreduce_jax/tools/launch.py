@@ -306,6 +306,8 @@ def launch(
   stop_grace: float = 3.0,
   out=None,
   err=None,
+  host_argv=None,
+  label: str = "launch",
 ) -> int:
   """Runs ``command`` in ``num_processes`` local processes joined by ``jax.distributed``.
 
@@ -316,6 +318,12 @@ def launch(
   seconds a finished process waits for the others in JAX's shutdown barrier;
   ``heartbeat_timeout``: seconds of silence after which JAX declares a process dead
   (None: JAX's default, 100).
+
+  ``host_argv``: a function ``rank -> list[str]``, the command prefix that runs
+  process ``rank`` where it belongs (``allreduce-jax cluster``: in its host's network
+  namespace; each step must exec the next, so the pid the launcher watches is the
+  program's). With it, ``coordinator`` is an address on process 0's host and is not
+  checked from here. ``label`` starts the launcher's own messages.
   """
   out = out or sys.stdout
   err = err or sys.stderr
@@ -344,7 +352,8 @@ def launch(
       host, port = parse_coordinator(coordinator)
     except ValueError as e:
       raise LaunchError(str(e)) from None
-    check_port(host, port)
+    if host_argv is None:
+      check_port(host, port)
   address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
   logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="allreduce-jax-launch-"))
   logs.mkdir(parents=True, exist_ok=True)
@@ -353,7 +362,7 @@ def launch(
     shown = {int(output)}
 
   print(
-    f"# launch: {num_processes} process(es) × {local_devices} local {platform} device(s),"
+    f"# {label}: {num_processes} process(es) × {local_devices} local {platform} device(s),"
     f" coordinator {address}, logs in {logs}",
     file=err,
     flush=True,
@@ -373,7 +382,7 @@ def launch(
       with open(log, "wb") as f:
         try:
           proc = subprocess.Popen(
-            argv,
+            [*host_argv(rank), *argv] if host_argv else argv,
             env=_child_env(
               rank,
               num_processes,
@@ -436,7 +445,7 @@ def launch(
     code = 128 + e.signum
   finally:
     if failure:
-      print(f"launch: {failure}", file=err, flush=True)
+      print(f"{label}: {failure}", file=err, flush=True)
     also = _stop(children, stop_grace)
     _tell(watchdog, "done")
     if watchdog is not None:
@@ -448,10 +457,10 @@ def launch(
     _stream(children, out, prefix=output == "all", final=True)
   if failure:
     if also:
-      print(f"launch: while stopping: {'; '.join(also)}", file=err, flush=True)
+      print(f"{label}: while stopping: {'; '.join(also)}", file=err, flush=True)
     return code
   print(
-    f"# launch: all {num_processes} processes finished OK in {time.monotonic() - t0:.1f} s",
+    f"# {label}: all {num_processes} processes finished OK in {time.monotonic() - t0:.1f} s",
     file=err,
     flush=True,
   )

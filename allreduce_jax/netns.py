@@ -1,0 +1,475 @@
+"""An emulated cluster on one Linux machine: hosts as network namespaces, shaped links.
+
+Each host is a network namespace with its own address (from :data:`SUBNET`, used only
+inside the namespaces this module creates) and its own host name (a UTS namespace
+per process, resolved through ``/etc/netns/NAME/hosts``, which ``ip netns exec``
+mounts over ``/etc/hosts``), so gloo advertises the right address to its peers.
+Links are veth pairs shaped with ``tc`` token buckets (``tbf``) on both ends, so
+each direction of a link carries at most its rate; there is no added delay
+(``netem`` is not used). The networks are the specs :func:`topology.parse` reads:
+
+- ``switch``: one bridge in a namespace of its own; each host's link to it shaped
+  to the rate, both directions (a non-blocking switch with one port per host).
+- ``fat_tree:K:R``: leaf bridges of K hosts (host i on leaf i // K), each leaf's
+  uplink to one spine bridge shaped to K·rate/R (R:1 oversubscription).
+- ``torus:A[xB[xC]]`` (or ``torus:1d|2d|3d``, fitted to the host count): host i at
+  row-major coordinates, a point-to-point link to each neighbour, IP forwarding, and
+  static minimal dimension-order routes (dimension 0 first, ties forward: the
+  routing :class:`topology.Torus` replays), so a message to a far host crosses the
+  hosts between.
+
+Names start with :data:`PREFIX` and the creating process's id (``arj-PID-h0``...),
+so concurrent clusters never collide, and leftovers of a process that died (even by
+SIGKILL) are recognised and removed (:func:`stale_tags`, :func:`down`).
+
+:func:`parse_rate` is this package's one parser of link rates (``200Mbit``,
+``1Gbit``, ``25MB/s``...).
+
+Needs root (``CAP_NET_ADMIN`` and ``CAP_SYS_ADMIN``), ``ip`` and ``tc``
+(iproute2) and ``unshare`` (util-linux); :func:`privilege_problem` says what is
+missing. Importing this module runs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import math
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from allreduce_jax import topology as topology_lib
+
+#: Every namespace this module creates is named ``PREFIX-PID-...``.
+PREFIX = "arj"
+#: The private subnet of the emulated hosts (only ever inside these namespaces).
+SUBNET = ipaddress.ip_network("10.213.0.0/16")
+NETNS_DIR = Path("/run/netns")
+ETC_NETNS = Path("/etc/netns")
+
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([a-z/]*)\s*$", re.IGNORECASE)
+#: unit -> bytes per second per unit (decimal prefixes, as tc and network vendors use).
+_RATE_UNITS = {
+  "bit": 1 / 8,
+  "kbit": 1e3 / 8,
+  "mbit": 1e6 / 8,
+  "gbit": 1e9 / 8,
+  "bps": 1 / 8,
+  "kbps": 1e3 / 8,
+  "mbps": 1e6 / 8,
+  "gbps": 1e9 / 8,
+  "b/s": 1.0,
+  "kb/s": 1e3,
+  "mb/s": 1e6,
+  "gb/s": 1e9,
+  "kib/s": 2.0**10,
+  "mib/s": 2.0**20,
+  "gib/s": 2.0**30,
+}
+
+
+def parse_rate(text: str, arg: str = "--link") -> float:
+  """A link rate -> bytes per second: ``200Mbit`` (also ``Mbps``), ``1Gbit``,
+  ``100kbit``, ``25MB/s``, ``1GB/s``, ``12MiB/s``. Bits are decimal (``Mbit`` = 10⁶
+  bit/s, as ``tc`` reads it), ``MB/s`` is 10⁶ bytes/s. ``ValueError`` names ``arg``."""
+  m = _RATE.match(text or "")
+  unit = m.group(2).lower() if m else ""
+  if not m or unit not in _RATE_UNITS or float(m.group(1)) <= 0:
+    raise ValueError(
+      f"{arg} {text!r}: expected a positive rate such as 200Mbit, 1Gbit, 25MB/s or 1GB/s."
+    )
+  return float(m.group(1)) * _RATE_UNITS[unit]
+
+
+def format_rate(bytes_per_s: float) -> str:
+  """Bytes per second -> the ``tc`` spelling in bits (``200Mbit``, ``1.5Gbit``)."""
+  bits = bytes_per_s * 8
+  for unit, scale in (("Gbit", 1e9), ("Mbit", 1e6), ("kbit", 1e3)):
+    if bits >= scale:
+      return f"{bits / scale:.6g}{unit}"
+  return f"{bits:.6g}bit"
+
+
+# ----------------------------------------------------------------------------------------
+# The plan: what to create, as data (tested without privilege).
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Link:
+  """A veth pair between namespaces ``a`` and ``b`` (device ``a_dev`` in ``a``...),
+  shaped to ``rate`` bytes/s in each direction; a ``*_bridge`` end is enslaved to
+  that namespace's bridge ``br0``."""
+
+  a: str
+  a_dev: str
+  b: str
+  b_dev: str
+  rate: float
+  a_bridge: bool = False
+  b_bridge: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+  """An emulated cluster, as the commands :func:`up` runs will build it.
+
+  Attributes:
+    tag: ``PREFIX-PID``; every namespace's name starts with it.
+    network: the network spec (``switch``, ``fat_tree:2:2``, ``torus:8``).
+    rate: each host link's rate, bytes/s per direction.
+    hosts: the hosts' namespace names, rank order.
+    hostnames: each host's own host name.
+    addresses: each host's address (what its host name resolves to).
+    devices: each host's interface that carries its address (``lo`` on a torus,
+      whose hosts have one link per neighbour).
+    bridges: namespaces holding a bridge (switches), none on a torus.
+    links: every veth pair.
+    routes: ``(namespace, destination, next hop, device)`` static routes (torus).
+  """
+
+  tag: str
+  network: str
+  rate: float
+  hosts: tuple[str, ...]
+  hostnames: tuple[str, ...]
+  addresses: tuple[str, ...]
+  devices: tuple[str, ...]
+  bridges: tuple[str, ...] = ()
+  links: tuple[Link, ...] = ()
+  routes: tuple[tuple[str, str, str, str], ...] = field(default=())
+
+  @property
+  def namespaces(self) -> tuple[str, ...]:
+    return self.hosts + self.bridges
+
+  def host_links(self, rank: int) -> list[str]:
+    """The devices of host ``rank`` that carry traffic to other hosts (its NICs)."""
+    ns = self.hosts[rank]
+    return [lk.a_dev if lk.a == ns else lk.b_dev for lk in self.links if ns in (lk.a, lk.b)]
+
+
+def tag_for(pid: int | None = None) -> str:
+  return f"{PREFIX}-{os.getpid() if pid is None else pid}"
+
+
+def _address(i: int) -> str:
+  return str(SUBNET.network_address + i + 1)
+
+
+def torus_next_hop(src: int, dst: int, dims: Sequence[int]) -> int:
+  """The neighbour a message from ``src`` to ``dst`` goes to first: minimal hops,
+  dimension 0 first, ties forward (the routing of :class:`topology.Torus`)."""
+  s, t = list(_unravel(src, dims)), _unravel(dst, dims)
+  for d, k in enumerate(dims):
+    if s[d] == t[d]:
+      continue
+    fwd = (t[d] - s[d]) % k
+    s[d] = (s[d] + (1 if fwd <= k - fwd else -1)) % k
+    return _ravel(s, dims)
+  return src
+
+
+def _unravel(i: int, dims: Sequence[int]) -> tuple[int, ...]:
+  out = []
+  for k in reversed(dims):
+    out.append(i % k)
+    i //= k
+  return tuple(reversed(out))
+
+
+def _ravel(coords: Sequence[int], dims: Sequence[int]) -> int:
+  i = 0
+  for c, k in zip(coords, dims):
+    i = i * k + c
+  return i
+
+
+def plan(network: str, hosts: int, rate: float, tag: str | None = None) -> Plan:
+  """The cluster of ``hosts`` hosts on ``network`` (a :func:`topology.parse` spec:
+  ``switch``, ``fat_tree:K:R``, ``torus:AxB``), links of ``rate`` bytes/s.
+  ``ValueError`` (naming ``--topology`` / ``--hosts``) for what cannot be emulated."""
+  if hosts < 1:
+    raise ValueError(f"--hosts must be at least 1, got {hosts}.")
+  if hosts > 250:
+    raise ValueError(f"--hosts {hosts}: at most 250 emulated hosts.")
+  if rate <= 0:
+    raise ValueError(f"--link must be a positive rate, got {rate}.")
+  top = topology_lib.parse(network)
+  tag = tag or tag_for()
+  names = tuple(f"{tag}-h{i}" for i in range(hosts))
+  hostnames = tuple(f"host{i}" for i in range(hosts))
+  addresses = tuple(_address(i) for i in range(hosts))
+  if isinstance(top, topology_lib.Switch):
+    if top.ports is not None:
+      raise ValueError(f"--topology {network!r}: switch:PORTS (several NICs) is not emulated.")
+    sw = f"{tag}-sw"
+    links = tuple(Link(h, "eth0", sw, f"p{i}", rate, b_bridge=True) for i, h in enumerate(names))
+    return Plan(tag, "switch", rate, names, hostnames, addresses, ("eth0",) * hosts, (sw,), links)
+  if isinstance(top, topology_lib.FatTree):
+    k, r = top.hosts_per_leaf, top.oversubscription
+    leaves = tuple(f"{tag}-leaf{j}" for j in range(-(-hosts // k)))
+    spine = f"{tag}-spine"
+    links = [
+      Link(h, "eth0", leaves[i // k], f"p{i}", rate, b_bridge=True) for i, h in enumerate(names)
+    ]
+    up = k * rate / r
+    links += [Link(lf, "uplink", spine, f"l{j}", up, True, True) for j, lf in enumerate(leaves)]
+    return Plan(
+      tag,
+      top.name,
+      rate,
+      names,
+      hostnames,
+      addresses,
+      ("eth0",) * hosts,
+      (*leaves, spine),
+      tuple(links),
+    )
+  if isinstance(top, topology_lib.Torus):
+    top = top.fit(hosts)
+    if math.prod(top.dims) != hosts:
+      raise ValueError(
+        f"--topology {network!r} has {math.prod(top.dims)} nodes but --hosts is {hosts}."
+      )
+    if not top.wrap:
+      raise ValueError(f"--topology {network!r}: a mesh without wraparound is not emulated.")
+    dims = top.dims
+    links, seen = [], set()
+    for i in range(hosts):
+      c = _unravel(i, dims)
+      for d, k in enumerate(dims):
+        if k == 1:
+          continue
+        for step in (1, -1):
+          j = _ravel([(x + step) % k if e == d else x for e, x in enumerate(c)], dims)
+          if j != i and frozenset((i, j)) not in seen:
+            seen.add(frozenset((i, j)))
+            links.append(Link(names[i], f"t{j}", names[j], f"t{i}", rate))
+    routes = []
+    for i in range(hosts):
+      for j in range(hosts):
+        if i != j:
+          nxt = torus_next_hop(i, j, dims)
+          routes.append((names[i], addresses[j], addresses[nxt], f"t{nxt}"))
+    return Plan(
+      tag,
+      top.name,
+      rate,
+      names,
+      hostnames,
+      addresses,
+      ("lo",) * hosts,
+      (),
+      tuple(links),
+      tuple(routes),
+    )
+  raise ValueError(
+    f"--topology {network!r}: only switch, fat_tree:K:R and torus:AxB can be emulated."
+  )
+
+
+# ----------------------------------------------------------------------------------------
+# Privilege, building, tearing down.
+# ----------------------------------------------------------------------------------------
+
+
+class ClusterError(RuntimeError):
+  """The cluster cannot be built (missing privilege or tools, a failed command); the
+  message is one line saying what is needed."""
+
+
+def _caps() -> int:
+  try:
+    for line in Path("/proc/self/status").read_text().splitlines():
+      if line.startswith("CapEff:"):
+        return int(line.split()[1], 16)
+  except (OSError, ValueError):
+    pass
+  return 0
+
+
+def privilege_problem() -> str | None:
+  """Why this process cannot build a cluster (one line), or None if it can."""
+  missing = [t for t in ("ip", "tc", "unshare", "hostname") if shutil.which(t) is None]
+  if missing:
+    return f"needs {', '.join(missing)} (iproute2, util-linux) on PATH."
+  caps = _caps()
+  need = {12: "CAP_NET_ADMIN", 21: "CAP_SYS_ADMIN"}
+  lacking = [name for bit, name in need.items() if not caps >> bit & 1]
+  if lacking:
+    return (
+      f"needs root (or {' and '.join(lacking)}) to create network namespaces, veth links"
+      " and tc shaping; run it as root (e.g. sudo) or in a container with CAP_NET_ADMIN."
+    )
+  res = subprocess.run(
+    ["unshare", "--net", "--uts", "true"], capture_output=True, text=True, timeout=30
+  )
+  if res.returncode != 0:
+    why = (res.stderr.strip().splitlines() or ["refused"])[-1]
+    return f"cannot create namespaces here (unshare --net --uts: {why})."
+  return None
+
+
+def _run(argv: Sequence[str]) -> None:
+  res = subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
+  if res.returncode != 0:
+    why = (res.stderr.strip().splitlines() or [f"status {res.returncode}"])[-1]
+    raise ClusterError(f"`{' '.join(argv)}` failed: {why}")
+
+
+def _in(ns: str, script: str) -> list[str]:
+  return ["ip", "netns", "exec", ns, "sh", "-c", script]
+
+
+# Quiet hosts: no IPv6 (router solicitations, DAD) so interface counters carry only
+# the run's traffic; no reverse-path filter (a torus's routes are not symmetric).
+_SYSCTL = (
+  "echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6;"
+  " echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6;"
+  " echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter;"
+  " echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter"
+)
+
+
+def _shape(ns: str, dev: str, rate: float) -> list[str]:
+  """A token bucket on ``dev``'s egress: at most ``rate`` bytes/s leave through it.
+  The bucket holds 4 ms of traffic (at least 64 KiB, a GSO segment)."""
+  burst = max(64 * 1024, int(rate * 0.004))
+  return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate",
+          format_rate(rate), "burst", str(burst), "latency", "100ms"]  # fmt: skip
+
+
+def up(p: Plan) -> None:
+  """Builds ``p``: namespaces, bridges, shaped links, addresses, routes, host files.
+  On a failure everything already built is removed and ``ClusterError`` raised."""
+  try:
+    for ns in p.namespaces:
+      _run(["ip", "netns", "add", ns])
+      _run(_in(ns, _SYSCTL + ("; echo 1 > /proc/sys/net/ipv4/ip_forward" if p.routes else "")))
+      _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+    for ns in p.bridges:
+      _run(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"])
+      _run(["ip", "-n", ns, "link", "set", "br0", "up"])
+    for lk in p.links:
+      _run(["ip", "link", "add", lk.a_dev, "netns", lk.a, "type", "veth",
+            "peer", "name", lk.b_dev, "netns", lk.b])  # fmt: skip
+      for ns, dev, bridged in ((lk.a, lk.a_dev, lk.a_bridge), (lk.b, lk.b_dev, lk.b_bridge)):
+        if bridged:
+          _run(["ip", "-n", ns, "link", "set", dev, "master", "br0"])
+        _run(_shape(ns, dev, lk.rate))
+        _run(["ip", "-n", ns, "link", "set", dev, "up"])
+    hosts_file = "127.0.0.1 localhost\n" + "".join(
+      f"{a} {h}\n" for a, h in zip(p.addresses, p.hostnames)
+    )
+    prefix = 32 if p.routes or p.devices[0] == "lo" else SUBNET.prefixlen
+    for ns, addr, dev in zip(p.hosts, p.addresses, p.devices):
+      _run(["ip", "-n", ns, "addr", "add", f"{addr}/{prefix}", "dev", dev])
+      etc = ETC_NETNS / ns
+      etc.mkdir(parents=True, exist_ok=True)
+      (etc / "hosts").write_text(hosts_file)
+    for ns, dst, via, dev in p.routes:
+      src = p.addresses[p.hosts.index(ns)]
+      _run(["ip", "-n", ns, "route", "add", f"{dst}/32", "via", via, "dev", dev,
+            "onlink", "src", src])  # fmt: skip
+  except BaseException:
+    down(p.tag)
+    raise
+
+
+def host_argv(p: Plan, rank: int) -> list[str]:
+  """The command prefix that runs a program as host ``rank``: in its network
+  namespace (with its ``/etc/hosts``), in a UTS namespace of its own named after it.
+  Every step execs the next, so the program keeps the process id it was started with."""
+  return [
+    "ip", "netns", "exec", p.hosts[rank],
+    "unshare", "--uts", "--",
+    "sh", "-c", 'hostname "$0" && exec "$@"', p.hostnames[rank],
+  ]  # fmt: skip
+
+
+def namespaces(prefix: str = PREFIX + "-") -> list[str]:
+  """Network namespaces (``ip netns``) whose names start with ``prefix``."""
+  try:
+    names = os.listdir(NETNS_DIR)
+  except OSError:
+    names = []
+  return sorted(n for n in names if n.startswith(prefix))
+
+
+def leftovers(tag: str | None = None) -> list[str]:
+  """What a cluster (``tag``; default every cluster of this module) left on the
+  machine: its namespaces, its ``/etc/netns`` files and any link in this namespace
+  named after it. Empty when it is all gone."""
+  prefix = f"{tag}-" if tag else f"{PREFIX}-"
+  found = [f"netns {n}" for n in namespaces(prefix)]
+  with contextlib.suppress(OSError):
+    found += [f"{ETC_NETNS / n}" for n in sorted(os.listdir(ETC_NETNS)) if n.startswith(prefix)]
+  with contextlib.suppress(OSError):
+    found += [f"link {n}" for n in sorted(os.listdir("/sys/class/net")) if n.startswith(prefix)]
+  return found
+
+
+def down(tag: str | None = None) -> list[str]:
+  """Removes the namespaces (and with them their links and shaping) and host files of
+  cluster ``tag`` (default: every cluster of this module). Returns what it removed."""
+  prefix = f"{tag}-" if tag else f"{PREFIX}-"
+  removed = []
+  for ns in namespaces(prefix):
+    res = subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=60)
+    if res.returncode == 0:
+      removed.append(ns)
+  with contextlib.suppress(OSError):
+    for n in os.listdir(ETC_NETNS):
+      if n.startswith(prefix):
+        shutil.rmtree(ETC_NETNS / n, ignore_errors=True)
+    if not os.listdir(ETC_NETNS):
+      with contextlib.suppress(OSError):
+        ETC_NETNS.rmdir()
+  return removed
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return True
+
+
+def stale_tags() -> list[str]:
+  """Tags of clusters whose creating process is gone (killed, even by SIGKILL)."""
+  tags = set()
+  for n in namespaces():
+    parts = n.split("-")
+    if len(parts) >= 3 and parts[1].isdigit() and not _alive(int(parts[1])):
+      tags.add(f"{PREFIX}-{parts[1]}")
+  return sorted(tags)
+
+
+def clean_stale() -> list[str]:
+  """Removes the leftovers of every cluster whose process died; returns their tags."""
+  tags = stale_tags()
+  for t in tags:
+    down(t)
+  return tags
+
+
+def tx_bytes(p: Plan) -> list[dict[str, int]]:
+  """Per host, bytes each of its links has sent so far (``tx_bytes`` of its
+  interfaces, read in its namespace)."""
+  out = []
+  for rank, ns in enumerate(p.hosts):
+    devs = p.host_links(rank)
+    script = "; ".join(f"cat /sys/class/net/{d}/statistics/tx_bytes" for d in devs)
+    res = subprocess.run(_in(ns, script), capture_output=True, text=True, timeout=60)
+    values = [int(v) for v in res.stdout.split()] if res.returncode == 0 else []
+    out.append(dict(zip(devs, values)))
+  return out

@@ -1,0 +1,257 @@
+"""``allreduce-jax cluster``: run a subcommand on an emulated cluster of hosts on this machine.
+
+    allreduce-jax cluster --hosts 4 [--topology switch] [--link 200Mbit] \\
+        [--devices-per-host 1] [--timeout S] [--log-dir DIR] [--counters FILE] -- bench ...
+    allreduce-jax cluster down        # remove every cluster's leftovers
+
+Builds N hosts, each a network namespace with its own address and host name, joined
+by the network ``--topology`` names (the specs ``scaling --topology`` reads:
+``switch``, ``fat_tree:K:R``, ``torus:AxB``) whose links are shaped to ``--link``
+in each direction (:mod:`allreduce_jax.netns`), then runs the command after ``--``
+once per host, all joined into one ``jax.distributed`` runtime (gloo over the
+emulated links; the coordinator on host 0). The command is an ``allreduce-jax``
+subcommand or any program that calls
+:func:`allreduce_jax.distributed.initialize_from_env`.
+
+The processes are supervised by ``allreduce-jax launch``'s code
+(:func:`allreduce_jax.tools.launch.launch`): a host that fails or is killed is named
+within a poll (50 ms) and the others stopped, ``--timeout`` names a stuck one, every
+host writes ``DIR/process-R.log``. Namespaces, links and host files are removed after
+a success, a failure or Ctrl-C; if this command is killed (even by SIGKILL) a
+watchdog process removes them, and the next ``cluster`` run (or ``cluster down``)
+removes what a dead run left. ``--counters FILE`` writes each host's interface byte
+counters (sent, received) over the run as JSON.
+
+Needs root (network namespaces, veth, bridges, tc); without it, one line says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from allreduce_jax import netns
+from allreduce_jax.tools import launch as launcher
+
+#: The coordinator's port on host 0 (its namespace is fresh, so the port is free).
+PORT = 29500
+
+# The namespace watchdog: its own session (Ctrl-C does not reach it); when its stdin
+# reaches EOF without "done" (the cluster command died, even by SIGKILL) it deletes
+# the cluster's namespaces and host files. Standalone: it imports nothing of ours.
+_WATCHDOG = """
+import os, shutil, subprocess, sys
+tag = sys.argv[1] + "-"
+for line in sys.stdin:
+  if line.strip() == "done":
+    sys.exit(0)
+for n in sorted(os.listdir("/run/netns")) if os.path.isdir("/run/netns") else []:
+  if n.startswith(tag):
+    subprocess.run(["ip", "netns", "del", n], capture_output=True)
+if os.path.isdir("/etc/netns"):
+  for n in os.listdir("/etc/netns"):
+    if n.startswith(tag):
+      shutil.rmtree(os.path.join("/etc/netns", n), ignore_errors=True)
+"""
+
+
+def _watchdog(tag: str) -> subprocess.Popen | None:
+  try:
+    return subprocess.Popen(
+      [sys.executable, "-c", _WATCHDOG, tag],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+      start_new_session=True,
+    )
+  except OSError:  # pragma: no cover - the next run's clean-up still covers it
+    return None
+
+
+def _release(watchdog: subprocess.Popen | None) -> None:
+  if watchdog is None:
+    return
+  with contextlib.suppress(OSError, ValueError, subprocess.TimeoutExpired):
+    watchdog.stdin.write(b"done\n")
+    watchdog.stdin.close()
+    watchdog.wait(5)
+
+
+def counters(plan: netns.Plan) -> list[dict]:
+  """Per host: ``{"host", "address", "tx_bytes", "rx_bytes"}`` summed over its links."""
+  out = []
+  for rank, (ns, addr) in enumerate(zip(plan.hosts, plan.addresses)):
+    devs = plan.host_links(rank)
+    script = "; ".join(
+      f"cat /sys/class/net/{d}/statistics/tx_bytes /sys/class/net/{d}/statistics/rx_bytes"
+      for d in devs
+    )
+    res = subprocess.run(
+      ["ip", "netns", "exec", ns, "sh", "-c", script], capture_output=True, text=True, timeout=60
+    )
+    v = [int(x) for x in res.stdout.split()] if res.returncode == 0 else [0, 0]
+    out.append({"host": rank, "address": addr, "tx_bytes": sum(v[0::2]), "rx_bytes": sum(v[1::2])})
+  return out
+
+
+def cluster(
+  command: list[str],
+  hosts: int,
+  *,
+  network: str = "switch",
+  link: str = "200Mbit",
+  devices_per_host: int = 1,
+  counters_path: str | None = None,
+  err=None,
+  **launch_options,
+) -> int:
+  """Builds the cluster, runs ``command`` on every host (``launch.launch`` with
+  ``launch_options``), removes the cluster. Returns the launcher's status; raises
+  ``ValueError`` (bad option, one line naming it), ``netns.ClusterError`` (no
+  privilege, a failed build) or ``launch.LaunchError``."""
+  err = err or sys.stderr
+  if devices_per_host < 1:
+    raise ValueError(f"--devices-per-host must be at least 1, got {devices_per_host}.")
+  rate = netns.parse_rate(link, "--link")
+  plan = netns.plan(network, hosts, rate)
+  launcher._command_argv(list(command))  # a missing command: before anything is built
+  problem = netns.privilege_problem()
+  if problem:
+    raise netns.ClusterError(problem)
+  stale = netns.clean_stale()
+  if stale:
+    print(f"# cluster: removed what dead runs left ({', '.join(stale)})", file=err, flush=True)
+  watchdog = _watchdog(plan.tag)
+  try:
+    netns.up(plan)
+    print(
+      f"# cluster: {hosts} host(s) on {plan.network}, every link {netns.format_rate(rate)}"
+      f" each way ({rate / 1e6:.3g} MB/s), addresses {plan.addresses[0]}..{plan.addresses[-1]},"
+      f" namespaces {plan.tag}-*",
+      file=err,
+      flush=True,
+    )
+    before = counters(plan)
+    rc = launcher.launch(
+      command,
+      hosts,
+      local_devices=devices_per_host,
+      coordinator=f"{plan.addresses[0]}:{PORT}",
+      host_argv=lambda rank: netns.host_argv(plan, rank),
+      label="cluster",
+      err=err,
+      **launch_options,
+    )
+    if counters_path:
+      after = counters(plan)
+      rows = [
+        {**a, "tx_bytes": a["tx_bytes"] - b["tx_bytes"], "rx_bytes": a["rx_bytes"] - b["rx_bytes"]}
+        for a, b in zip(after, before)
+      ]
+      Path(counters_path).write_text(
+        json.dumps({"network": plan.network, "rate": rate, "hosts": rows}, indent=1) + "\n"
+      )
+    return rc
+  finally:
+    netns.down(plan.tag)
+    _release(watchdog)
+    left = netns.leftovers(plan.tag)
+    if left:  # pragma: no cover - down() removes all it made
+      print(f"# cluster: could not remove {', '.join(left)}", file=err, flush=True)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+  parser.usage = (
+    "%(prog)s --hosts N [--topology NET] [--link RATE] [options] -- COMMAND [ARGS...]\n"
+    "       %(prog)s down"
+  )
+  parser.add_argument("--hosts", type=int, default=None, help="emulated hosts (one process each)")
+  parser.add_argument(
+    "--topology",
+    default="switch",
+    help="switch, fat_tree:HOSTS_PER_LEAF:OVERSUBSCRIPTION or torus:AxB (as scaling --topology)",
+  )
+  parser.add_argument(
+    "--link", default="200Mbit", help="each link's rate, each way: 200Mbit, 1Gbit, 25MB/s..."
+  )
+  parser.add_argument(
+    "--devices-per-host", type=int, default=1, help="emulated CPU devices per host process"
+  )
+  parser.add_argument(
+    "--timeout",
+    type=float,
+    default=None,
+    help="seconds after which a run still going is stopped, naming the stuck host (exit 124)",
+  )
+  parser.add_argument("--log-dir", default=None, help="per-host logs (default: a new temp dir)")
+  parser.add_argument(
+    "--output", default="0", help="whose output to show: a host rank, 'all' or 'none'. Default 0"
+  )
+  parser.add_argument(
+    "--counters", default=None, help="write each host's bytes sent/received (JSON) here"
+  )
+  parser.add_argument(
+    "--init-timeout", type=int, default=120, help="seconds the hosts wait for each other"
+  )
+  parser.add_argument(
+    "--shutdown-timeout", type=int, default=30, help="seconds a finished host waits for the others"
+  )
+  parser.add_argument(
+    "--heartbeat-timeout",
+    type=int,
+    default=None,
+    help="seconds without a heartbeat after which JAX declares a host dead (JAX's default 100)",
+  )
+  parser.add_argument(
+    "command",
+    nargs=argparse.REMAINDER,
+    help="after --: an allreduce-jax subcommand or a program; or 'down' to remove leftovers",
+  )
+
+
+def run(args: argparse.Namespace) -> int:
+  prog = "allreduce-jax cluster"
+  if args.command in (["down"], ["--", "down"]) and args.hosts is None:
+    removed = netns.down()
+    left = netns.leftovers()
+    print(f"{prog}: removed {len(removed)} namespace(s){': ' if removed else ''}"
+          f"{', '.join(removed)}")  # fmt: skip
+    if left:
+      print(f"{prog}: could not remove {', '.join(left)}", file=sys.stderr)
+      return 1
+    return 0
+  if args.hosts is None:
+    print(f"{prog}: --hosts N is required (or 'cluster down').", file=sys.stderr)
+    return 2
+  if args.log_dir:
+    from allreduce_jax.tools._args import output_dir
+
+    output_dir(args.log_dir, "--log-dir")
+  try:
+    return cluster(
+      args.command,
+      args.hosts,
+      network=args.topology,
+      link=args.link,
+      devices_per_host=args.devices_per_host,
+      counters_path=args.counters,
+      timeout=args.timeout,
+      log_dir=args.log_dir,
+      output=args.output,
+      init_timeout=args.init_timeout,
+      shutdown_timeout=args.shutdown_timeout,
+      heartbeat_timeout=args.heartbeat_timeout,
+    )
+  except (ValueError, launcher.LaunchError) as e:
+    print(f"{prog}: {e}", file=sys.stderr)
+    return 2
+  except netns.ClusterError as e:
+    print(f"{prog}: {e}", file=sys.stderr)
+    return 1
+  except KeyboardInterrupt:
+    print(f"{prog}: interrupted (Ctrl-C); the cluster is removed.", file=sys.stderr)
+    return 130

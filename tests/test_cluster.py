@@ -1,0 +1,270 @@
+"""The emulated cluster (``allreduce-jax cluster``, :mod:`allreduce_jax.netns`).
+
+The plan (names, links, routes) and the rate parser are checked everywhere; building
+namespaces needs root, so those tests skip elsewhere with the reason. Each privileged
+test checks that nothing is left behind (namespaces, host files, links).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from allreduce_jax import distributed, netns, topology
+from allreduce_jax.tools import cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = [sys.executable, "-m", "allreduce_jax", "cluster"]
+
+
+@pytest.fixture(scope="module")
+def _problem():
+  return netns.privilege_problem()
+
+
+@pytest.fixture
+def privileged(_problem):
+  if _problem:
+    pytest.skip(f"cluster: {_problem}")
+
+
+@pytest.mark.parametrize(
+  "text, rate",
+  [("200Mbit", 25e6), ("1Gbit", 125e6), ("100kbit", 12.5e3), ("25MB/s", 25e6),
+   ("1GB/s", 1e9), ("2MiB/s", 2 * 2**20), ("200mbps", 25e6), ("0.5Gbit", 62.5e6)],
+)  # fmt: skip
+def test_parse_rate(text, rate):
+  assert netns.parse_rate(text) == pytest.approx(rate)
+
+
+@pytest.mark.parametrize("text", ["", "200", "fast", "-1Mbit", "0Gbit", "3 parsecs"])
+def test_parse_rate_rejects_with_one_line_naming_the_option(text):
+  with pytest.raises(ValueError, match=r"^--link .*expected a positive rate"):
+    netns.parse_rate(text)
+
+
+def test_format_rate_round_trips_what_tc_reads():
+  for text in ("200Mbit", "1Gbit", "1.5Gbit", "64kbit"):
+    assert netns.format_rate(netns.parse_rate(text)) == text
+
+
+def test_switch_plan_one_bridge_every_host_link_shaped():
+  p = netns.plan("switch", 4, 25e6, tag="arj-1")
+  assert p.hosts == tuple(f"arj-1-h{i}" for i in range(4)) and p.bridges == ("arj-1-sw",)
+  assert len(set(p.addresses)) == 4 and len(set(p.hostnames)) == 4
+  assert all(lk.b == "arj-1-sw" and lk.b_bridge and lk.rate == 25e6 for lk in p.links)
+  assert [p.host_links(i) for i in range(4)] == [["eth0"]] * 4
+
+
+def test_fat_tree_plan_uplinks_carry_k_over_r_host_links():
+  p = netns.plan("fat_tree:2:2", 4, 25e6, tag="arj-1")
+  ups = [lk for lk in p.links if lk.b == "arj-1-spine"]
+  assert [lk.a for lk in ups] == ["arj-1-leaf0", "arj-1-leaf1"]
+  assert all(lk.rate == 2 * 25e6 / 2 for lk in ups)  # K·rate/R
+  hosts = [lk for lk in p.links if lk.a in p.hosts]
+  assert [lk.b for lk in hosts] == ["arj-1-leaf0"] * 2 + ["arj-1-leaf1"] * 2
+
+
+@pytest.mark.parametrize("spec, p", [("torus:8", 8), ("torus:2x3", 6), ("torus:4x4", 16)])
+def test_torus_routes_follow_the_replays_dimension_order(spec, p):
+  plan = netns.plan(spec, p, 25e6, tag="arj-1")
+  top = topology.parse(spec).fit(p)
+  # One link per pair of neighbours, and the routes' hop counts are the replay's.
+  dims = top.dims
+  pairs = {frozenset((lk.a, lk.b)) for lk in plan.links}
+  assert len(pairs) == len(plan.links) == sum(p if k > 2 else p // 2 for k in dims if k > 1)
+  for s in range(p):
+    for t in range(p):
+      hops, at = 0, s
+      while at != t:
+        at, hops = netns.torus_next_hop(at, t, dims), hops + 1
+        assert hops <= p
+      assert hops == int(top.hops(np.array([s]), np.array([t]))[0])
+
+
+@pytest.mark.parametrize(
+  "spec, hosts, message",
+  [("switch:2", 4, "switch:PORTS"), ("torus:4x4", 8, "has 16 nodes but --hosts is 8"),
+   ("islands:8:nvlink4:ib_ndr", 8, "only switch, fat_tree"), ("ring", 4, "--topology 'ring'"),
+   ("switch", 0, "--hosts must be at least 1")],
+)  # fmt: skip
+def test_plan_rejects_what_it_cannot_emulate_in_one_line(spec, hosts, message):
+  with pytest.raises(ValueError, match=message):
+    netns.plan(spec, hosts, 25e6)
+
+
+def test_without_privilege_one_line_says_what_is_needed(monkeypatch, capsys):
+  monkeypatch.setattr(netns, "_caps", lambda: 0)
+  problem = netns.privilege_problem()
+  assert "needs root" in problem and "CAP_NET_ADMIN" in problem
+  args = cluster_args(["--hosts", "2", "--", "verify"])
+  assert cluster.run(args) == 1
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "needs root" in err
+
+
+def cluster_args(argv):
+  from allreduce_jax import cli
+
+  return cli.subcommand_parser("cluster").parse_args(argv)
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [(["--hosts", "2", "--link", "fast", "--", "verify"], "--link 'fast'"),
+   (["--hosts", "2", "--topology", "torus:3", "--", "verify"], "torus:3"),
+   (["--hosts", "2"], "give the command to run after '--'"),
+   (["--", "verify"], "--hosts N is required")],
+)  # fmt: skip
+def test_bad_options_one_line_exit_2(argv, message, capsys):
+  assert cluster.run(cluster_args(argv)) == 2
+  err = capsys.readouterr().err
+  assert message in err and err.count("\n") == 1
+
+
+def test_up_and_down_leave_nothing_behind(privileged):
+  for spec, n in (("switch", 3), ("fat_tree:2:2", 4), ("torus:2x2", 4)):
+    plan = netns.plan(spec, n, 25e6)
+    try:
+      netns.up(plan)
+      assert set(netns.namespaces(plan.tag + "-")) == set(plan.namespaces)
+      hosts = (netns.ETC_NETNS / plan.hosts[0] / "hosts").read_text()
+      assert f"{plan.addresses[1]} {plan.hostnames[1]}" in hosts
+    finally:
+      netns.down(plan.tag)
+    assert netns.leftovers(plan.tag) == []
+
+
+def test_a_failed_build_removes_what_it_built(privileged, monkeypatch):
+  plan = netns.plan("switch", 2, 25e6)
+  real = netns._run
+
+  def fail_on_tc(argv):
+    if argv[0] == "tc":
+      raise netns.ClusterError("tc refused (test)")
+    real(argv)
+
+  monkeypatch.setattr(netns, "_run", fail_on_tc)
+  with pytest.raises(netns.ClusterError, match="tc refused"):
+    netns.up(plan)
+  assert netns.leftovers(plan.tag) == []
+
+
+def _wait_for(path: Path, text: str, wait_s: float) -> None:
+  deadline = time.monotonic() + wait_s
+  while not (path.exists() and text in path.read_text(errors="replace")):
+    assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
+    time.sleep(0.1)
+
+
+@pytest.mark.timeout(120)
+def test_verify_runs_across_a_two_host_cluster(privileged, tmp_path):
+  counters = tmp_path / "counters.json"
+  res = subprocess.run(
+    [*CLUSTER, "--hosts", "2", "--link", "1Gbit", "--counters", str(counters), "--timeout", "90",
+     "--", "verify", "--algorithms", "ring,recursive_doubling", "--dtypes", "float32",
+     "--ops", "sum", "--kinds", "verifiable", "--shapes", "4096"],
+    cwd=ROOT, capture_output=True, text=True, timeout=110,
+    env={**os.environ, "GLOO_SOCKET_IFNAME": "eth0"},  # gloo on the interface named
+  )  # fmt: skip
+  assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+  assert "2 devices, 2 process(es)" in res.stdout and " 0 failed" in res.stdout
+  assert "all 2 processes finished OK" in res.stderr
+  hosts = json.loads(counters.read_text())["hosts"]
+  # The sums crossed the emulated link: each host sent at least the 16 KiB it reduces.
+  assert all(h["tx_bytes"] > 16 * 1024 for h in hosts)
+  assert netns.leftovers(f"arj-{_cluster_pid(res.stderr)}") == []
+
+
+def _cluster_pid(err: str) -> str:
+  line = next(x for x in err.splitlines() if "namespaces arj-" in x)
+  return line.split("namespaces arj-")[1].split("-")[0]
+
+
+SLEEPER = (
+  "import sys, time\n"
+  "from allreduce_jax import distributed\n"
+  "distributed.initialize_from_env()\n"
+  "import jax, socket\n"
+  "print('ready', jax.process_index(), socket.gethostname(), flush=True)\n"
+  "time.sleep(120)\n"
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_host_killed_mid_run_is_named_within_10_s(privileged, tmp_path):
+  script = tmp_path / "sleeper.py"
+  script.write_text(SLEEPER)
+  logs = tmp_path / "logs"
+  proc = subprocess.Popen(
+    [*CLUSTER, "--hosts", "2", "--log-dir", str(logs), "--", sys.executable, str(script)],
+    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+  )  # fmt: skip
+  try:
+    _wait_for(logs / "process-1.log", "ready 1 host1", 90)
+    pid = json.loads((logs / "pids.json").read_text())["1"]
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    _, err = proc.communicate(timeout=30)
+    elapsed = time.monotonic() - t0
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.wait()
+  assert proc.returncode == 128 + signal.SIGKILL, err
+  assert "cluster: process 1 of 2" in err and "was killed by SIGKILL" in err
+  assert elapsed < 10, f"took {elapsed:.1f} s"
+  assert netns.leftovers(f"arj-{proc.pid}") == []
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_of_the_command_leaves_nothing_behind(privileged, tmp_path):
+  logs = tmp_path / "logs"
+  proc = subprocess.Popen(
+    [*CLUSTER, "--hosts", "2", "--topology", "torus:2", "--log-dir", str(logs),
+     "--", "sh", "-c", "echo ready; sleep 60"],
+    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+  )  # fmt: skip
+  try:
+    _wait_for(logs / "process-1.log", "ready", 30)
+    pids = json.loads((logs / "pids.json").read_text()).values()
+    assert netns.leftovers(f"arj-{proc.pid}")
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while netns.leftovers(f"arj-{proc.pid}") and time.monotonic() < deadline:
+      time.sleep(0.1)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  assert netns.leftovers(f"arj-{proc.pid}") == []
+  deadline = time.monotonic() + 10
+  while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert not any(Path(f"/proc/{p}").exists() for p in pids)
+
+
+def test_gloo_address_of_an_interface_and_of_a_name():
+  assert distributed.gloo_address(interface="lo") == "127.0.0.1"
+  assert distributed.gloo_address(hostname="127.0.0.1") == "127.0.0.1"
+  with pytest.raises(distributed.AddressError, match="GLOO_SOCKET_IFNAME=nope0: no such interface"):
+    distributed.gloo_address(interface="nope0")
+
+
+def test_a_loopback_address_for_peers_on_other_hosts_is_one_line_error():
+  # A local run (coordinator on loopback) may use loopback; a run across hosts may not.
+  assert distributed.check_advertised_address("127.0.0.1:1234", hostname="localhost")
+  with pytest.raises(distributed.AddressError) as e:
+    distributed.check_advertised_address("10.213.0.1:1234", hostname="127.0.0.1")
+  text = str(e.value)
+  assert "\n" not in text and "loopback" in text and "GLOO_SOCKET_IFNAME" in text
+  with pytest.raises(distributed.AddressError, match=r"GLOO_SOCKET_IFNAME=lo gives 127\.0\.0\.1"):
+    distributed.check_advertised_address("10.213.0.1:1234", interface="lo")
