@@ -58,6 +58,24 @@ SCHEMA = "allreduce-jax/rows/1"
 _PREFIX = b'{"schema": "' + SCHEMA.encode() + b'"'
 
 
+#: Fields renamed since the first row layout: old name -> new name. Reading an old row
+#: adds the new name with the old value, so old files load as new ones.
+RENAMED_FIELDS = {"algbw_gbps": "algbw_GBps", "busbw_gbps": "busbw_GBps"}
+
+
+def upgrade(row: dict[str, Any]) -> dict[str, Any]:
+  """``row`` with the current name of every renamed field (:data:`RENAMED_FIELDS`).
+
+  Example:
+    >>> upgrade({"busbw_gbps": 1.5})
+    {'busbw_gbps': 1.5, 'busbw_GBps': 1.5}
+  """
+  for old, new in RENAMED_FIELDS.items():
+    if old in row and new not in row:
+      row[new] = row[old]
+  return row
+
+
 class RowsError(ValueError):
   """A results file that is not a row store of the expected kind, or cannot be
   written; the message is one line and names the file."""
@@ -213,7 +231,7 @@ class RowStore:
         raise self._error(
           f"holds {row.get('kind')!r} rows, not {self.kind!r} rows; choose another path."
         )
-      rows.append(row)
+      rows.append(upgrade(row))
     return rows, torn
 
   def _read(self) -> tuple[list[dict[str, Any]], int | None]:

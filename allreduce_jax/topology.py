@@ -317,7 +317,7 @@ def even_dims(p: int, ndim: int) -> tuple[int, ...]:
 
 def parse(text: str, arg: str = "--topology") -> Topology:
   """``switch[:ports]``, ``torus:16x16x16[:nowrap]`` / ``torus:3d``, ``fat_tree:8:7``,
-  ``islands:8:nvlink4:ib_ndr`` (presets or ``latency_us,GBps``) -> a topology.
+  ``islands:8:nvlink4:ib_ndr`` (presets or ``latency_us,bandwidth`` as :func:`cost_model.parse_link` reads them) -> a topology.
   Raises ``ValueError`` with a one-line message naming ``arg``."""
   kind, *rest = text.strip().split(":")
   try:
@@ -333,7 +333,7 @@ def parse(text: str, arg: str = "--topology") -> Topology:
     if kind == "fat_tree" and len(rest) == 2:
       return fat_tree(int(rest[0]), float(rest[1]))
     if kind == "islands" and len(rest) == 3:
-      links = [_link(t) for t in rest[1:]]
+      links = [cost_model.parse_link(t, arg) for t in rest[1:]]
       top = islands(int(rest[0]), *links)
       return Islands(top.group, top.intra, top.inter, f"islands:{rest[0]}:{rest[1]}:{rest[2]}")
   except (ValueError, KeyError):
@@ -341,17 +341,8 @@ def parse(text: str, arg: str = "--topology") -> Topology:
   raise ValueError(
     f"{arg} {text!r}: expected switch[:ports], torus:AxBxC[:nowrap] or torus:1d|2d|3d,"
     f" fat_tree:HOSTS_PER_LEAF:OVERSUBSCRIPTION, or islands:GROUP:INTRA:INTER"
-    f" (INTRA/INTER a preset {'/'.join(cost_model.PRESETS)} or latency_us,GBps)."
+    f" (INTRA/INTER a preset {'/'.join(cost_model.PRESETS)} or latency_us,bandwidth, e.g. 5,400Gbit)."
   )
-
-
-def _link(text: str) -> Params:
-  if text in cost_model.PRESETS:
-    return cost_model.PRESETS[text]
-  lat, bw = (float(v) for v in text.split(","))
-  if lat < 0 or bw <= 0:
-    raise ValueError(text)
-  return Params.from_link(lat, bw, reduce_gbps=1000.0)
 
 
 # ----------------------------------------------------------------------------------------

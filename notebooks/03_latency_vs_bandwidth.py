@@ -44,7 +44,7 @@ from IPython.display import display
 from allreduce_jax import cost_model
 from allreduce_jax._api import names
 from allreduce_jax.tools import _plot, bench, fusion_bench, report
-from allreduce_jax.tools._args import format_size, parse_size
+from allreduce_jax.units import format_bytes, parse_size
 
 # The sizes are the report's (`allreduce-jax report`): one definition for both.
 BENCH = report.settings("bench", smoke=SMALL)
@@ -74,7 +74,7 @@ for n in sizes:
   rows += bench.measure_size(ALGORITHMS, DEVICES, n, iters=BENCH["iters"], warmup=BENCH["warmup"])
 measured = pd.DataFrame(rows)
 assert (measured["wrong"] == 0).all()
-measured.pivot(index="bytes", columns="algorithm", values="busbw_gbps").round(4)
+measured.pivot(index="bytes", columns="algorithm", values="busbw_GBps").round(4)
 
 # %%
 _plot.busbw(rows)
@@ -177,7 +177,7 @@ with cost_model.use_params(fitted):
     assert all(r["wrong"] == 0 for r in at_n)
     auto_rows.append(
       {
-        "size": format_size(n),
+        "size": format_bytes(n),
         "auto picks": at_n[0]["chosen"],
         "fastest measured": best["algorithm"],
         "auto (µs)": round(at_n[0]["time_us"]),
@@ -237,12 +237,12 @@ cross = (
   "; ".join(f"{b}→{a} at {n / 1024:,.1f} KiB" for n, b, a in switches) or "no change in 8 B–1 GiB"
 )
 print(
-  f"On {DEVICES} emulated {jax.default_backend()} devices, at {format_size(small_n)} the fastest "
+  f"On {DEVICES} emulated {jax.default_backend()} devices, at {format_bytes(small_n)} the fastest "
   f"hand-written algorithm was {best_small} ({by.loc[(best_small, small_n), 'time_us']:.0f} µs, "
-  f"ring {by.loc[('ring', small_n), 'time_us']:.0f} µs) and at {format_size(big_n)} it was "
-  f"{best_big} ({by.loc[(best_big, big_n), 'busbw_gbps']:.3f} GB/s busbw; psum "
-  f"{by.loc[('psum', big_n), 'busbw_gbps']:.3f} GB/s). The ring's own fit gives α = "
-  f"{ring_fit['alpha_us']:.0f} µs per step and {ring_fit['bandwidth_gbps']:.2f} GB/s, so it "
+  f"ring {by.loc[('ring', small_n), 'time_us']:.0f} µs) and at {format_bytes(big_n)} it was "
+  f"{best_big} ({by.loc[(best_big, big_n), 'busbw_GBps']:.3f} GB/s busbw; psum "
+  f"{by.loc[('psum', big_n), 'busbw_GBps']:.3f} GB/s). The ring's own fit gives α = "
+  f"{ring_fit['alpha_us']:.0f} µs per step and {ring_fit['bandwidth_GBps']:.2f} GB/s, so it "
   f"is latency-bound below about {ring_star / 1024:,.1f} KiB here; the model's best algorithm "
   f"changes {cross}. auto's pick matched the fastest measured algorithm at {agree}/{len(sizes)} "
   f"sizes. Bucketing the {tr.loc['per-leaf', 'n_leaves']}-leaf transformer gradient into one "

@@ -53,7 +53,7 @@ import pandas as pd
 
 from allreduce_jax import ALGORITHMS, cost_model, topology
 from allreduce_jax.tools import _plot, scaling
-from allreduce_jax.tools._args import format_size
+from allreduce_jax.units import format_bytes
 
 params = cost_model.PRESETS[LINK]
 networks = [topology.parse(t) for t in TOPOLOGIES]
@@ -186,7 +186,7 @@ best = pd.DataFrame(
   [
     {
       "network": r["scenario"],
-      "size": format_size(r["bytes"]),
+      "size": format_bytes(r["bytes"]),
       "best": r["best"],
       "µs": round(r["predicted_us"], 1),
     }
@@ -211,7 +211,7 @@ for spec in (f"torus:{'x'.join(map(str, topology.even_dims(PAPER_P, 2)))}", "tor
     paper.append(
       {
         "network": net.fit(PAPER_P).name,
-        "size": format_size(n),
+        "size": format_bytes(n),
         **{
           f"{a} / swing": t[a] / t["swing"]
           for a in ("recursive_doubling", "halving_doubling", "halving_doubling_near", "ring")
@@ -303,9 +303,9 @@ print(
   + (f" and {t64['swing']:.2f} for Swing" if "swing" in t64 else "")
   + "; the flat model gives all of them the ring's. "
   f"Up to p={last}: on a 3-D torus the fastest is {w_small_t['algorithm']} at"
-  f" {format_size(SIZES[0])} and {w_big_t['algorithm']} at {format_size(SIZES[-1])}; on the"
+  f" {format_bytes(SIZES[0])} and {w_big_t['algorithm']} at {format_bytes(SIZES[-1])}; on the"
   f" 7:1 fat tree {w_small_f['algorithm']} and {w_big_f['algorithm']}. Far-first"
-  f" halving-doubling at {format_size(SIZES[-1])} is {over_flat(torus_name, 'halving_doubling', SIZES[-1]):.1f}x"
+  f" halving-doubling at {format_bytes(SIZES[-1])} is {over_flat(torus_name, 'halving_doubling', SIZES[-1]):.1f}x"
   f" its flat-model time on the torus and {over_flat(tree_name, 'halving_doubling', SIZES[-1]):.1f}x on the fat"
   f" tree; the ring {over_flat(torus_name, 'ring', SIZES[-1]):.2f}x and {over_flat(tree_name, 'ring', SIZES[-1]):.2f}x."
   + (

@@ -142,7 +142,7 @@ ph_cfg = (
   if SMALL
   else configs.PhaseConfig(
     sigmas=(0.0, 0.5, 1.5),
-    bandwidths_gbps=(0.1, 1.0, 10.0, 100.0, 1000.0),
+    bandwidths_GBps=(0.1, 1.0, 10.0, 100.0, 1000.0),
     arms=("sync", "sync_b1", "async", "ssp4"),
   )
 )
@@ -162,7 +162,7 @@ def median_ttt(arm):
 
 
 fastest = min(dict.fromkeys(r["arm"] for r in tc_rows), key=median_ttt)
-ps_wins = sorted({(c["sigma"], c["bandwidth_gbps"]) for c in cells if c["winner"] == c["arm"]
+ps_wins = sorted({(c["sigma"], c["bandwidth_GBps"]) for c in cells if c["winner"] == c["arm"]
                   and c["family"] == "ps"})  # fmt: skip
 print(
   f"A sync step on 8 exponential workers took {step.loc[8, 'exponential']:.2f} mean gradients"

@@ -106,7 +106,7 @@ def test_arms_price_the_same_ps_link():
   ring = arms.allreduce_seconds(setup)
   assert ring == pytest.approx(cost_model.predict_seconds("ring", 8, 4e8, q))
   assert arms.get_arm("sync").bytes_per_sample(setup) == pytest.approx(2 * 7 * 4e8 / (8 * 16))
-  fast = dataclasses.replace(setup, bandwidth_gbps=1000.0)
+  fast = dataclasses.replace(setup, bandwidth_GBps=1000.0)
   assert arms.allreduce_seconds(fast) < ring
 
 
@@ -159,14 +159,14 @@ def test_table_c_smoke_resumes_and_renders(tmp_path, capsys):
 def test_phase_cells_pick_the_fastest_arm():
   cfg = configs.PhaseConfig.smoke()
   rows = [
-    {"arm": a, "sigma": s, "bandwidth_gbps": bw, "seed": 0, "updates_to_target": 1,
+    {"arm": a, "sigma": s, "bandwidth_GBps": bw, "seed": 0, "updates_to_target": 1,
      "time_to_target": t}
     for s in cfg.sigmas
-    for bw in cfg.bandwidths_gbps
+    for bw in cfg.bandwidths_GBps
     for a, t in (("sync", 1.0 + s), ("async", 1.5 if bw > 1 else 9.0))
   ]  # fmt: skip
   cells = experiments.phase_cells(cfg, rows)
-  win = {(c["sigma"], c["bandwidth_gbps"]): c["winner"] for c in cells}
+  win = {(c["sigma"], c["bandwidth_GBps"]): c["winner"] for c in cells}
   assert win == {
     (0.0, 0.1): "sync",
     (0.0, 100.0): "sync",
@@ -196,13 +196,35 @@ def test_cli_options_come_from_the_config_fields():
 
   parser = argparse.ArgumentParser()
   train.configure(parser)
-  argv = ["table-c", "--smoke", "--no-duplex", "--bandwidth-gbps", "none", "--speeds", "1,1,1,0.5"]
+  argv = ["table-c", "--smoke", "--no-duplex", "--bandwidth", "none", "--speeds", "1,1,1,0.5"]
   args = parser.parse_args([*argv, "--arms", "sync,ssp3", "--server-shards", "2"])
   cfg = train.config_from_arguments(configs.TableCConfig, args, smoke=args.smoke)
-  assert cfg.duplex is False and cfg.bandwidth_gbps is None and cfg.server_shards == 2
+  assert cfg.duplex is False and cfg.bandwidth_GBps is None and cfg.server_shards == 2
   assert cfg.speeds == (1.0, 1.0, 1.0, 0.5) and cfg.arms == ("sync", "ssp3")
   assert cfg.gradients == configs.TableCConfig.smoke().gradients  # unset: the smoke preset
   with pytest.raises(SystemExit):
     parser.parse_args(["phase", "--sigmas", "a,b"])
+  bw = parser.parse_args(["phase", "--bandwidth", "100Gbit", "--bandwidths", "8Gbit,2GB/s"])
+  assert bw.bandwidth_GBps == 12.5 and bw.bandwidths_GBps == (1.0, 2.0)  # GB/s
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (["table-c", "--bandwidth-gbps", "100"], "--bandwidth-gbps was renamed --bandwidth"),
+    (["phase", "--bandwidths-gbps", "1,10"], "--bandwidths-gbps was renamed --bandwidths"),
+    (["table-c", "--bandwidth", "100"], "--bandwidth '100' has no unit"),
+  ],
+)
+def test_rate_options_say_their_unit(argv, message, capsys):
+  import argparse
+
+  from allreduce_jax.tools import train
+
+  parser = argparse.ArgumentParser()
+  train.configure(parser)
+  with pytest.raises(SystemExit) as e:
+    parser.parse_args(argv)
+  assert e.value.code == 2 and message in capsys.readouterr().err
   with pytest.raises(ValueError, match="speeds"):
     configs.TableCConfig(speeds=(1.0, 2.0))

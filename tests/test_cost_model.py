@@ -52,7 +52,7 @@ def test_predict_seconds_hand_computed():
 
 
 def test_lower_bound_and_from_link():
-  q = Params.from_link(latency_us=5, bandwidth_gbps=50)
+  q = Params.from_link(latency_us=5, bandwidth_GBps=50)
   assert q.alpha == pytest.approx(5e-6) and q.beta == pytest.approx(2e-11) and q.gamma == 0
   assert cost_model.lower_bound_seconds(8, 1e9, q) == pytest.approx(1.75e9 * 2e-11)
 

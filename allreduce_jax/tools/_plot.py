@@ -17,7 +17,7 @@ import numpy as np
 from matplotlib import rcParams
 from matplotlib.figure import Figure
 
-from allreduce_jax.tools._args import format_size
+from allreduce_jax.units import format_bytes
 
 
 def is_reference(algorithm: str) -> bool:
@@ -35,19 +35,6 @@ def _order(algorithms) -> list[str]:
 
 _MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*")
 _LINESTYLES = ("-", "--", "-.", ":")
-
-
-def approx_size(nbytes: float) -> str:
-  """A size for a label: 1025395 -> '1001.4 KiB', 4570001 -> '4.4 MiB'.
-
-  Example:
-    >>> approx_size(1025395), approx_size(4570001), approx_size(512)
-    ('1001.4 KiB', '4.4 MiB', '512 B')
-  """
-  for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-    if nbytes >= scale:
-      return f"{nbytes / scale:.1f} {unit}"
-  return f"{nbytes:.0f} B"
 
 
 def style(algorithm: str, k: int) -> dict:
@@ -127,12 +114,12 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
     ax.text(
       n_star,
       min(r["time_us"] for r in rows),
-      f" ring: latency = bandwidth term\n at {approx_size(n_star)}",
+      f" ring: latency = bandwidth term\n at {format_bytes(n_star)}",
       fontsize=8,
       color="0.3",
     )
   for n, before, after in cost_model.switch_points(p, params, sizes[0], sizes[-1]):
-    mark(ax, n, max(r["time_us"] for r in rows), f"{before}→{after}\n{approx_size(n)}")
+    mark(ax, n, max(r["time_us"] for r in rows), f"{before}→{after}\n{format_bytes(n)}")
   ax.set_xscale("log", base=2)
   ax.set_yscale("log")
   ax.set_xlabel("bytes per participant")
@@ -236,7 +223,7 @@ def scaling(rows: Sequence[dict], crossovers: Sequence[dict] = ()) -> Figure:
         mark(ax, c["ring_loses_at"], max(r["predicted_us"] for r in mine), text)
       ax.set_xscale("log", base=2)
       ax.set_yscale("log")
-      ax.set_title(f"{sc}: {format_size(n)} per device", fontsize=9)
+      ax.set_title(f"{sc}: {format_bytes(n)} per device", fontsize=9)
       ax.set_xlabel("participants p")
       ax.set_ylabel("predicted time (µs)")
       ax.grid(True, which="both", alpha=0.3)
@@ -256,7 +243,7 @@ def busbw(rows: Sequence[dict], title: str = "") -> Figure:
     mine = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["bytes"])
     ax.plot(
       [r["bytes"] for r in mine],
-      [r["busbw_gbps"] for r in mine],
+      [r["busbw_GBps"] for r in mine],
       ms=4,
       label=alg + (" (XLA, reference)" if is_reference(alg) else ""),
       **style(alg, k),
@@ -301,7 +288,7 @@ def model(
   one_axis = [a for a in algorithms if _devices.inner_size(a, p) is None]
   top = max(ax.get_ylim()[1], 1.0)
   for k, (n, before, after) in enumerate(cost_model.switch_points(p, params, lo, hi, one_axis)):
-    mark(ax, n, top / 6**k, f"{before}→{after}\n{approx_size(n)}")  # labels staggered down
+    mark(ax, n, top / 6**k, f"{before}→{after}\n{format_bytes(n)}")  # labels staggered down
   ax.set_xscale("log", base=2)
   ax.set_yscale("log")
   ax.set_xlabel("bytes per participant")

@@ -35,18 +35,20 @@ from allreduce_jax.tools._args import (
   add_devices,
   check_op_dtypes,
   dtype_choice,
-  format_size,
   nonnegative_int,
   op_choice,
   output_path,
-  parse_size,
   positive_int,
   row_store,
 )
 from allreduce_jax.tools._timing import time_round_robin
+from allreduce_jax.units import format_bytes, parse_size
 
 #: The fields every bench row carries (nccl-tests' columns, the model's prediction,
 #: the run's configuration, the spread of the timed calls and XLA's temporary memory).
+#: Bandwidths are GB/s (1e9 bytes/s) as in nccl-tests: ``algbw_GBps``/``busbw_GBps``;
+#: ``algbw_gbps``/``busbw_gbps`` hold the same values under the names of the first row
+#: layout (kept for existing readers; "gbps" there never meant gigabits).
 ROW_FIELDS: tuple[str, ...] = (
   "algorithm",
   "n_devices",
@@ -56,6 +58,8 @@ ROW_FIELDS: tuple[str, ...] = (
   "dtype",
   "op",
   "time_us",
+  "algbw_GBps",
+  "busbw_GBps",
   "algbw_gbps",
   "busbw_gbps",
   "wrong",
@@ -207,7 +211,9 @@ def measure_size(
       "count": count,
       "dtype": dtype,
       "op": op,
-      "algbw_gbps": algbw,
+      "algbw_GBps": algbw,
+      "busbw_GBps": busbw,
+      "algbw_gbps": algbw,  # the same values under the first layout's names
       "busbw_gbps": busbw,
       "wrong": wrong,
       "predicted_us": cost_model.predict_us(alg, p, nbytes, params, inner=inner),
@@ -248,13 +254,13 @@ HEADER = (
 
 def format_row(r: dict, psum_busbw: float | None = None) -> str:
   """One nccl-tests-style table line (plus the model's prediction and busbw/psum)."""
-  ratio = f"{r['busbw_gbps'] / psum_busbw:7.2f}" if psum_busbw else f"{'':>7}"
+  ratio = f"{r['busbw_GBps'] / psum_busbw:7.2f}" if psum_busbw else f"{'':>7}"
   pred = r.get("predicted_us")
   pred_s = f"{pred:10.1f}" if pred is not None else f"{'-':>10}"
   name = r["algorithm"] + (f"({r['chosen']})" if r.get("chosen") else "")
   return (
     f"{r['bytes']:>12} {r['count']:>10} {r['dtype']:>8} {r['op']:>5} {name:>18}"
-    f" {r['time_us']:>10.1f} {r['algbw_gbps']:>11.3f} {r['busbw_gbps']:>11.3f} {r['wrong']:>6}"
+    f" {r['time_us']:>10.1f} {r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f} {r['wrong']:>6}"
     f" {pred_s} {ratio}"
   )
 
@@ -264,7 +270,7 @@ def summary(rows: Sequence[dict]) -> str:
   lines = []
   by_alg: dict[str, list[float]] = {}
   for r in rows:
-    by_alg.setdefault(r["algorithm"], []).append(r["busbw_gbps"])
+    by_alg.setdefault(r["algorithm"], []).append(r["busbw_GBps"])
   for alg, bws in by_alg.items():
     lines.append(f"# Avg bus bandwidth {alg:>18} : {statistics.mean(bws):.4f} GB/s")
   wrong = sum(r["wrong"] for r in rows)
@@ -315,7 +321,7 @@ def fit_report(rows: Sequence[dict], fitted) -> tuple[str, list[dict]]:
   ]
   for t in sorted(table, key=lambda t: (t["algorithm"], t["bytes"])):
     lines.append(
-      f"{t['algorithm']:>18} {format_size(t['bytes']):>8} {t['measured_us']:>12.1f}"
+      f"{t['algorithm']:>18} {format_bytes(t['bytes']):>8} {t['measured_us']:>12.1f}"
       f" {t['fit_us']:>10.1f} {t['fit_err']:>+7.0%} {t['shared_us']:>10.1f} {t['shared_err']:>+7.0%}"
     )
   return "\n".join(lines), table
@@ -466,14 +472,14 @@ def run(args: argparse.Namespace) -> int:
     todo = [a for a in algorithms if keys[a] not in done]
     rows = [done[keys[a]] for a in algorithms if a not in todo]
     if todo:
-      bar.set_description(f"{format_size(nbytes)}")
+      bar.set_description(f"{format_bytes(nbytes)}")
       new = measure_size(todo, p, nbytes, args.dtype, args.op, args.iters, args.warmup, params)
       if main:
         store.extend(new, [keys[r["algorithm"]] for r in new])
       rows += new
     bar.update(len(algorithms))
     rows.sort(key=lambda r: algorithms.index(r["algorithm"]))
-    psum = next((r["busbw_gbps"] for r in rows if r["algorithm"] == "psum"), None)
+    psum = next((r["busbw_GBps"] for r in rows if r["algorithm"] == "psum"), None)
     if main:
       for r in rows:
         bar.write(format_row(r, psum))
@@ -494,7 +500,7 @@ def run(args: argparse.Namespace) -> int:
       gamma = "—" if d["gamma_ns_per_byte"] is None else f"{d['gamma_ns_per_byte']:.4f} ns/B"
       print(
         f"#   {d['fit']:>18}: α = {d['alpha_us']:9.2f} µs  β = {d['beta_ns_per_byte']:.4f} ns/B"
-        f" ({d['bandwidth_gbps']:.2f} GB/s)  γ = {gamma}"
+        f" ({d['bandwidth_GBps']:.2f} GB/s)  γ = {gamma}"
       )
     print("#   γ —: not identifiable from one algorithm at one p (β includes it)")
     print(text)

@@ -24,6 +24,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from allreduce_jax.results import upgrade
+from allreduce_jax.units import format_bytes
+
 
 @dataclass
 class Section:
@@ -94,7 +97,7 @@ EXPERIMENTS: dict[str, dict[str, dict]] = {
   "scaling": {"full": {"max_p": 16384}, "smoke": {"max_p": 64}},
   "train": {"full": {}, "smoke": {"smoke": True}},
   "train_phase": {
-    "full": {"sigmas": "0,0.5,1.5", "bandwidths_gbps": "0.1,1,10,100,1000"},
+    "full": {"sigmas": "0,0.5,1.5", "bandwidths": "0.1GB/s,1GB/s,10GB/s,100GB/s,1000GB/s"},
     "smoke": {"smoke": True},
   },
 }
@@ -223,7 +226,8 @@ def environment() -> dict:
 
 
 def _rows(path: Path) -> list[dict]:
-  """The JSON objects of a JSON Lines file (none if it is missing; bad lines skipped)."""
+  """The JSON objects of a JSON Lines file (none if it is missing; bad lines skipped),
+  renamed fields under their current names (``results.upgrade``)."""
   if not path.exists():
     return []
   rows = []
@@ -233,7 +237,7 @@ def _rows(path: Path) -> list[dict]:
     except json.JSONDecodeError:
       continue
     if isinstance(row, dict):
-      rows.append(row)
+      rows.append(upgrade(row))
   return rows
 
 
@@ -277,12 +281,6 @@ def to_markdown(rows: list[dict], columns: dict[str, str] | None = None) -> str:
 
 def _details(summary: str, body: str) -> list[str]:
   return ["<details>", f"<summary>{summary}</summary>", "", body, "", "</details>", ""]
-
-
-def _size(n) -> str:
-  from allreduce_jax.tools._args import format_size
-
-  return format_size(int(n))
 
 
 def _fit(out: Path):
@@ -357,18 +355,18 @@ def _bench_table(rows: list[dict], fitted) -> list[dict]:
   from allreduce_jax._api import ALGORITHMS
 
   reference = {a for a in ALGORITHMS if not ALGORITHMS[a].hand_written}
-  psum = {r["bytes"]: r["busbw_gbps"] for r in rows if r["algorithm"] in reference}
+  psum = {r["bytes"]: r["busbw_GBps"] for r in rows if r["algorithm"] in reference}
   table = []
   for r in sorted(rows, key=lambda r: (r["bytes"], r["time_us"])):
     record = ALGORITHMS.get(r["algorithm"])
     line = {
-      "size / participant": _size(r["bytes"]),
+      "size / participant": format_bytes(r["bytes"]),
       "algorithm": r["algorithm"] + (f" → {r['chosen']}" if r.get("chosen") else ""),
       "time (µs)": r["time_us"],
       "min–max (µs)": f"{num(r['time_us_min'])}–{num(r['time_us_max'])}",
-      "algbw (GB/s)": r["algbw_gbps"],
-      "busbw (GB/s)": r["busbw_gbps"],
-      "busbw / psum's": r["busbw_gbps"] / psum[r["bytes"]] if psum.get(r["bytes"]) else None,
+      "algbw (GB/s)": r["algbw_GBps"],
+      "busbw (GB/s)": r["busbw_GBps"],
+      "busbw / psum's": r["busbw_GBps"] / psum[r["bytes"]] if psum.get(r["bytes"]) else None,
       "#wrong": r["wrong"],
     }
     if fitted is not None:
@@ -393,8 +391,11 @@ def _render_bench(out: Path) -> list[str]:
   p = rows[0]["n_devices"]
   top = max(r["bytes"] for r in rows)
   table = _bench_table(rows, fitted)
-  md = [f"{len(rows)} rows on {p} devices. At the largest size, {_size(top)} per participant:", ""]
-  md += [to_markdown([t for t in table if t["size / participant"] == _size(top)]), ""]
+  md = [
+    f"{len(rows)} rows on {p} devices. At the largest size, {format_bytes(top)} per participant:",
+    "",
+  ]
+  md += [to_markdown([t for t in table if t["size / participant"] == format_bytes(top)]), ""]
   if fitted is not None:
     fits = fit_params_table(fitted)
     md += [
@@ -409,7 +410,7 @@ def _render_bench(out: Path) -> list[str]:
           "fit": "fit",
           "alpha_us": "α (µs / step)",
           "beta_ns_per_byte": "β (ns / B)",
-          "bandwidth_gbps": "1/β (GB/s)",
+          "bandwidth_GBps": "1/β (GB/s)",
           "gamma_ns_per_byte": "γ (ns / B reduced)",
         },
       ),
@@ -434,7 +435,7 @@ def _render_auto(out: Path) -> list[str]:
     best = min(custom, key=lambda r: r["time_us"])
     table.append(
       {
-        "size / participant": _size(n),
+        "size / participant": format_bytes(n),
         "auto picks": at["auto"].get("chosen") or "—",
         "auto (µs)": at["auto"]["time_us"],
         "fastest measured": best["algorithm"],
@@ -486,7 +487,7 @@ def _render_scaling(out: Path) -> list[str]:
   table = [
     {
       "machine": c["scenario"],
-      "size / device": _size(c["bytes"]),
+      "size / device": format_bytes(c["bytes"]),
       "ring within 5 % of the best up to p": c["ring_competitive_until"] or "never",
       "ring loses from p": c["ring_loses_at"] or "—",
       "to": c["winner_there"],

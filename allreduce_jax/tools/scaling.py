@@ -18,7 +18,6 @@ stops being the best choice, per message size, and by how much it loses at the e
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 from allreduce_jax.tools._args import (
@@ -28,6 +27,7 @@ from allreduce_jax.tools._args import (
   row_store,
   size_list,
 )
+from allreduce_jax.units import format_bytes, parse_size
 
 ALGORITHMS: tuple[str, ...] = ("ring", "tree", "halving_doubling", "hierarchical")
 SIZES: tuple[int, ...] = (1 << 20, 100 << 20, 1 << 30)
@@ -35,21 +35,13 @@ PS: tuple[int, ...] = tuple(8 << k for k in range(12))  # 8 ... 16384
 
 
 def _link(text: str, name: str):
-  """``"3.4,450"`` (latency µs, bandwidth GB/s) or a preset name -> Params."""
+  """``--inner/--outer/--link``: a preset or ``latency_us,bandwidth`` (cost_model.parse_link)."""
   from allreduce_jax import cost_model
 
-  if text in cost_model.PRESETS:
-    return cost_model.PRESETS[text]
   try:
-    lat, bw = (float(v) for v in text.split(","))
-    if not (math.isfinite(lat) and math.isfinite(bw)) or lat < 0 or bw <= 0:
-      raise ValueError
-  except ValueError:
-    raise SystemExit(
-      f"{name} {text!r}: expected 'latency_us,bandwidth_GBps' (e.g. 5,50) or a preset"
-      f" ({', '.join(cost_model.PRESETS)})."
-    ) from None
-  return cost_model.Params.from_link(lat, bw, reduce_gbps=1000.0)
+    return cost_model.parse_link(text, name)
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
 
 
 def sweep(machine, scenario: str, ps=PS, sizes=SIZES, algorithms=ALGORITHMS) -> list[dict]:
@@ -145,8 +137,16 @@ def _append_new(store, rows: list[dict], extra: dict | None = None) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--inner", default="nvlink4", help="'latency_us,GBps' or a preset")
-  parser.add_argument("--outer", default="ib_ndr", help="'latency_us,GBps' or a preset")
+  parser.add_argument(
+    "--inner",
+    default="nvlink4",
+    help="a preset or 'latency_us,bandwidth', e.g. 3.4,450GB/s or 5,400Gbit",
+  )
+  parser.add_argument(
+    "--outer",
+    default="ib_ndr",
+    help="a preset or 'latency_us,bandwidth', e.g. 3.4,450GB/s or 5,400Gbit",
+  )
   parser.add_argument(
     "--per-node", type=positive_int, default=8, help="devices per node (default 8)"
   )
@@ -174,7 +174,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     " islands:8:nvlink4:ib_ndr",
   )
   parser.add_argument(
-    "--link", default="ib_ndr", help="with --topology: one link, 'latency_us,GBps' or a preset"
+    "--link",
+    default="ib_ndr",
+    help="with --topology: one link, a preset or 'latency_us,bandwidth' (e.g. 5,400Gbit)",
   )
   parser.add_argument(
     "--hop-latency-us", type=float, default=0.0, help="with --topology: latency per hop"
@@ -193,7 +195,6 @@ def run(args: argparse.Namespace) -> int:
   from allreduce_jax import cost_model
   from allreduce_jax.cost_model import params_to_dict
   from allreduce_jax.results import fingerprint
-  from allreduce_jax.tools._args import format_size
 
   sizes = args.sizes
   max_p = 64 if args.smoke else args.max_p
@@ -240,11 +241,12 @@ def run(args: argparse.Namespace) -> int:
           if (r["scenario"], r["bytes"], r["p"]) == (sc, n, p)
         }
         print(
-          f"{sc:>12} {format_size(n):>7} {p:>6} " + " ".join(f"{t[a]:>14.1f}us" for a in ALGORITHMS)
+          f"{sc:>12} {format_bytes(n):>7} {p:>6} "
+          + " ".join(f"{t[a]:>14.1f}us" for a in ALGORITHMS)
         )
   print("# where the flat ring stops being the best choice:")
   for c in crossovers(rows):
-    print(f"#   {c['scenario']:>12} {format_size(c['bytes']):>7}: {_crossover_text(c)}")
+    print(f"#   {c['scenario']:>12} {format_bytes(c['bytes']):>7}: {_crossover_text(c)}")
   from allreduce_jax.tools import _plot
 
   _plot.save(_plot.scaling(rows, crossovers(rows)), fig, dpi=110)
@@ -326,7 +328,7 @@ def run_topology(args: argparse.Namespace) -> int:
   import dataclasses
 
   from allreduce_jax import topology
-  from allreduce_jax.tools._args import format_size, output_path, row_store
+  from allreduce_jax.tools._args import output_path, row_store
 
   tops = []
   for text in args.topology:
@@ -340,8 +342,6 @@ def run_topology(args: argparse.Namespace) -> int:
   params = _link(args.link, "--link")
   sizes = args.sizes
   if isinstance(sizes, str):  # not yet parsed by the argument type
-    from allreduce_jax.tools._args import parse_size
-
     try:
       sizes = [parse_size(s, "--sizes") for s in sizes.split(",") if s.strip()]
     except ValueError as e:
@@ -382,7 +382,7 @@ def run_topology(args: argparse.Namespace) -> int:
   for sc in dict.fromkeys(r["scenario"] for r in rows):
     for n in sizes:
       mine = [r for r in rows if (r["scenario"], r["bytes"]) == (sc, n)]
-      print(f"# {sc}, {format_size(n)} per participant")
+      print(f"# {sc}, {format_bytes(n)} per participant")
       for p in sorted({r["p"] for r in mine}):
         t = {r["algorithm"]: r["predicted_us"] for r in mine if r["p"] == p}
         print(f"{p:>6} " + " ".join(f"{t[a]:>{width}.1f}" for a in algorithms))
@@ -404,7 +404,7 @@ def run_topology(args: argparse.Namespace) -> int:
   print("# the best algorithm at each topology's largest p, and the ring's slowdown there:")
   for c in crossovers(rows):
     print(
-      f"#   {c['scenario']:>24} {format_size(c['bytes']):>7}: p={c['max_p']}: {c['best_at_max_p']};"
+      f"#   {c['scenario']:>24} {format_bytes(c['bytes']):>7}: p={c['max_p']}: {c['best_at_max_p']};"
       f" ring {c['ring_over_best_at_max_p']:.2f}x; ring last within 5% at"
       f" p={c['ring_competitive_until']}"
     )

@@ -1,9 +1,9 @@
 """``allreduce-jax train MODE``: the one training command line, one subcommand per mode.
 
 ``sync``        one synchronous data-parallel run over the hand-written all-reduce;
-``staleness``   Table A, fixed-τ stale-gradient sweep;
-``stragglers``  Table B, compute-time models × sync/async (communication charged to sync only);
-``table-c``     Table C, every arm × workload on one time model (compute + communication);
+``staleness``   fixed-τ stale-gradient sweep (the report's Table A);
+``stragglers``  compute-time models × sync/async, communication charged to sync only (Table B);
+``table-c``     every arm × workload on one time model, compute + communication (Table C);
 ``phase``       the phase diagram, straggler heaviness × bandwidth -> fastest arm.
 
 Every field of the mode's config dataclass (:mod:`allreduce_jax.training.configs`)
@@ -23,6 +23,7 @@ import types
 import typing
 from pathlib import Path
 
+from allreduce_jax import units
 from allreduce_jax.tools import _args
 
 
@@ -31,15 +32,20 @@ def _modes() -> dict[str, tuple[type, str]]:
 
   return {
     "sync": (configs.SyncConfig, "one synchronous data-parallel run (replicas checked identical)"),
-    "staleness": (configs.StalenessConfig, "Table A: fixed staleness τ, every async method"),
+    "staleness": (
+      configs.StalenessConfig,
+      "stale-gradient sweep: a fixed staleness τ for every asynchronous method"
+      " (the report's staleness table)",
+    ),
     "stragglers": (
       configs.StragglerConfig,
-      "Table B: compute-time models × sync/backups/async (async communication not charged;"
-      " see table-c)",
+      "straggler sweep: compute-time models × sync/backup workers/async; communication is"
+      " charged to sync only (kept for continuity; table-c charges both)",
     ),
     "table-c": (
       configs.TableCConfig,
-      "Table C: every arm × workload, time = compute + communication priced by the cost model",
+      "every arm × workload on one clock: simulated time = compute + communication priced"
+      " by the cost model (the report's sync-vs-async table)",
     ),
     "phase": (
       configs.PhaseConfig,
@@ -48,15 +54,17 @@ def _modes() -> dict[str, tuple[type, str]]:
   }
 
 
-def _parser_for(hint, name: str):
-  """An argparse ``type`` for a config field annotated ``hint``."""
-  opt = "--" + name.replace("_", "-")
+def _parser_for(hint, opt: str, rate: bool = False):
+  """An argparse ``type`` for a config field annotated ``hint``; ``rate``: a field in
+  GB/s (``*_GBps``) read from a rate with its unit (``100Gbit``, ``12.5GB/s``)."""
   args = typing.get_args(hint)
   if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
-    inner = _parser_for(next(a for a in args if a is not type(None)), name)
+    inner = _parser_for(next(a for a in args if a is not type(None)), opt, rate)
     return lambda text: None if text.strip().lower() == "none" else inner(text)
   if typing.get_origin(hint) is tuple:
     elem = args[0] if args else str
+    if rate:
+      return lambda text: tuple(_parser_for(elem, opt, rate)(v) for v in _args.csv_list(text))
 
     def parse_tuple(text: str) -> tuple:
       try:
@@ -70,17 +78,21 @@ def _parser_for(hint, name: str):
 
   def parse(text: str):
     try:
-      return hint(text)
-    except ValueError:
+      return units.parse_rate_GBps(text, opt) if rate else hint(text)
+    except ValueError as e:
+      if rate:
+        raise argparse.ArgumentTypeError(str(e)) from None
       raise argparse.ArgumentTypeError(f"{opt}: expected {hint.__name__}, got {text!r}") from None
 
   return parse
 
 
-def _default_text(value) -> str:
+def _default_text(value, rate: bool = False) -> str:
   if isinstance(value, tuple):
-    return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value) or "(empty)"
-  return str(value)
+    return ",".join(_default_text(v, rate) for v in value) or "(empty)"
+  if rate and value is not None:
+    return f"{value:g}GB/s"
+  return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _field_docs(cls: type) -> dict[str, str]:
@@ -102,31 +114,57 @@ def _field_docs(cls: type) -> dict[str, str]:
   return docs
 
 
+def option_of(field_name: str) -> str:
+  """The option of a config field: ``--field-name``; a field in GB/s drops its unit
+  (``bandwidth_GBps`` -> ``--bandwidth``, which takes ``100Gbit`` or ``12.5GB/s``)."""
+  return "--" + field_name.removesuffix("_GBps").replace("_", "-")
+
+
+#: Options that were renamed: old -> (new, example). The old spelling is refused with a
+#: message naming the new one (``--bandwidth-gbps`` meant GB/s, read by many as Gbit/s).
+RENAMED = {
+  "--bandwidth-gbps": ("--bandwidth", "--bandwidth 100Gbit (= 12.5GB/s)"),
+  "--bandwidths-gbps": ("--bandwidths", "--bandwidths 1Gbit,10Gbit,100Gbit"),
+}
+
+
 def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
   """One ``--field-name`` option per field of the config dataclass ``cls``, typed
   from its annotations (``tuple[int, ...]`` is a comma list, ``X | None`` accepts
-  ``none``, ``bool`` is ``--x/--no-x``), with the default in its help."""
+  ``none``, ``bool`` is ``--x/--no-x``, a ``*_GBps`` field a rate with its unit),
+  with the default in its help."""
   hints = typing.get_type_hints(cls)
   smoke = {k: v for k, v in dataclasses.asdict(cls.smoke()).items()}
   docs = _field_docs(cls)
   for f in dataclasses.fields(cls):
+    rate = f.name.endswith("_GBps")
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-    text = f"default {_default_text(default)}"
-    if f.name in docs:
-      text = docs[f.name].replace("%", "%%") + f" ({text}"
-      text += ")"
+    notes = [f"default {_default_text(default, rate)}"]
     if smoke[f.name] != default:
-      text = text.rstrip(")") + f"; --smoke: {_default_text(smoke[f.name])}"
-      text += ")" if f.name in docs else ""
-    opt = "--" + f.name.replace("_", "-")
+      notes.append(f"--smoke: {_default_text(smoke[f.name], rate)}")
+    text = f"({'; '.join(notes)})"
+    if f.name in docs:  # docstring markup (``x``) is not help text
+      text = docs[f.name].replace("``", "").replace("%", "%%") + " " + text
+    opt = option_of(f.name)
     if hints[f.name] is bool:
       parser.add_argument(
         opt, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=text
       )
     else:
       parser.add_argument(
-        opt, dest=f.name, type=_parser_for(hints[f.name], f.name), default=None, help=text
+        opt,
+        dest=f.name,
+        type=_parser_for(hints[f.name], opt, rate),
+        default=None,
+        help=text,
+        metavar=("RATES" if typing.get_origin(hints[f.name]) is tuple else "RATE")
+        if rate
+        else None,
       )
+    if rate:
+      for old, (new, example) in RENAMED.items():
+        if new == opt:
+          _args.add_renamed(parser, old, new, example)
 
 
 def config_from_arguments(cls: type, args: argparse.Namespace, smoke: bool = False):

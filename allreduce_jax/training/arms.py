@@ -59,10 +59,13 @@ class Setup:
     batch_per_worker: samples per worker per gradient (B); a sync step uses N·B.
     gradients: the budget: per-worker gradients computed in all (sync: steps × N).
     compute: compute-time model, e.g. ``lognormal:0.5`` (see ``async_sim``).
-    speeds: relative worker speeds (empty: all 1); ``(1,)*7 + (0.25,)`` is one 4×-slow node.
+    speeds: relative worker speeds, comma-separated (empty: all 1); 1,1,1,1,1,1,1,0.25 is
+      eight workers, one of them 4× slower.
     compute_s: seconds of one mean gradient computation on B samples at speed 1.
-    network: a key of ``cost_model.PRESETS``.
-    bandwidth_gbps: overrides the preset's link bandwidth (GB/s), e.g. for the phase diagram.
+    network: a link preset: 10gbe, 100gbe, ib_ndr, nvlink4, tpu_v5e_ici or default
+      (latency and bandwidth in ``cost_model.PRESETS``).
+    bandwidth_GBps: overrides the preset's link bandwidth (GB/s per direction; the option
+      takes a unit: 100Gbit or 12.5GB/s).
     algorithm: the all-reduce algorithm of the sync arms (a key of ``ALGORITHMS``).
     model_params: parameters priced (0: the workload's real count).
     bytes_per_param: 4 (float32 gradients and parameters).
@@ -79,7 +82,7 @@ class Setup:
   speeds: tuple[float, ...] = ()
   compute_s: float = 0.025
   network: str = "100gbe"
-  bandwidth_gbps: float | None = None
+  bandwidth_GBps: float | None = None
   algorithm: str = "ring"
   model_params: int = 0
   bytes_per_param: int = 4
@@ -107,7 +110,7 @@ class Setup:
     )
     need(self.compute_s > 0, "compute_s", "a number > 0")
     need(self.network in cost_model.PRESETS, "network", f"one of {sorted(cost_model.PRESETS)}")
-    need(self.bandwidth_gbps is None or self.bandwidth_gbps > 0, "bandwidth_gbps", "None or > 0")
+    need(self.bandwidth_GBps is None or self.bandwidth_GBps > 0, "bandwidth_GBps", "None or > 0")
     need(self.algorithm in ALGORITHMS, "algorithm", f"one of {sorted(ALGORITHMS)}")
     need(self.model_params >= 0, "model_params", "an integer >= 0")
     need(self.bytes_per_param >= 1, "bytes_per_param", "an integer >= 1")
@@ -125,8 +128,8 @@ def setup_of(cfg: Any, **overrides) -> Setup:
 def link(setup: Setup) -> cost_model.Params:
   """The α-β-γ parameters of the setup's network (preset, bandwidth override)."""
   p = cost_model.PRESETS[setup.network]
-  if setup.bandwidth_gbps is not None:
-    p = dataclasses.replace(p, beta=1.0 / (setup.bandwidth_gbps * 1e9))
+  if setup.bandwidth_GBps is not None:
+    p = dataclasses.replace(p, beta=1.0 / (setup.bandwidth_GBps * 1e9))
   return p
 
 

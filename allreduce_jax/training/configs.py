@@ -306,13 +306,14 @@ class PhaseConfig(Setup):
   Updates to target are *measured* per (σ, arm, seed) by training ``workload`` with
   the model's real size (communication negligible); the time to reach them is then
   read off each arm's schedule at every bandwidth, pricing ``model_params``
-  parameters (100 M by default) on links of ``bandwidths_gbps`` with the
+  parameters (100 M by default) on links of ``bandwidths_GBps`` with the
   ``network`` preset's latency.
 
   Attributes:
     workload: the registered workload whose updates to target are measured.
     sigmas: log-normal σ of the compute times (columns; 0 = no stragglers).
-    bandwidths_gbps: link bandwidths priced (rows), GB/s per direction.
+    bandwidths_GBps: link bandwidths priced (rows), GB/s per direction (the option takes
+      units: 1Gbit,10Gbit,100Gbit or 0.1GB/s,...).
     arms: the arms competing in every cell.
     seeds: one measured run per seed and (σ, arm).
   """
@@ -321,7 +322,7 @@ class PhaseConfig(Setup):
   eval_every: int = 5
   workload: str = "digits_mlp"
   sigmas: tuple[float, ...] = (0.0, 0.25, 0.5, 1.0, 1.5)
-  bandwidths_gbps: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
+  bandwidths_GBps: tuple[float, ...] = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0, 300.0, 1000.0)
   arms: tuple[str, ...] = ("sync", "sync_b1", "async", "async_eta_tau", "ssp4")
   seeds: tuple[int, ...] = (0, 1, 2)
 
@@ -330,9 +331,9 @@ class PhaseConfig(Setup):
     _require(self.workload in WORKLOADS, "workload", self.workload, f"one of {sorted(WORKLOADS)}")
     _require(len(self.sigmas) >= 1 and min(self.sigmas) >= 0, "sigmas", self.sigmas, "numbers >= 0")
     _require(
-      len(self.bandwidths_gbps) >= 1 and min(self.bandwidths_gbps) > 0,
-      "bandwidths_gbps",
-      self.bandwidths_gbps,
+      len(self.bandwidths_GBps) >= 1 and min(self.bandwidths_GBps) > 0,
+      "bandwidths_GBps",
+      self.bandwidths_GBps,
       "numbers > 0",
     )
 
@@ -344,7 +345,7 @@ class PhaseConfig(Setup):
       "gradients": 160,
       "eval_every": 10,
       "sigmas": (0.0, 1.0),
-      "bandwidths_gbps": (0.1, 100.0),
+      "bandwidths_GBps": (0.1, 100.0),
       "arms": ("sync", "async"),
       "seeds": (0,),
     }

@@ -456,8 +456,8 @@ def run_phase(
   wl = None
   curves: dict[Any, Any] = {}
   for sigma in cfg.sigmas:
-    for bw in cfg.bandwidths_gbps:
-      setup = arms.setup_of(cfg, compute=cfg.compute_of(sigma), bandwidth_gbps=bw)
+    for bw in cfg.bandwidths_GBps:
+      setup = arms.setup_of(cfg, compute=cfg.compute_of(sigma), bandwidth_GBps=bw)
       for a in cfg.arms:
         for seed in cfg.seeds:
           fields = {"sweep": "phase", **fields_of(setup), "workload": cfg.workload, "arm": a}
@@ -486,7 +486,7 @@ def phase_cells(cfg: PhaseConfig, rows: list[dict[str, Any]]) -> list[dict[str, 
   counts as infinitely slow, so a majority must reach it).
 
   Returns:
-    One dict per (σ, bandwidth, arm): ``sigma, bandwidth_gbps, arm, family,
+    One dict per (σ, bandwidth, arm): ``sigma, bandwidth_GBps, arm, family,
     time_to_target`` (s, ``inf`` if not reached), ``reached`` (seeds),
     ``updates_to_target`` (median), ``comm_event_s``, ``compute_s``, ``winner``
     (the cell's fastest arm or ``None``), and ``ratio`` = one all-reduce / one mean
@@ -494,20 +494,20 @@ def phase_cells(cfg: PhaseConfig, rows: list[dict[str, Any]]) -> list[dict[str, 
   """
   out = []
   for sigma in cfg.sigmas:
-    for bw in cfg.bandwidths_gbps:
-      setup = arms.setup_of(cfg, compute=cfg.compute_of(sigma), bandwidth_gbps=bw)
+    for bw in cfg.bandwidths_GBps:
+      setup = arms.setup_of(cfg, compute=cfg.compute_of(sigma), bandwidth_GBps=bw)
       cell = []
       for a in cfg.arms:
         arm = arms.get_arm(a)
         rs = [
-          r for r in rows if r["arm"] == a and r["sigma"] == sigma and r["bandwidth_gbps"] == bw
+          r for r in rows if r["arm"] == a and r["sigma"] == sigma and r["bandwidth_GBps"] == bw
         ]
         ts = [np.inf if r["time_to_target"] is None else r["time_to_target"] for r in rs]
         us = [r["updates_to_target"] for r in rs if r["updates_to_target"] is not None]
         cell.append(
           {
             "sigma": sigma,
-            "bandwidth_gbps": bw,
+            "bandwidth_GBps": bw,
             "arm": a,
             "family": arm.family,
             "time_to_target": float(np.median(ts)) if ts else float("inf"),

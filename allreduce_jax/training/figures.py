@@ -169,9 +169,9 @@ def phase_figure(cells: list[dict[str, Any]]):
 
   plt = _plt()
   sigmas = sorted({c["sigma"] for c in cells})
-  bws = sorted({c["bandwidth_gbps"] for c in cells})
+  bws = sorted({c["bandwidth_GBps"] for c in cells})
   arms = list(dict.fromkeys(c["arm"] for c in cells))
-  winners = {(c["sigma"], c["bandwidth_gbps"]): c["winner"] for c in cells}
+  winners = {(c["sigma"], c["bandwidth_GBps"]): c["winner"] for c in cells}
   grid = np.full((len(bws), len(sigmas)), np.nan)
   for i, bw in enumerate(bws):
     for j, s in enumerate(sigmas):
@@ -191,7 +191,7 @@ def phase_figure(cells: list[dict[str, Any]]):
   )
   for i, bw in enumerate(bws):
     for j, s in enumerate(sigmas):
-      here = [c for c in cells if c["sigma"] == s and c["bandwidth_gbps"] == bw]
+      here = [c for c in cells if c["sigma"] == s and c["bandwidth_GBps"] == bw]
       best = min(here, key=lambda c: c["time_to_target"])
       if np.isfinite(best["time_to_target"]):
         ax.text(j, i, f"{best['time_to_target']:.2g}s", ha="center", va="center", fontsize=7)

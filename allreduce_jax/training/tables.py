@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from allreduce_jax.units import format_bytes
+
 
 def _mean_std(xs: list[float]) -> str:
   a = np.asarray(xs, np.float64)
@@ -121,18 +123,11 @@ def _fmt_s(x: float) -> str:
   return f"{x:.3g} s"
 
 
-def _fmt_bytes(x: float) -> str:
-  for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-    if x >= scale:
-      return f"{x / scale:.3g} {unit}"
-  return f"{x:.3g} B"
-
-
 def setup_line(cfg) -> str:
   """One sentence naming the scenario every row of a table shares."""
   speeds = ", ".join(f"{s:g}" for s in cfg.speeds) if cfg.speeds else "all 1"
   params = f"{cfg.model_params:,} (virtual)" if cfg.model_params else "the model's real count"
-  bw = f", bandwidth {cfg.bandwidth_gbps:g} GB/s" if getattr(cfg, "bandwidth_gbps", None) else ""
+  bw = f", bandwidth {cfg.bandwidth_GBps:g} GB/s" if getattr(cfg, "bandwidth_GBps", None) else ""
   compute = f"`{cfg.compute}`"
   if hasattr(cfg, "sigmas"):  # the phase diagram: σ per column, bandwidth per row
     compute, bw = "log-normal(σ per column)", ", bandwidth per row"
@@ -184,7 +179,7 @@ def table_c(rows: list[dict[str, Any]]) -> str:
       lines.append(
         f"| {w} | {arm} | {_mean_std([r['final_metric'] for r in rs])}"
         f" | {cell} | {rel} | {f'{np.median(upd):.0f}' if upd else '–'}"
-        f" | {_fmt_bytes(float(np.mean([r['bytes_per_sample'] for r in rs])))}"
+        f" | {format_bytes(float(np.mean([r['bytes_per_sample'] for r in rs])))}"
         f" | {sum(bool(r['diverged']) for r in rs)}/{len(rs)}"
         f" | {f'{np.mean(tau):.1f}' if tau else '–'} |"
       )
@@ -203,7 +198,7 @@ def phase_table(cells: list[dict[str, Any]]) -> str:
   if not cells:
     return "(no cells)"
   sigmas = list(dict.fromkeys(c["sigma"] for c in cells))
-  bws = sorted({c["bandwidth_gbps"] for c in cells}, reverse=True)
+  bws = sorted({c["bandwidth_GBps"] for c in cells}, reverse=True)
   lines = [
     "| bandwidth (GB/s) | all-reduce / compute | "
     + " | ".join(f"σ = {s:g}" for s in sigmas)
@@ -211,7 +206,7 @@ def phase_table(cells: list[dict[str, Any]]) -> str:
     "|---|---|" + "---|" * len(sigmas),
   ]
   for bw in bws:
-    row = [c for c in cells if c["bandwidth_gbps"] == bw]
+    row = [c for c in cells if c["bandwidth_GBps"] == bw]
     cells_txt = []
     for s in sigmas:
       here = [c for c in row if c["sigma"] == s]
@@ -231,7 +226,7 @@ def phase_boundary(cells: list[dict[str, Any]]) -> str:
   project's units."""
   lines = []
   for s in dict.fromkeys(c["sigma"] for c in cells):
-    win = sorted({(c["bandwidth_gbps"], c["ratio"], c["winner"]) for c in cells if c["sigma"] == s})
+    win = sorted({(c["bandwidth_GBps"], c["ratio"], c["winner"]) for c in cells if c["sigma"] == s})
     segments: list[list] = []
     for bw, ratio, arm in win:
       if segments and segments[-1][0] == arm:

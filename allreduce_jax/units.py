@@ -1,0 +1,168 @@
+"""Sizes and rates with their units: the one parser and formatter of each.
+
+Every byte count and every bandwidth a user types or reads goes through here, so
+``100Gbit`` means the same thing to ``train --bandwidth``, ``scaling --link`` and
+the cost model's presets, and a size prints the same way in a table, a figure and a
+command line.
+
+* **Sizes** (:func:`parse_size`, :func:`format_bytes`): bytes, with binary
+  (``KiB``, ``MiB``, ``GiB``; also ``K``, ``M``, ``G``) or decimal (``KB``, ``MB``,
+  ``GB``) prefixes.
+* **Rates** (:func:`parse_rate`, :func:`format_rate`): returned in **bytes per
+  second**. The letter ``b`` decides the unit, as in the networking convention:
+  lowercase ``b`` or ``bit`` is bits (``100Gbit``, ``100Gb/s``, ``100Gbps``,
+  ``200Mbit``), uppercase ``B`` is bytes (``12.5GB/s``, ``12.5GBps``, ``1GiB/s``).
+  Prefixes ``k``/``K``, ``M``, ``G``, ``T`` are powers of 1000, ``Ki``, ``Mi``,
+  ``Gi``, ``Ti`` powers of 1024. A bare number has no unit and is refused: a
+  100 GbE link is ``100Gbit`` (12.5 GB/s), not ``100``. Note that Linux ``tc``
+  reads ``mbps`` as *megabytes* per second; here ``Mbps`` is megabits, and
+  :func:`tc_rate` writes the unambiguous ``...bit`` spelling ``tc`` also accepts.
+
+Columns and fields that hold a rate name their unit: ``*_GBps`` is GB/s
+(1e9 bytes per second), as nccl-tests' ``algbw``/``busbw`` columns are.
+
+Example:
+  >>> parse_rate("100Gbit") == parse_rate("12.5GB/s") == 12.5e9
+  True
+  >>> format_rate(12.5e9), format_bytes(16 << 20), parse_size("1KiB")
+  ('12.5 GB/s (100 Gbit/s)', '16MiB', 1024)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+_SIZE_UNITS = {
+  "": 1,
+  "b": 1,
+  "k": 1024,
+  "kb": 1000,
+  "kib": 1024,
+  "m": 1024**2,
+  "mb": 1000**2,
+  "mib": 1024**2,
+  "g": 1024**3,
+  "gb": 1000**3,
+  "gib": 1024**3,
+}
+_NUMBER = r"(\d+(?:\.\d*)?(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?)"
+_SIZE_RE = re.compile(rf"^\s*{_NUMBER}\s*([a-zA-Z]*)\s*$")
+_RATE_RE = re.compile(rf"^\s*{_NUMBER}\s*([kKmMgGtT]i?)?\s*(bit/s|bits/s|bit|b/s|bps|B/s|Bps)\s*$")
+_PREFIX = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+#: What :func:`parse_rate` accepts, for error messages.
+RATE_EXAMPLES = "100Gbit, 100Gb/s, 12.5GB/s, 200Mbit"
+
+
+def parse_size(text: str, name: str = "size") -> int:
+  """``"64MiB"`` -> 67108864. Units: B, K/KiB/M/MiB/G/GiB (powers of 1024), KB/MB/GB
+  (powers of 1000), case-insensitive.
+
+  Raises ``ValueError`` naming ``name`` (e.g. ``--min-bytes``) for anything else.
+
+  Example:
+    >>> parse_size("1KiB"), parse_size("64MiB"), parse_size("1MB"), parse_size("4096")
+    (1024, 67108864, 1000000, 4096)
+  """
+  m = _SIZE_RE.match(str(text))
+  unit = m.group(2).lower() if m else None
+  if m is None or unit not in _SIZE_UNITS:
+    raise ValueError(
+      f"{name} {text!r} is not a size: use an integer with an optional unit"
+      " (B, KiB, MiB, GiB, K, M, G, KB, MB, GB), e.g. 1KiB or 64MiB."
+    )
+  value = float(m.group(1)) * _SIZE_UNITS[unit]
+  if value < 1 or value != int(value):
+    raise ValueError(f"{name} {text!r} must be a positive whole number of bytes.")
+  return int(value)
+
+
+def format_bytes(nbytes: float) -> str:
+  """A byte count as people read it: exact binary units where they fit (``4KiB``,
+  ``3MiB``: also valid input to :func:`parse_size`), else one decimal in the largest
+  binary unit below it (``1001.4KiB``), plain bytes below 1 KiB.
+
+  Example:
+    >>> format_bytes(4096), format_bytes(3 << 20), format_bytes(1000), format_bytes(1025395)
+    ('4KiB', '3MiB', '1000B', '1001.4KiB')
+    >>> format_bytes(4.5e9), format_bytes(0.5)
+    ('4.2GiB', '0.5B')
+  """
+  for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    if nbytes >= scale:
+      if nbytes % scale == 0:
+        return f"{int(nbytes // scale)}{unit}"
+      return f"{nbytes / scale:.1f}{unit}"
+  return f"{int(nbytes)}B" if nbytes == int(nbytes) else f"{nbytes:.3g}B"
+
+
+def parse_rate(text: str, name: str = "rate") -> float:
+  """A rate with its unit -> **bytes per second**.
+
+  Bits: ``bit``, ``bit/s``, ``b/s``, ``bps`` (lowercase ``b``); bytes: ``B/s``,
+  ``Bps``. Decimal prefixes k/K, M (or m), G (or g), T (or t); binary Ki, Mi, Gi, Ti.
+  Raises ``ValueError`` naming ``name`` for a bare number, an unknown unit, or a rate
+  that is not finite and positive.
+
+  Example:
+    >>> [parse_rate(t) for t in ("100Gbit", "100Gb/s", "100Gbps", "12.5GB/s", "12.5GBps")]
+    [12500000000.0, 12500000000.0, 12500000000.0, 12500000000.0, 12500000000.0]
+    >>> parse_rate("200Mbit"), parse_rate("1GiB/s"), parse_rate("8bit")
+    (25000000.0, 1073741824.0, 1.0)
+  """
+  m = _RATE_RE.match(str(text))
+  if m is None:
+    bare = _SIZE_RE.match(str(text)) and not _SIZE_RE.match(str(text)).group(2)
+    why = "has no unit" if bare else "is not a rate"
+    raise ValueError(
+      f"{name} {text!r} {why}: write the unit, bits (b, bit) or bytes (B) per second,"
+      f" e.g. {RATE_EXAMPLES}."
+    )
+  number, prefix, unit = m.group(1), m.group(2) or "", m.group(3)
+  if prefix.endswith("i"):
+    scale = 1024.0 ** ("kmgt".index(prefix[0].lower()) + 1)
+  else:
+    scale = _PREFIX[prefix.lower()]
+  value = float(number) * scale / (1 if unit in ("B/s", "Bps") else 8)
+  if not (math.isfinite(value) and value > 0):
+    raise ValueError(f"{name} {text!r} is not a positive rate: e.g. {RATE_EXAMPLES}.")
+  return value
+
+
+def parse_rate_GBps(text: str, name: str = "rate") -> float:
+  """:func:`parse_rate` in GB/s (1e9 bytes per second), the unit of ``*_GBps`` fields.
+
+  Example:
+    >>> parse_rate_GBps("100Gbit"), parse_rate_GBps("450GB/s")
+    (12.5, 450.0)
+  """
+  return parse_rate(text, name) / 1e9
+
+
+def format_rate(bytes_per_s: float) -> str:
+  """Bytes per second -> ``'12.5 GB/s (100 Gbit/s)'``: the byte rate, and the bit rate
+  network links are sold by.
+
+  Example:
+    >>> format_rate(1.25e9), format_rate(450e9), format_rate(25e6)
+    ('1.25 GB/s (10 Gbit/s)', '450 GB/s (3.6 Tbit/s)', '25 MB/s (200 Mbit/s)')
+  """
+  return f"{_decimal(bytes_per_s)}B/s ({_decimal(bytes_per_s * 8)}bit/s)"
+
+
+def tc_rate(bytes_per_s: float) -> str:
+  """The rate in the spelling Linux ``tc`` reads unambiguously (bits per second).
+
+  Example:
+    >>> tc_rate(parse_rate("200Mbit")), tc_rate(12.5e9)
+    ('200000000bit', '100000000000bit')
+  """
+  return f"{round(bytes_per_s * 8)}bit"
+
+
+def _decimal(x: float) -> str:
+  for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    if x >= scale:
+      return f"{x / scale:.3g} {unit}"
+  return f"{x:.3g} "
