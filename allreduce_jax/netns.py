@@ -22,8 +22,9 @@ Names start with :data:`PREFIX` and the creating process's id (``arj-PID-h0``...
 so concurrent clusters never collide, and leftovers of a process that died (even by
 SIGKILL) are recognised and removed (:func:`stale_tags`, :func:`down`).
 
-:func:`parse_rate` is this package's one parser of link rates (``200Mbit``,
-``1Gbit``, ``25MB/s``...).
+Link rates are read by :func:`allreduce_jax.units.parse_rate`, the package's one rate
+parser (``200Mbit``, ``1Gbit``, ``25MB/s``...), and written for ``tc`` by
+:func:`allreduce_jax.units.tc_rate`.
 
 Needs root (``CAP_NET_ADMIN`` and ``CAP_SYS_ADMIN``), ``ip`` and ``tc``
 (iproute2) and ``unshare`` (util-linux); :func:`privilege_problem` says what is
@@ -36,7 +37,6 @@ import contextlib
 import ipaddress
 import math
 import os
-import re
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from allreduce_jax import topology as topology_lib
+from allreduce_jax import units
 
 #: Every namespace this module creates is named ``PREFIX-PID-...``.
 PREFIX = "arj"
@@ -51,49 +52,6 @@ PREFIX = "arj"
 SUBNET = ipaddress.ip_network("10.213.0.0/16")
 NETNS_DIR = Path("/run/netns")
 ETC_NETNS = Path("/etc/netns")
-
-_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([a-z/]*)\s*$", re.IGNORECASE)
-#: unit -> bytes per second per unit (decimal prefixes, as tc and network vendors use).
-_RATE_UNITS = {
-  "bit": 1 / 8,
-  "kbit": 1e3 / 8,
-  "mbit": 1e6 / 8,
-  "gbit": 1e9 / 8,
-  "bps": 1 / 8,
-  "kbps": 1e3 / 8,
-  "mbps": 1e6 / 8,
-  "gbps": 1e9 / 8,
-  "b/s": 1.0,
-  "kb/s": 1e3,
-  "mb/s": 1e6,
-  "gb/s": 1e9,
-  "kib/s": 2.0**10,
-  "mib/s": 2.0**20,
-  "gib/s": 2.0**30,
-}
-
-
-def parse_rate(text: str, arg: str = "--link") -> float:
-  """A link rate -> bytes per second: ``200Mbit`` (also ``Mbps``), ``1Gbit``,
-  ``100kbit``, ``25MB/s``, ``1GB/s``, ``12MiB/s``. Bits are decimal (``Mbit`` = 10⁶
-  bit/s, as ``tc`` reads it), ``MB/s`` is 10⁶ bytes/s. ``ValueError`` names ``arg``."""
-  m = _RATE.match(text or "")
-  unit = m.group(2).lower() if m else ""
-  if not m or unit not in _RATE_UNITS or float(m.group(1)) <= 0:
-    raise ValueError(
-      f"{arg} {text!r}: expected a positive rate such as 200Mbit, 1Gbit, 25MB/s or 1GB/s."
-    )
-  return float(m.group(1)) * _RATE_UNITS[unit]
-
-
-def format_rate(bytes_per_s: float) -> str:
-  """Bytes per second -> the ``tc`` spelling in bits (``200Mbit``, ``1.5Gbit``)."""
-  bits = bytes_per_s * 8
-  for unit, scale in (("Gbit", 1e9), ("Mbit", 1e6), ("kbit", 1e3)):
-    if bits >= scale:
-      return f"{bits / scale:.6g}{unit}"
-  return f"{bits:.6g}bit"
-
 
 # ----------------------------------------------------------------------------------------
 # The plan: what to create, as data (tested without privilege).
@@ -342,7 +300,7 @@ def _shape(ns: str, dev: str, rate: float) -> list[str]:
   The bucket holds 4 ms of traffic (at least 64 KiB, a GSO segment)."""
   burst = max(64 * 1024, int(rate * 0.004))
   return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-          format_rate(rate), "burst", str(burst), "latency", "100ms"]  # fmt: skip
+          units.tc_rate(rate), "burst", str(burst), "latency", "100ms"]  # fmt: skip
 
 
 def up(p: Plan) -> None:

@@ -152,13 +152,18 @@ def format_rate(bytes_per_s: float) -> str:
 
 
 def tc_rate(bytes_per_s: float) -> str:
-  """The rate in the spelling Linux ``tc`` reads unambiguously (bits per second).
+  """The rate in the spelling Linux ``tc`` reads unambiguously: bits per second with a
+  decimal prefix (``200Mbit``, ``1.5Gbit``); :func:`parse_rate` reads it back.
 
   Example:
-    >>> tc_rate(parse_rate("200Mbit")), tc_rate(12.5e9)
-    ('200000000bit', '100000000000bit')
+    >>> tc_rate(parse_rate("200Mbit")), tc_rate(12.5e9), tc_rate(8e3)
+    ('200Mbit', '100Gbit', '64kbit')
   """
-  return f"{round(bytes_per_s * 8)}bit"
+  bits = bytes_per_s * 8
+  for unit, scale in (("Gbit", 1e9), ("Mbit", 1e6), ("kbit", 1e3)):
+    if bits >= scale:
+      return f"{bits / scale:.6g}{unit}"
+  return f"{bits:.6g}bit"
 
 
 def _decimal(x: float) -> str:

@@ -34,7 +34,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from allreduce_jax import netns
+from allreduce_jax import netns, units
 from allreduce_jax.tools import launch as launcher
 
 #: The coordinator's port on host 0 (its namespace is fresh, so the port is free).
@@ -116,7 +116,7 @@ def cluster(
   err = err or sys.stderr
   if devices_per_host < 1:
     raise ValueError(f"--devices-per-host must be at least 1, got {devices_per_host}.")
-  rate = netns.parse_rate(link, "--link")
+  rate = units.parse_rate(link, "--link")
   plan = netns.plan(network, hosts, rate)
   launcher._command_argv(list(command))  # a missing command: before anything is built
   problem = netns.privilege_problem()
@@ -129,7 +129,7 @@ def cluster(
   try:
     netns.up(plan)
     print(
-      f"# cluster: {hosts} host(s) on {plan.network}, every link {netns.format_rate(rate)}"
+      f"# cluster: {hosts} host(s) on {plan.network}, every link {units.tc_rate(rate)}"
       f" each way ({rate / 1e6:.3g} MB/s), addresses {plan.addresses[0]}..{plan.addresses[-1]},"
       f" namespaces {plan.tag}-*",
       file=err,
