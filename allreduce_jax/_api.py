@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from allreduce_jax import _comm, cost_model, topology
+from allreduce_jax import _comm, _wire, cost_model, topology
 from allreduce_jax._comm import AxisName
 from allreduce_jax._dbtree import double_binary_tree, double_binary_tree_messages
 from allreduce_jax._hierarchical import hierarchical, hierarchical_messages
@@ -31,6 +31,7 @@ from allreduce_jax._recursive import (
 from allreduce_jax._ring import bidirectional_ring, ring
 from allreduce_jax._swing import swing, swing_messages
 from allreduce_jax._tree import tree
+from allreduce_jax._two_shot import two_shot, two_shot_messages
 
 
 def xla_psum(flat: jax.Array, axis_name: AxisName, combine) -> jax.Array:
@@ -90,6 +91,10 @@ class Algorithm:
       ``(src, dst, fraction_of_n)`` with participants numbered in mesh (row-major)
       order; it must equal the schedule traced from ``fn``. None: not replayable.
     summary: one line for ``--help`` and tables.
+    lossy: True if the result is not exact even with ``wire=None`` (then verify
+      checks it against an error bound, and ``auto`` never picks it).
+    wires: the wire formats (``all_reduce(..., wire=...)``) it can send in; every
+      hand-written algorithm sends through ``_comm.send``, so all of ``_wire.WIRES``.
   """
 
   name: str
@@ -100,9 +105,25 @@ class Algorithm:
   schedule: Callable[..., cost_model.Schedule] | None = None
   messages: Callable[[tuple[int, ...]], list[list[tuple[int, int, float]]]] | None = None
   summary: str = ""
+  lossy: bool = False
+  wires: tuple[str | None, ...] = _wire.WIRES
 
   def __call__(self, flat: jax.Array, axis_name: AxisName, combine) -> jax.Array:
     return self.fn(flat, axis_name, combine)
+
+  def wire_bytes(self, p: int, wire: str | None = None, n: int = 1 << 20, itemsize: int = 4):
+    """Bytes the busiest participant puts on the wire per input element, for an
+    ``n``-element float input of ``itemsize`` bytes sent in format ``wire`` (scales
+    included); None if the record has no schedule or cannot send in ``wire``.
+
+    Example:
+      >>> round(ALGORITHMS["ring"].wire_bytes(8, "int8") / ALGORITHMS["ring"].wire_bytes(8), 3)
+      0.254
+    """
+    if self.schedule is None or wire not in self.wires:
+      return None
+    per_element = _wire.get(wire).bytes_per_element(max(1, n // max(p, 1)), itemsize)
+    return self.schedule(p, n * per_element, None).max_sent_bytes / n
 
 
 #: name -> :class:`Algorithm` record. :func:`register` adds one.
@@ -134,6 +155,8 @@ def register(record: Algorithm, *, replace: bool = False) -> Algorithm:
     raise ValueError(
       f"algorithm {record.name!r}: auto=True needs axes=1 and a schedule (the cost model)."
     )
+  if record.auto and record.lossy:
+    raise ValueError(f"algorithm {record.name!r}: a lossy algorithm cannot be an auto candidate.")
   ALGORITHMS[record.name] = record
   return record
 
@@ -218,6 +241,7 @@ for _record in (
     xla_psum,
     hand_written=False,
     auto=False,
+    wires=(None,),
     schedule=cost_model.ring_schedule,
     messages=topology.ring_messages,  # modelled as a ring
     summary="XLA's own collective (the reference)",
@@ -225,6 +249,18 @@ for _record in (
   Algorithm("auto", auto, auto=False, summary="the cost model's choice for this p and size"),
 ):
   register(_record)
+
+# Compressed all-reduce (issue 19): the quantize-once algorithm.
+register(
+  Algorithm(
+    "two_shot",
+    two_shot,
+    auto=False,
+    schedule=cost_model.ring_schedule,  # the same steps and bytes as the ring
+    messages=two_shot_messages,
+    summary="direct reduce-scatter + direct all-gather: a slice is quantized once",
+  )
+)
 
 # The algorithms large clusters use (issue 12).
 for _record in (
@@ -309,13 +345,33 @@ def keyword_only(n_positional: int, options: str):
   return wrap
 
 
-@keyword_only(2, "op and algorithm (and cost_params)")
+def _check_wire(wire: str | None, op: str, algorithm: str, dtype) -> _wire.WireFormat:
+  fmt = _wire.get(wire)
+  if not fmt.lossy:
+    return fmt
+  if op not in ("sum", "mean"):
+    raise ValueError(
+      f"op={op!r} with wire={wire!r}: a lossy wire format changes values, so max/min"
+      " could return a value no participant holds; use wire=None for op='max'/'min'."
+    )
+  if wire not in ALGORITHMS[algorithm].wires:
+    raise ValueError(
+      f"algorithm={algorithm!r} cannot send in wire={wire!r} (it sends in"
+      f" {list(ALGORITHMS[algorithm].wires)}); use a hand-written algorithm."
+    )
+  if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
+    raise TypeError(f"wire={wire!r} needs a floating-point x, got dtype {jnp.dtype(dtype)}.")
+  return fmt
+
+
+@keyword_only(2, "op, algorithm and wire (and cost_params)")
 def all_reduce(
   x: jax.Array,
   axis_name: AxisName,
   *,
   op: str = "sum",
   algorithm: str = "ring",
+  wire: str | None = None,
   cost_params: cost_model.AnyParams | None = None,
 ) -> jax.Array:
   """All-reduces the local block ``x`` over ``axis_name`` with a hand-written algorithm.
@@ -334,6 +390,14 @@ def all_reduce(
       :func:`~allreduce_jax.all_reduce_gradients` (``op="mean"`` by default).
     algorithm: keyword-only, a key of ``ALGORITHMS``. ``"psum"`` is XLA's own
       collective; ``"auto"`` the cost model's choice.
+    wire: keyword-only, the format every message travels in (``_wire.WIRES``):
+      None (default, exact: the input dtype), ``"bf16"`` (bfloat16 bits as uint16),
+      ``"int8"`` (block-absmax int8, one float32 scale per 256 elements in the same
+      message) or ``"fp8"`` (float8_e4m3fn, the same scales). Lossy formats are for
+      ``op="sum"``/``"mean"`` on floating x; every participant still gets the same
+      bits. The error per element is at most (quantizations on its path) x u x the
+      block's absmax of the partial sums (``_wire.WireFormat.unit_error``); a ring
+      re-encodes at every hop (error ~√p), ``"two_shot"`` twice whatever p.
     cost_params: keyword-only, for ``algorithm="auto"``: the parameters to choose
       with (a ``cost_model.Params`` or ``FittedParams``); None: the innermost
       ``cost_model.use_params`` block, else the running backend's shipped defaults.
@@ -363,10 +427,11 @@ def all_reduce(
   under ``check_vma=False`` once per participant, i.e. p times).
 
   Raises:
-    ValueError: unknown ``op`` or ``algorithm``, unbound ``axis_name``, or
-      ``hierarchical`` without two axes.
+    ValueError: unknown ``op``, ``algorithm`` or ``wire``, unbound ``axis_name``,
+      ``hierarchical`` without two axes, a lossy ``wire`` with ``op="max"``/``"min"``
+      or with ``algorithm="psum"``.
     TypeError: options passed positionally, non-numeric dtype, integer ``mean``,
-      malformed ``axis_name``.
+      malformed ``axis_name``, a lossy ``wire`` on a non-float dtype.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -385,10 +450,11 @@ def all_reduce(
   """
   if cost_params is not None:
     with cost_model.use_params(cost_params):
-      return all_reduce(x, axis_name, op=op, algorithm=algorithm)
+      return all_reduce(x, axis_name, op=op, algorithm=algorithm, wire=wire)
   x = jnp.asarray(x)
   reduction = get_op(op, x.dtype)
   _check_algorithm(algorithm)
+  _check_wire(wire, op, algorithm, x.dtype)
   _check_axis_name(axis_name, algorithm)
   p = _comm.size(axis_name)
   flat = x.reshape(-1)  # T[n]
@@ -396,7 +462,8 @@ def all_reduce(
   if record.hand_written:
     flat = _comm.make_varying(flat, axis_name)
   if p > 1 or not record.hand_written:
-    flat = ALGORITHMS[algorithm](flat, axis_name, reduction.combine)
+    with _wire.using(wire):  # _comm.send encodes every message in this format
+      flat = ALGORITHMS[algorithm](flat, axis_name, reduction.combine)
   out = reduction.finalize(flat, p).reshape(x.shape)
   # Every participant holds the same bits: type the result like psum's (a no-op
   # under check_vma=False and for XLA's own collective).

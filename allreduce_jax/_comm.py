@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from allreduce_jax import _wire
+
 AxisName = str | tuple[str, ...]
 
 
@@ -108,13 +110,34 @@ def send(x: jax.Array, axis_name: AxisName, pairs: Sequence[tuple[int, int]]) ->
   """One message step: ``x`` travels along each ``(source, target)`` pair.
 
   Participants that receive nothing get zeros (``lax.ppermute`` semantics).
+  Inside ``_wire.using(fmt)`` (``all_reduce(..., wire=...)``) a float message travels
+  encoded in that wire format and arrives decoded (``_wire.roundtrip``): the one
+  place every algorithm's messages are narrowed.
   """
-  received = lax.ppermute(x, axes_tuple(axis_name), perm=list(pairs))
+  fmt = _wire.active()
+  if fmt is None or not jnp.issubdtype(x.dtype, jnp.floating) or x.shape[0] == 0:
+    received = lax.ppermute(x, axes_tuple(axis_name), perm=list(pairs))
+  else:
+    msg = lax.ppermute(_wire.encode(fmt, x), axes_tuple(axis_name), perm=list(pairs))
+    received = _wire.decode(fmt, msg, x.shape[0], x.dtype)
   if _message_log is not None:
     entry = _Message((axis_name, list(pairs), received))
     entry.step = _step
     _message_log.append(entry)
   return received
+
+
+def settle(x: jax.Array) -> jax.Array:
+  """What a receiver of ``x`` would hold: ``x`` on the active wire format's grid
+  (``x`` itself when exact).
+
+  An algorithm calls it where a participant keeps a value it also sends on (a
+  finished chunk before the all-gather, the root's total before the broadcast), so
+  that it holds the same bits as everyone it sends to. Encoding a settled value
+  gives the same message again (every format is a projection), so forwarding it
+  changes nothing.
+  """
+  return _wire.roundtrip(_wire.active(), x)
 
 
 def shift_pairs(p: int, d: int) -> list[tuple[int, int]]:

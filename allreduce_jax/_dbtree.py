@@ -347,6 +347,9 @@ def double_binary_tree_chunks(
         for j in touched:
           new = combine(rows[j], recv) if step[0].mode == _COMBINE else recv
           rows[j] = jnp.where(gets == j, new, rows[j])
+  # Lossy wire: each tree's root kept its exact rows while sending them encoded; the
+  # others hold the decoded rows, which settle leaves as they are.
+  rows = [_comm.settle(r) for r in rows]
   return jnp.concatenate(rows)[:n]
 
 

@@ -31,6 +31,7 @@ def naive(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Array:
   total = flat  # T[n]; meaningful on the root only until the broadcast
   for k in range(1, p):
     total = combine(total, _comm.send(flat, axis_name, [(k, 0)]))
+  total = _comm.settle(total)  # lossy wire: the root holds what it broadcasts
   for k in range(1, p):
     recv = _comm.send(total, axis_name, [(0, k)])
     total = jnp.where(i == k, recv, total)

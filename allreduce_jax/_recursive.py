@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from allreduce_jax import _comm
+from allreduce_jax import _comm, _wire
 from allreduce_jax._comm import AxisName
 
 Combine = Callable[[jax.Array, jax.Array], jax.Array]
@@ -64,6 +64,7 @@ def _unfold(x: jax.Array, axis_name: AxisName) -> jax.Array:
   rem = p - _pof2(p)
   if rem == 0:
     return x
+  x = _comm.settle(x)  # lossy wire: 2k+1 keeps what 2k receives
   recv = _comm.send(x, axis_name, [(2 * k + 1, 2 * k) for k in range(rem)])
   return jnp.where((i < 2 * rem) & (i % 2 == 0), recv, x)
 
@@ -94,6 +95,7 @@ def recursive_doubling(flat: jax.Array, axis_name: AxisName, combine: Combine) -
   x, newrank = _fold(flat, axis_name, combine)  # T[n]
   mask = 1
   while mask < pof2:
+    x = _comm.settle(x)  # lossy wire: both partners combine the same two messages
     recv = _comm.send(x, axis_name, _xor_pairs(pof2, rem, mask))  # T[n]
     upper = (newrank & mask) != 0
     x = combine(jnp.where(upper, recv, x), jnp.where(upper, x, recv))
@@ -176,7 +178,10 @@ def butterfly(
   pairs = [
     [(_real_rank(r, rem), _real_rank(q, rem)) for r, q in enumerate(step)] for step in partners
   ]
-  x = _comm.pad_to_multiple(flat, pof2)  # T[pof2*c]
+  # A lossy wire quantizes in blocks from each message's start: whole blocks per
+  # slice keep the all-gather's concatenated slices on their grid (forwarded exactly).
+  block = _wire.BLOCK if _wire.active() is not None else 1
+  x = _comm.pad_to_multiple(flat, pof2 * block)  # T[pof2*c]
   x, newrank = _fold(x, axis_name, combine)
   slot = jnp.maximum(newrank, 0)  # folded-out ranks (-1) compute garbage, never sent
   for step_pairs, table in zip(pairs, tables):  # reduce-scatter by recursive halving
@@ -185,6 +190,7 @@ def butterfly(
     keep = lax.dynamic_slice_in_dim(x, upper * half, half)  # T[half]
     give = lax.dynamic_slice_in_dim(x, (1 - upper) * half, half)
     x = combine(keep, _comm.send(give, axis_name, step_pairs))
+  x = _comm.settle(x)  # lossy wire: the owner holds what it sends
   for step_pairs, table in zip(reversed(pairs), reversed(tables)):  # all-gather by doubling
     h = x.shape[0]
     recv = _comm.send(x, axis_name, step_pairs)  # T[h]

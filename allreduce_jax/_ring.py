@@ -61,6 +61,7 @@ def _all_gather_lanes(
   """Ring all-gather: participant ``i`` holds block ``i`` (``T[c]``) of each lane;
   returns every lane's ``T[p*c]`` with all blocks in order, on every participant."""
   p, i = _comm.size(axis_name), _comm.index(axis_name)
+  blocks = [_comm.settle(b) for b in blocks]  # lossy wire: hold what the others receive
   c = blocks[0].shape[0]
   outs = [
     lax.dynamic_update_slice_in_dim(

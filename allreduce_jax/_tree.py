@@ -38,6 +38,7 @@ def tree(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Array:
     receiving = (i % (2 * mask) == 0) & (i + mask < p)
     x = jnp.where(receiving, combine(x, recv), x)
     mask <<= 1
+  x = _comm.settle(x)  # lossy wire: the root holds what it broadcasts
   for mask in reversed(masks):  # broadcast from 0
     recv = _comm.send(x, axis_name, [(j, j + mask) for j in range(0, p - mask, 2 * mask)])
     x = jnp.where(i % (2 * mask) == mask, recv, x)

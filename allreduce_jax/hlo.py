@@ -44,11 +44,14 @@ class CommAudit:
     compile_s: lowering + compile time, when :func:`audit_all_reduce` compiled it.
     permute_bytes: bytes of each ``collective-permute``'s payload, in program order.
     sent_bytes: device id -> bytes that device sends through collective-permutes.
+    permute_dtypes: the element type of each ``collective-permute``'s payload
+      (``"f32"``, ``"s8"``, ``"u16"``...), in program order.
   """
 
   counts: Counter = field(default_factory=Counter)
   permute_bytes: list[int] = field(default_factory=list)
   sent_bytes: dict[int, int] = field(default_factory=dict)
+  permute_dtypes: list[str] = field(default_factory=list)
   compile_s: float | None = None
 
   @property
@@ -93,6 +96,8 @@ def audit(hlo_text: str) -> CommAudit:
     if base == "collective-permute":
       nbytes = _nbytes(m.group("shape"))
       result.permute_bytes.append(nbytes)
+      first = _ARRAY_RE.search(m.group("shape"))
+      result.permute_dtypes.append(first.group(1) if first else "")
       pairs = _PAIRS_RE.search(line)
       if pairs:
         for src, _dst in re.findall(r"\{(\d+),(\d+)\}", pairs.group(1)):
@@ -105,9 +110,12 @@ def compiled_text(fn, *args) -> str:
   return fn.lower(*args).compile().as_text()
 
 
-def audit_all_reduce(algorithm: str, p: int, n: int, dtype="float32") -> CommAudit:
+def audit_all_reduce(
+  algorithm: str, p: int, n: int, dtype="float32", wire: str | None = None
+) -> CommAudit:
   """Compiles ``all_reduce`` of ``n`` elements on ``p`` of this process's devices
-  (on the mesh :func:`allreduce_jax._devices.mesh_for` gives it) and audits its HLO.
+  (on the mesh :func:`allreduce_jax._devices.mesh_for` gives it), sending in wire
+  format ``wire``, and audits its HLO.
 
   Example:
     >>> audit_all_reduce("ring", 4, 1024).max_sent_bytes  # 2·3/4·4096 bytes
@@ -126,7 +134,7 @@ def audit_all_reduce(algorithm: str, p: int, n: int, dtype="float32") -> CommAud
   x = jax.ShapeDtypeStruct((p * n,), jnp.dtype(dtype), sharding=NamedSharding(mesh, spec))
   f = jax.jit(
     jax.shard_map(
-      lambda b: all_reduce(b, axis, op="sum", algorithm=algorithm),
+      lambda b: all_reduce(b, axis, op="sum", algorithm=algorithm, wire=wire),
       mesh=mesh,
       in_specs=spec,
       out_specs=spec,
