@@ -1,0 +1,89 @@
+"""Minimal reproduction: a pairwise exchange in one ``ppermute`` runs half duplex over gloo.
+
+Self-contained (JAX only), for an upstream report. Start one process per host, with
+links of a known rate between them, e.g. on one Linux machine as root:
+
+    allreduce-jax cluster --hosts 4 --link 200Mbit -- python experiments/gloo_exchange_half_duplex.py
+
+or on any machines: ``JAX_COORDINATOR_ADDRESS=host0:1234 JAX_NUM_PROCESSES=4
+JAX_PROCESS_ID=i python gloo_exchange_half_duplex.py``. It times, with 16 MiB per
+process (median of 5 after a warm-up):
+
+- ``shift``: ``ppermute`` with pairs ``j -> j+1``: every host sends n and receives n,
+  from different peers;
+- ``exchange``: pairs ``j <-> j^1``: every host sends n to and receives n from the
+  same peer;
+- ``one_way``: ``j -> j^1`` for even j only: half the hosts send n.
+
+On a full-duplex link the three take the same time (n / rate). Measured on 200 Mbit/s
+links (``docs/results/network/half_duplex.jsonl``) the exchange takes twice as long: the
+two directions take turns. Cause, from the sources: XLA's
+``GlooCommunicator::CollectivePermute`` posts ``send`` before ``recv``; in gloo's TCP
+pair (``gloo/transport/tcp/pair.cc``) a ``send`` whose peer has already announced its
+receive writes the payload at once, and the "ready to receive" that the following
+``recv`` announces is queued behind that payload in the pair's one FIFO transmit
+queue. The later of the two peers therefore sends its whole payload before the earlier
+one may start. Posting the receive first in ``CollectivePermute`` (or letting gloo's
+control messages overtake queued data) would let both directions flow at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+
+def _init() -> None:
+  env = os.environ
+  address = env.get("ALLREDUCE_JAX_COORDINATOR") or env.get("JAX_COORDINATOR_ADDRESS")
+  num = env.get("ALLREDUCE_JAX_NUM_PROCESSES") or env.get("JAX_NUM_PROCESSES")
+  pid = env.get("ALLREDUCE_JAX_PROCESS_ID") or env.get("JAX_PROCESS_ID")
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(address, int(num), int(pid))
+
+
+def main() -> int:
+  _init()
+  p, n = jax.device_count(), 16 << 20
+  mesh = Mesh(np.array(jax.devices()), ("i",))
+  perms = {
+    "shift": [(j, (j + 1) % p) for j in range(p)],
+    "exchange": [(j, j ^ 1) for j in range(p)],
+    "one_way": [(j, j ^ 1) for j in range(0, p, 2)],
+  }
+  x = jax.make_array_from_callback(
+    (p, n // 4), NamedSharding(mesh, P("i")), lambda idx: np.ones((1, n // 4), np.float32)
+  )
+  rows = []
+  for name, perm in perms.items():
+    f = jax.jit(
+      jax.shard_map(
+        lambda b, perm=perm: jax.lax.ppermute(b, "i", perm),
+        mesh=mesh,
+        in_specs=P("i"),
+        out_specs=P("i"),
+      )
+    )
+    f(x).block_until_ready()
+    times = []
+    for _ in range(5):
+      t0 = time.perf_counter()
+      f(x).block_until_ready()
+      times.append(time.perf_counter() - t0)
+    rows.append({"p": p, "bytes": n, "pattern": name, "median_s": statistics.median(times)})
+  if jax.process_index() == 0:
+    for r in rows:
+      print(json.dumps(r), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

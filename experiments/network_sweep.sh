@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The measurements behind docs/results/network/ (resumable: each step skips rows it has).
+# Needs root. Runs nice'd; about 40 minutes on a 2-core machine at 200 Mbit/s.
+#   bash experiments/network_sweep.sh [PYTHON]
+set -u
+PY=${1:-python}
+OUT=docs/results/network
+CL="$PY -m allreduce_jax cluster --link 200Mbit --timeout 1800"
+ALL=ring,bidirectional_ring,tree,recursive_doubling,halving_doubling,halving_doubling_near,swing,double_binary_tree,naive,psum
+FAST=ring,bidirectional_ring,halving_doubling,halving_doubling_near,swing,double_binary_tree,psum
+BENCH="bench -n 3 -w 1 --no-uneven"
+mkdir -p $OUT
+run() { echo "## $*" >&2; nice -n 5 "$@" 2>&1 | grep -v '^\[Gloo\]' ; }
+# 1. the half-duplex exchange (minimal reproduction), p = 2 and 4
+for h in 2 4; do
+  [ -s $OUT/half_duplex_p$h.jsonl ] || run $CL --hosts $h -- $PY experiments/gloo_exchange_half_duplex.py > $OUT/half_duplex_p$h.jsonl.tmp && grep '^{' $OUT/half_duplex_p$h.jsonl.tmp > $OUT/half_duplex_p$h.jsonl; rm -f $OUT/half_duplex_p$h.jsonl.tmp
+done
+# 2. bytes on the wire, every algorithm, p = 2, 4, 8 (4 MiB per participant)
+for h in 2 4 8; do
+  run $CL --hosts $h -- $PY experiments/wire_bytes.py --bytes 4MiB --out $OUT/wire_bytes.jsonl
+done
+# 3. time of every algorithm, 1-16 MiB (all) and 64 MiB (the fast ones), small sizes for alpha
+for net in "switch 4" "switch 8" "fat_tree:4:2 8" "torus:8 8"; do
+  set -- $net
+  f=$OUT/bench_${1//:/_}_$2.jsonl
+  run $CL --hosts $2 --topology $1 -- $BENCH --algorithms $ALL -b 4KiB -e 64KiB -f 16 --out $f
+  run $CL --hosts $2 --topology $1 -- $BENCH --algorithms $ALL -b 1MiB -e 16MiB -f 4 --out $f
+  run $CL --hosts $2 --topology $1 -- $BENCH --algorithms $FAST -b 64MiB -e 64MiB --out $f
+done

@@ -1,0 +1,206 @@
+"""Tables and figures of docs/results/network/ from its committed rows (no measurement here).
+
+    python experiments/network_tables.py [docs/results/network]
+
+Reads ``bench_NET_HOSTS.jsonl`` (``allreduce-jax bench`` on ``allreduce-jax cluster``),
+``wire_bytes.jsonl`` (``experiments/wire_bytes.py``) and ``half_duplex_p*.jsonl``
+(``experiments/gloo_exchange_half_duplex.py``), all from ``experiments/network_sweep.sh``,
+and writes ``tables.md`` and ``*.png`` next to them. The model: the topology replay of
+each algorithm's schedule on the emulated network (:func:`allreduce_jax.gloo_model.emulated`),
+β from the link rate, one α per network fitted by least squares on the 4 KiB and 64 KiB
+rows, priced at full duplex (the replay as it was) and at half duplex for exchanges
+(:func:`allreduce_jax.gloo_model.half_duplex`, what the wire showed).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from allreduce_jax import gloo_model, topology
+from allreduce_jax.tools import _plot
+
+RATE = 25e6  # 200 Mbit/s
+SMALL = (4096, 65536)
+NETS = (("switch", 4), ("switch", 8), ("fat_tree:4:2", 8), ("torus:8", 8))
+
+
+def _rows(path: Path) -> list[dict]:
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _parts(alg: str, p: int, n: int, net: str, duplex: str) -> tuple[int, float]:
+  """(steps, bandwidth seconds with α = 0) of the replay."""
+  top = gloo_model.emulated(net)
+  steps = topology.messages(alg, topology.axis_sizes(alg, p, top), n)
+  if duplex == "half":
+    steps = gloo_model.half_duplex(steps)
+  prof = topology.profile(steps, top, p)
+  return prof.steps, float(prof.seconds(n, gloo_model.link_params(RATE, 0.0)).sum())
+
+
+def fit_alpha(rows: list[dict], p: int, net: str, duplex: str) -> float:
+  """Least-squares α per step from the small rows: t = steps·α + replayed bytes time."""
+  num = den = 0.0
+  for r in rows:
+    if r["bytes"] in SMALL:
+      steps, bw = _parts(r["algorithm"], p, r["bytes"], net, duplex)
+      num += steps * (r["time_us"] * 1e-6 - bw)
+      den += steps * steps
+  return max(num / den, 0.0) if den else 0.0
+
+
+def model(alg: str, p: int, n: int, net: str, duplex: str, alpha: float) -> float:
+  steps, bw = _parts(alg, p, n, net, duplex)
+  return steps * alpha + bw
+
+
+def _mib(n: int) -> str:
+  return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
+
+
+def bench_tables(root: Path) -> tuple[list[str], list[dict]]:
+  lines, summary = [], []
+  for net, p in NETS:
+    rows = [
+      r for r in _rows(root / f"bench_{net.replace(':', '_')}_{p}.jsonl") if r.get("wrong") == 0
+    ]
+    if not rows:
+      continue
+    a_half = fit_alpha(rows, p, net, "half")
+    a_full = fit_alpha(rows, p, net, "full")
+    sizes = sorted({r["bytes"] for r in rows if r["bytes"] >= 1 << 20})
+    algs = list(dict.fromkeys(r["algorithm"] for r in rows))
+    t = {(r["algorithm"], r["bytes"]): r["time_us"] * 1e-6 for r in rows}
+    lines += [
+      f"### {net}, {p} hosts, 200 Mbit/s links",
+      "",
+      f"α fitted from 4 KiB and 64 KiB: {a_half * 1e3:.2f} ms per step (half-duplex model),"
+      f" {a_full * 1e3:.2f} ms (full-duplex model). Each cell: measured seconds (median of 3),"
+      " then measured / model at half duplex and [at full duplex].",
+      "",
+      "| algorithm | " + " | ".join(_mib(n) for n in sizes) + " |",
+      "|---|" + "---|" * len(sizes),
+    ]
+    for a in algs:
+      cells = []
+      for n in sizes:
+        if (a, n) not in t:
+          cells.append("—")
+          continue
+        half = model(a, p, n, net, "half", a_half)
+        full = model(a, p, n, net, "full", a_full)
+        m = t[(a, n)]
+        cells.append(f"{m:.3g} s ({m / half:.2f}) [{m / full:.2f}]")
+        summary.append({
+          "network": net, "p": p, "algorithm": a, "bytes": n, "measured_s": m,
+          "model_half_s": half, "model_full_s": full,
+          "busbw_over_line": n * 2 * (p - 1) / p / m / RATE,
+        })  # fmt: skip
+      lines.append(f"| {a} | " + " | ".join(cells) + " |")
+    lines.append("")
+    # the model's pick vs the best measured, per size
+    picks = []
+    for n in sizes:
+      have = [a for a in algs if (a, n) in t and a != "psum"]
+      if not have:
+        continue
+      best = min(have, key=lambda a: t[(a, n)])
+      pick = min(have, key=lambda a: model(a, p, n, net, "half", a_half))
+      picks.append(
+        f"{_mib(n)}: model picks {pick} ({t[(pick, n)] / t[(best, n)]:.2f}× the best measured, {best})"
+      )
+    lines += [
+      "Model's choice among the measured hand-written algorithms: " + "; ".join(picks) + ".",
+      "",
+    ]
+  return lines, summary
+
+
+def wire_table(root: Path) -> list[str]:
+  rows = _rows(root / "wire_bytes.jsonl")
+  if not rows:
+    return []
+  lines = [
+    "### Bytes on the wire per host (4 MiB per participant, switch)",
+    "",
+    "Each host's interface counter (tx_bytes) per call / the schedule's bytes for that host:"
+    " host 0 (the root of naive and tree) and the range over all hosts.",
+    "",
+    "| algorithm | p | host 0 sent (MB) | schedule (MB) | host 0 ratio | min–max ratio over hosts |",
+    "|---|---|---|---|---|---|",
+  ]
+  keys = list(dict.fromkeys((r["algorithm"], r["p"]) for r in rows))
+  for a, p in sorted(keys, key=lambda k: (k[0], k[1])):
+    mine = [r for r in rows if r["algorithm"] == a and r["p"] == p]
+    h0 = next(r for r in mine if r["host"] == 0)
+    ratios = [r["ratio"] for r in mine if r["ratio"]]
+    lines.append(
+      f"| {a} | {p} | {h0['wire_bytes'] / 1e6:.2f} | {h0['schedule_bytes'] / 1e6:.2f} |"
+      f" {h0['ratio']:.3f} | {min(ratios):.3f}–{max(ratios):.3f} |"
+    )
+  return [*lines, ""]
+
+
+def half_duplex_table(root: Path) -> list[str]:
+  lines = []
+  for p in (2, 4):
+    rows = _rows(root / f"half_duplex_p{p}.jsonl")
+    if not rows:
+      continue
+    if not lines:
+      lines = [
+        "### One ppermute of 16 MiB per host (line rate: 0.671 s)",
+        "",
+        "| p | shift j→j+1 | exchange j↔j^1 | one way j→j^1 (even j) |",
+        "|---|---|---|---|",
+      ]
+    t = {r["pattern"]: r["median_s"] for r in rows}
+    lines.append(f"| {p} | {t['shift']:.3f} s | {t['exchange']:.3f} s | {t['one_way']:.3f} s |")
+  return [*lines, ""] if lines else []
+
+
+def figure(summary: list[dict], path: Path) -> None:
+  from matplotlib.figure import Figure
+
+  nets = list(dict.fromkeys((s["network"], s["p"]) for s in summary))
+  if not nets:
+    return
+  fig = Figure(figsize=(4.2 * len(nets), 3.6))
+  axes = fig.subplots(1, len(nets), squeeze=False)[0]
+  for ax, (net, p) in zip(axes, nets):
+    mine = [s for s in summary if s["network"] == net and s["p"] == p]
+    for a in dict.fromkeys(s["algorithm"] for s in mine):
+      rs = sorted((s for s in mine if s["algorithm"] == a), key=lambda s: s["bytes"])
+      x = [s["bytes"] / 2**20 for s in rs]
+      (line,) = ax.plot(x, [s["measured_s"] for s in rs], "o-", ms=3, label=a)
+      ax.plot(x, [s["model_half_s"] for s in rs], ":", color=line.get_color())
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("MiB per participant")
+    ax.set_title(f"{net}, {p} hosts (dots: model)", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+  axes[0].set_ylabel("seconds (measured, median of 3)")
+  axes[0].legend(fontsize=6)
+  fig.tight_layout()
+  _plot.save(fig, path)
+
+
+def main(argv=None) -> int:
+  args = sys.argv[1:] if argv is None else argv
+  root = Path(args[0] if args else "docs/results/network")
+  bench, summary = bench_tables(root)
+  text = ["# Measured on an emulated network (tables from the committed rows)", ""]
+  text += half_duplex_table(root) + wire_table(root) + bench
+  (root / "tables.md").write_text("\n".join(text) + "\n")
+  (root / "summary.jsonl").write_text("".join(json.dumps(s) + "\n" for s in summary))
+  figure(summary, root / "time_vs_model.png")
+  print("\n".join(text))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
