@@ -4,6 +4,9 @@ before any JAX backend starts."""
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The suite's emulated clusters check plumbing, not time: they need not wait for a
+# measuring cluster (allreduce-jax cluster --concurrent).
+os.environ.setdefault("ALLREDUCE_JAX_CLUSTER_CONCURRENT", "1")
 
 import jax
 

@@ -268,3 +268,33 @@ def test_a_loopback_address_for_peers_on_other_hosts_is_one_line_error():
   assert "\n" not in text and "loopback" in text and "GLOO_SOCKET_IFNAME" in text
   with pytest.raises(distributed.AddressError, match=r"GLOO_SOCKET_IFNAME=lo gives 127\.0\.0\.1"):
     distributed.check_advertised_address("10.213.0.1:1234", interface="lo")
+
+
+def test_a_second_cluster_waits_for_the_first_and_says_so(tmp_path, monkeypatch):
+  # Two clusters on one machine share its CPUs: the second waits (unless --concurrent).
+  import fcntl
+  import io
+  import threading
+
+  monkeypatch.setattr(cluster, "LOCK", tmp_path / "cluster.lock")
+  held = open(cluster.LOCK, "w")
+  fcntl.flock(held, fcntl.LOCK_EX)
+  held.write("4242")
+  held.flush()
+  err, entered = io.StringIO(), threading.Event()
+
+  def second():
+    with cluster._one_at_a_time(False, err):
+      entered.set()
+
+  t = threading.Thread(target=second)
+  t.start()
+  time.sleep(0.5)
+  assert not entered.is_set()  # still waiting while the first holds the lock
+  assert "waiting for another cluster run (pid 4242)" in err.getvalue()
+  fcntl.flock(held, fcntl.LOCK_UN)
+  held.close()
+  t.join(10)
+  assert entered.is_set()
+  with cluster._one_at_a_time(True, io.StringIO()):  # --concurrent never touches the lock
+    pass

@@ -22,6 +22,12 @@ watchdog process removes them, and the next ``cluster`` run (or ``cluster down``
 removes what a dead run left. ``--counters FILE`` writes each host's interface byte
 counters (sent, received) over the run as JSON.
 
+One cluster runs at a time on a machine: every host process shares this machine's
+CPUs, so two clusters measuring at once distort each other's timings. A second
+``cluster`` waits for the first (saying so) unless ``--concurrent`` is given (or
+``ALLREDUCE_JAX_CLUSTER_CONCURRENT=1``, which the test suite sets: its clusters check
+plumbing, not time).
+
 Needs root (network namespaces, veth, bridges, tc); without it, one line says so.
 """
 
@@ -29,7 +35,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +47,41 @@ from allreduce_jax.tools import launch as launcher
 
 #: The coordinator's port on host 0 (its namespace is fresh, so the port is free).
 PORT = 29500
+
+#: The machine-wide lock that keeps two clusters from timing each other's CPU use.
+LOCK = Path("/run/lock/allreduce-jax-cluster.lock")
+ENV_CONCURRENT = "ALLREDUCE_JAX_CLUSTER_CONCURRENT"
+
+
+@contextlib.contextmanager
+def _one_at_a_time(concurrent: bool, err):
+  """Holds :data:`LOCK` for the run (waits, saying so, while another cluster holds it)."""
+  if concurrent:
+    yield
+    return
+  LOCK.parent.mkdir(parents=True, exist_ok=True)
+  with open(LOCK, "a+") as f:
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.seek(0)
+      holder = f.read().strip() or "?"
+      print(
+        f"# cluster: waiting for another cluster run (pid {holder}) to finish: clusters on one"
+        " machine share its CPUs and distort each other's timings (--concurrent: do not wait)",
+        file=err,
+        flush=True,
+      )
+      fcntl.flock(f, fcntl.LOCK_EX)
+    f.truncate(0)
+    f.write(str(os.getpid()))
+    f.flush()
+    try:
+      yield
+    finally:
+      f.truncate(0)
+      fcntl.flock(f, fcntl.LOCK_UN)
+
 
 # The namespace watchdog: its own session (Ctrl-C does not reach it); when its stdin
 # reaches EOF without "done" (the cluster command died, even by SIGKILL) it deletes
@@ -106,11 +149,13 @@ def cluster(
   link: str = "200Mbit",
   devices_per_host: int = 1,
   counters_path: str | None = None,
+  concurrent: bool = False,
   err=None,
   **launch_options,
 ) -> int:
   """Builds the cluster, runs ``command`` on every host (``launch.launch`` with
-  ``launch_options``), removes the cluster. Returns the launcher's status; raises
+  ``launch_options``), removes the cluster; waits first while another cluster runs
+  unless ``concurrent``. Returns the launcher's status; raises
   ``ValueError`` (bad option, one line naming it), ``netns.ClusterError`` (no
   privilege, a failed build) or ``launch.LaunchError``."""
   err = err or sys.stderr
@@ -122,6 +167,11 @@ def cluster(
   problem = netns.privilege_problem()
   if problem:
     raise netns.ClusterError(problem)
+  with _one_at_a_time(concurrent, err):
+    return _run(command, hosts, plan, rate, devices_per_host, counters_path, err, launch_options)
+
+
+def _run(command, hosts, plan, rate, devices_per_host, counters_path, err, launch_options) -> int:
   stale = netns.clean_stale()
   if stale:
     print(f"# cluster: removed what dead runs left ({', '.join(stale)})", file=err, flush=True)
@@ -195,6 +245,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     "--counters", default=None, help="write each host's bytes sent/received (JSON) here"
   )
   parser.add_argument(
+    "--concurrent",
+    action="store_true",
+    default=os.environ.get(ENV_CONCURRENT, "") not in ("", "0"),
+    help=f"run even while another cluster runs (default: wait for it; ${ENV_CONCURRENT}=1)",
+  )
+  parser.add_argument(
     "--init-timeout", type=int, default=120, help="seconds the hosts wait for each other"
   )
   parser.add_argument(
@@ -239,6 +295,7 @@ def run(args: argparse.Namespace) -> int:
       link=args.link,
       devices_per_host=args.devices_per_host,
       counters_path=args.counters,
+      concurrent=args.concurrent,
       timeout=args.timeout,
       log_dir=args.log_dir,
       output=args.output,
