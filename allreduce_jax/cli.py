@@ -11,6 +11,7 @@ import argparse
 import importlib
 import importlib.metadata
 import importlib.util
+import re
 import sys
 
 from allreduce_jax.tools import COMMANDS
@@ -36,12 +37,27 @@ def _default_text(default) -> str:
   return str(default)
 
 
+#: Help text that states its own default: "(default ...", "default: ...", "Default 1" as
+#: a sentence. "JAX's default 300" is someone else's default, so ours is still added.
+_STATES_DEFAULT = re.compile(r"(^|\(|; |\. )default\b", re.IGNORECASE)
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-  """Every option's default in ``--help`` (none for flags and options without one)."""
+  """Every option's default in ``--help`` (none for flags and options without one),
+  once: not added where the help text states it already.
+
+  Example:
+    >>> p = argparse.ArgumentParser(formatter_class=HelpFormatter)
+    >>> _ = p.add_argument("--wait", default=30, help="seconds (JAX's default 300)")
+    >>> _ = p.add_argument("--n", default=1, help="processes. Default 1")
+    >>> text = " ".join(p.format_help().split())
+    >>> "(JAX's default 300) (default: 30)" in text, "Default 1 (default" in text
+    (True, False)
+  """
 
   def _get_help_string(self, action):
     text = (action.help or "").strip()
-    if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+    if _STATES_DEFAULT.search(text) or action.default in (None, False, argparse.SUPPRESS):
       return text
     if action.option_strings or action.nargs in ("?", "*"):
       return f"{text} (default: {_default_text(action.default).replace('%', '%%')})"

@@ -20,7 +20,7 @@ def _fixture(out):
   """A few rows of every kind the report reads, as the subcommands write them."""
   algs = ["ring", "recursive_doubling", "psum"]
   _write(out / "verify.jsonl", [
-    {"algorithm": a, "op": op, "dtype": dt, "p": 8, "kind": kind, "shape": [13],
+    {"algorithm": a, "op": op, "dtype": dt, "p": 8, "input_kind": kind, "shape": [13],
      "max_abs_err": 0.0, "bit_exact": True, "replicas_identical": True, "tolerance": 0.0,
      "passed": True}
     for a in algs for op in ("sum", "max") for dt in ("float32", "int32")
@@ -86,7 +86,7 @@ def test_report_renders_from_rows(tmp_path):
   summary = text.split("## Summary")[1].split("\n## ")[0]
   assert "| claim | measured | threshold | result |" in summary
   assert 3 <= summary.count("✓ pass") + summary.count("✗ fail") <= 6
-  assert "None" not in text and "nan" not in text.lower().split()
+  assert "None" not in text and "nan" not in text.split()  # (NaN, the input kind, is text)
   assert not re.search(r"\d\.\d{7,}", text), "unrounded numbers"
   # No markdown table inside a code fence.
   in_fence = False
@@ -98,6 +98,7 @@ def test_report_renders_from_rows(tmp_path):
   fusion = text.split("## Tensor fusion")[1].split("\n## ")[0]
   assert "failed" in fusion and "| gradient pytree |" in fusion
   assert "| algorithm | float32 | int32 |" in text  # verify's algorithm × dtype pivot
+  assert "bit-exact on 12 of 12 verifiable cases" in text  # input kinds survive the row store
   assert "fitted model (µs)" in text and "model(us)" not in text
   assert "γ (ns / B reduced)" in text and "| — |" in text  # per-algorithm γ: not identifiable
   assert "#### Table A" in text

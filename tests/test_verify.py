@@ -105,6 +105,21 @@ def test_a_backend_collective_that_differs_is_a_finding_not_a_failure(capsys):
   assert strict == (1 if findings else 0)
 
 
+def test_verify_rows_keep_their_input_kind_and_name_the_oracle(tmp_path, capsys):
+  from allreduce_jax.results import read_rows
+
+  out = tmp_path / "verify.jsonl"
+  argv = ["verify", "--participants", "2", "--algorithms", "ring", "--dtypes", "float32"]
+  assert cli.main([*argv, "--ops", "max", "--shapes", "3", "--out", str(out)]) == 0
+  capsys.readouterr()
+  rows = read_rows(out, "verify")
+  assert {r["kind"] for r in rows} == {"verify"}  # the store's own field
+  assert {r["input_kind"] for r in rows} == set(verify.KINDS)  # the input kind, kept
+  assert {r["reference"] for r in rows} == {verify.REFERENCE}
+  assert {r["backend_collective"] for r in rows} == {"lax.pmax"}
+  assert all(r["bit_exact"] for r in rows if r["input_kind"] == "verifiable")
+
+
 def test_a_wrong_algorithm_still_fails_on_special_inputs(capsys, monkeypatch):
   import dataclasses
 

@@ -6,7 +6,10 @@ library imports this package.
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-  "verify": ("allreduce_jax.tools.verify", "check every algorithm against XLA's collectives"),
+  "verify": (
+    "allreduce_jax.tools.verify",
+    "check every algorithm against a NumPy oracle (XLA's collectives beside it)",
+  ),
   "bench": ("allreduce_jax.tools.bench", "nccl-tests-style bandwidth sweep (algbw/busbw)"),
   "fusion": ("allreduce_jax.tools.fusion_bench", "per-leaf vs bucketed all-reduce of a pytree"),
   "scaling": ("allreduce_jax.tools.scaling", "predicted all-reduce time up to thousands of nodes"),

@@ -239,7 +239,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
   )
   parser.add_argument("--log-dir", default=None, help="per-host logs (default: a new temp dir)")
   parser.add_argument(
-    "--output", default="0", help="whose output to show: a host rank, 'all' or 'none'. Default 0"
+    "--output", default="0", help="whose output to show: a host rank, 'all' or 'none' (default 0)"
   )
   parser.add_argument(
     "--counters", default=None, help="write each host's bytes sent/received (JSON) here"

@@ -584,7 +584,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     "--local-devices",
     type=int,
     default=1,
-    help="devices per process (emulated CPU devices; GPUs with --platform gpu). Default 1",
+    help="devices per process (emulated CPU devices; GPUs with --platform gpu; default 1)",
   )
   parser.add_argument(
     "--coordinator",
@@ -595,7 +595,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     "--timeout",
     type=float,
     default=None,
-    help="seconds after which a run still going is stopped (exit 124). Default: none",
+    help="seconds after which a run still going is stopped (exit 124; default: none)",
   )
   parser.add_argument(
     "--log-dir", default=None, help="per-process logs go here (default: a new temp dir)"
@@ -603,7 +603,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--output",
     default="0",
-    help="whose output to show: a process rank, 'all' (prefixed) or 'none'. Default 0",
+    help="whose output to show: a process rank, 'all' (prefixed) or 'none' (default 0)",
   )
   parser.add_argument("--platform", default="cpu", choices=("cpu", "gpu"), help="default cpu")
   parser.add_argument(

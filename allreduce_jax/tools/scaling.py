@@ -405,8 +405,12 @@ def run_topology(args: argparse.Namespace) -> int:
   for c in crossovers(rows):
     print(
       f"#   {c['scenario']:>24} {format_bytes(c['bytes']):>7}: p={c['max_p']}: {c['best_at_max_p']};"
-      f" ring {c['ring_over_best_at_max_p']:.2f}x; ring last within 5% at"
-      f" p={c['ring_competitive_until']}"
+      f" ring {c['ring_over_best_at_max_p']:.2f}x; "
+      + (
+        f"ring last within 5% of the best at p={c['ring_competitive_until']}"
+        if c["ring_competitive_until"] is not None
+        else "ring never within 5% of the best"
+      )
     )
   from allreduce_jax.tools import _plot
 

@@ -658,7 +658,7 @@ def run(args: argparse.Namespace) -> int:
     + f" ({len(rows)} cases compared with the NumPy oracle in {time.perf_counter() - t0:.1f} s)"
   )
   _print_findings(found, args.strict)
-  _write(store, [asdict(r) for r in rows], ("algorithm", "op", "dtype", "p", "kind", "shape"))
+  _write(store, [asdict(r) for r in rows], ("algorithm", "op", "dtype", "p", "input_kind", "shape"))
   return 1 if failed or (args.strict and found) else 0
 
 
@@ -675,13 +675,34 @@ def _print_findings(found: list[str], strict: bool) -> None:
     print(line)
 
 
+#: What every verify row was compared with (its ``reference`` field).
+REFERENCE = "numpy oracle (allreduce_jax._ops.oracle)"
+
+
+def stored(record: dict) -> dict:
+  """A verify record as a row: the row store owns ``kind`` (``"verify"``), so the input
+  kind is ``input_kind``; ``reference`` names the NumPy oracle every result was
+  compared with, ``backend_collective`` XLA's collective run beside it (a finding where
+  it differs, not a failure).
+
+  Example:
+    >>> stored({"kind": "special", "reference": "lax.pmax", "passed": True})
+    {'input_kind': 'special', 'reference': 'numpy oracle (allreduce_jax._ops.oracle)', 'backend_collective': 'lax.pmax', 'passed': True}
+  """
+  out = {"input_kind": record["kind"], "reference": REFERENCE}
+  if "reference" in record:
+    out["backend_collective"] = record["reference"]
+  return out | {k: v for k, v in record.items() if k not in ("kind", "reference")}
+
+
 def _write(store, records: list[dict], fields: tuple[str, ...]) -> None:
-  """Appends the rows to ``store`` (``--out``), keyed on the compared cell's
-  ``fields``: earlier runs' rows stay (a rerun of a cell adds its newer row, which
-  ``RowStore.done`` prefers)."""
+  """Appends the rows to ``store`` (``--out``) as :func:`stored` writes them, keyed on
+  the compared cell's ``fields``: earlier runs' rows stay (a rerun of a cell adds its
+  newer row, which ``RowStore.done`` prefers)."""
   if store is None or jax.process_index() != 0:  # every process holds the same rows
     return
-  store.extend(records, [store.key({f: r[f] for f in fields}) for r in records])
+  rows = [stored(r) for r in records]
+  store.extend(rows, [store.key({f: r[f] for f in fields}) for r in rows])
 
 
 # -- the backend's own collectives ---------------------------------------------------
@@ -845,5 +866,5 @@ def run_backend_oracle(args: argparse.Namespace, ps: list[int], shapes, store=No
     f" ({len(records)} results in {time.perf_counter() - t0:.1f} s)"
   )
   _print_findings(found, args.strict)
-  _write(store, records, ("collective", "kind", "dtype", "shape", "p", "repetition"))
+  _write(store, records, ("collective", "input_kind", "dtype", "shape", "p", "repetition"))
   return 1 if broken or (args.strict and found) else 0
