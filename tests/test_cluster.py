@@ -298,3 +298,15 @@ def test_a_second_cluster_waits_for_the_first_and_says_so(tmp_path, monkeypatch)
   assert entered.is_set()
   with cluster._one_at_a_time(True, io.StringIO()):  # --concurrent never touches the lock
     pass
+
+
+def test_the_reports_network_section_says_why_it_was_skipped(tmp_path, monkeypatch):
+  from allreduce_jax import cli
+  from allreduce_jax.tools import report
+
+  monkeypatch.setattr(report, "_network_skip", lambda: "needs root (a test's reason)")
+  out = tmp_path / "report"
+  assert cli.main(["report", "--smoke", "--out", str(out), "--only", "network"]) == 0
+  text = (out / "REPORT.md").read_text()
+  assert "## On a real network" in text
+  assert "*Skipped on this machine: needs root (a test's reason)*" in text

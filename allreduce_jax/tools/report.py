@@ -1,7 +1,8 @@
 """``allreduce-jax report``: run every experiment and write ``results/report/REPORT.md``.
 
 The report is thin over the subcommands: each section runs one of them (verify, the
-HLO audit, bench + fit, auto, fusion, scaling, training) with its output under the
+HLO audit, bench + fit, auto, fusion, scaling, training, a bench on an emulated
+network when the machine allows it) with its output under the
 report folder, keeps what it printed, and links the figures it drew. The markdown is
 rewritten after every section, and every sweep resumes from its JSON Lines file, so
 an interrupted report picks up where it stopped (``--fresh`` starts over).
@@ -96,6 +97,10 @@ EXPERIMENTS: dict[str, dict[str, dict]] = {
   },
   "scaling": {"full": {"max_p": 16384}, "smoke": {"max_p": 64}},
   "train": {"full": {}, "smoke": {"smoke": True}},
+  "network": {
+    "full": {"hosts": 4, "link": "200Mbit", "min_bytes": "1MiB", "max_bytes": "16MiB"},
+    "smoke": {"hosts": 2, "link": "1Gbit", "min_bytes": "64KiB", "max_bytes": "256KiB"},
+  },
   "train_phase": {
     "full": {"sigmas": "0,0.5,1.5", "bandwidths": "0.1GB/s,1GB/s,10GB/s,100GB/s,1000GB/s"},
     "smoke": {"smoke": True},
@@ -155,6 +160,7 @@ def plan(out: Path, smoke: bool, devices: int) -> list[Section]:
     return _flags(settings(key, smoke))
 
   bench_sizes = [a for a in opts("bench")]
+  net = settings("network", smoke)
   return [
     Section("verify", "Verification against a NumPy oracle",
             "Every algorithm × op × dtype is compared with a NumPy oracle (`allreduce_jax._ops.oracle`), not with XLA's collective: on verifiable inputs (integer-valued and rank-coded, so every sum is exact in any order: the result must equal the oracle bit for bit, `mean` within 2 ulp), on random inputs (within the floating-point summation bound) and on special inputs (NaN on one participant and on all, ±inf, `+inf` with `-inf`, `-0.0` with `+0.0`; NaN propagates through max/min as in `numpy.maximum.reduce`). Every participant's result must be bitwise identical. XLA's `psum`/`pmean`/`pmax`/`pmin` run beside each algorithm on the same input; where they differ from the oracle (XLA:CPU's `pmax`/`pmin` skip NaN) that is a *backend finding*, not a failure.",
@@ -184,7 +190,25 @@ def plan(out: Path, smoke: bool, devices: int) -> list[Section]:
              ["train", "stragglers", *opts("train"), "--devices", d, "--out", f"{o}/train/stragglers"],
              ["train", "table-c", *opts("train"), "--devices", d, "--out", f"{o}/train/table_c"],
              ["train", "phase", *opts("train_phase"), "--devices", d, "--out", f"{o}/train/phase"]]),
+    Section("network", "On a real network: an emulated cluster with shaped links",
+            f"{net['hosts']} hosts (network namespaces, one process and one device each) on one switch, every host link shaped to {net['link']} each way with `tc`; gloo carries the data over the emulated links. Each time is set against its bound from the link rate, replayed with exchanges at half duplex (gloo runs a pairwise exchange one direction at a time: `allreduce_jax.gloo_model`). Needs root (network namespaces); skipped otherwise, with the reason.",
+            [["cluster", "--hosts", str(net["hosts"]), "--topology", "switch", "--link", net["link"],
+              "--timeout", "1800", "--", "bench", "--algorithms", NETWORK_ALGORITHMS,
+              "--min-bytes", net["min_bytes"], "--max-bytes", net["max_bytes"], "--factor", "4",
+              "--iters", "3", "--warmup", "1", "--no-uneven", "--out", f"{o}/network/bench.jsonl"]]),
   ]  # fmt: skip
+
+
+#: What the network section times: the ring, the exchange-based and root-based
+#: schedules, and gloo's own all-reduce.
+NETWORK_ALGORITHMS = "ring,halving_doubling,recursive_doubling,tree,naive,psum"
+
+
+def _network_skip() -> str | None:
+  """Why the network section cannot run here (None if it can)."""
+  from allreduce_jax import netns
+
+  return netns.privilege_problem()
 
 
 def _run_command(argv: list[str]) -> int:
@@ -428,6 +452,43 @@ def _render_bench(out: Path) -> list[str]:
   return md
 
 
+def _render_network(out: Path) -> list[str]:
+  from allreduce_jax import gloo_model, units
+
+  skipped = out / "network" / "skipped.txt"
+  if skipped.exists():
+    return [f"*Skipped on this machine: {skipped.read_text().strip()}*", ""]
+  rows = [r for r in _rows(out / "network" / "bench.jsonl") if r.get("wrong") == 0]
+  if not rows:
+    return []
+  state = (
+    json.loads((out / "sections.json").read_text()) if (out / "sections.json").exists() else {}
+  )
+  argv = (state.get("network") or {}).get("commands", [[]])[0]
+  link = argv[argv.index("--link") + 1] if "--link" in argv else "200Mbit"
+  rate = units.parse_rate(link)
+  params = gloo_model.link_params(rate, 0.0)
+  top = gloo_model.emulated("switch")
+  table = []
+  for r in sorted(rows, key=lambda r: (r["bytes"], r["time_us"])):
+    p, n, t = r["n_devices"], r["bytes"], r["time_us"] * 1e-6
+    half = gloo_model.predict_seconds(r["algorithm"], p, n, params, top, "half")
+    full = gloo_model.predict_seconds(r["algorithm"], p, n, params, top, "full")
+    table.append({
+      "algorithm": r["algorithm"], "size / participant": format_bytes(n), "time (s)": t,
+      "busbw / line rate": n * 2 * (p - 1) / p / t / rate,
+      "bound, half duplex (s)": half, "measured / bound": t / half,
+      "bound, full duplex (s)": full,
+    })  # fmt: skip
+  return [
+    f"{rows[0]['n_devices']} hosts, links {link} ({rate / 1e6:g} MB/s) each way. The bound is"
+    " the replayed bytes at the link rate (α = 0).",
+    "",
+    to_markdown(table),
+    "",
+  ]
+
+
 def _render_auto(out: Path) -> list[str]:
   rows = _rows(out / "bench_auto.jsonl")
   if not rows:
@@ -542,6 +603,7 @@ RENDER = {
   "fusion": _render_fusion,
   "scaling": _render_scaling,
   "train": _render_train,
+  "network": _render_network,
 }
 
 
@@ -718,6 +780,19 @@ def run_report(out: Path, smoke: bool = False, devices: int = 8, only=None, fres
       failures += bool(s.status)
       continue
     print(f"\n=== [{k}/{len(sections)}] {s.title}", flush=True)
+    why = _network_skip() if s.key == "network" else None
+    if s.key == "network":
+      (out / "network" / "skipped.txt").unlink(missing_ok=True)
+    if why:
+      print(f"skipped: {why}")
+      (out / "network").mkdir(exist_ok=True)
+      (out / "network" / "skipped.txt").write_text(why + "\n")
+      s.status, s.text, s.seconds = 0, f"skipped: {why}\n", 0.0
+      state[s.key] = {"commands": s.commands, "text": s.text, "figures": [],
+                      "seconds": 0.0, "status": 0}  # fmt: skip
+      save_json(state_path, state)
+      write_markdown(out, sections, env, smoke)
+      continue
     before = set(out.rglob("*.png"))
     tee = _Tee(sys.stdout)
     t0 = time.perf_counter()
