@@ -99,7 +99,7 @@ EXPERIMENTS: dict[str, dict[str, dict]] = {
   "train": {"full": {}, "smoke": {"smoke": True}},
   "network": {
     "full": {"hosts": 4, "link": "200Mbit", "min_bytes": "1MiB", "max_bytes": "16MiB"},
-    "smoke": {"hosts": 2, "link": "1Gbit", "min_bytes": "64KiB", "max_bytes": "256KiB"},
+    "smoke": {"hosts": 2, "link": "200Mbit", "min_bytes": "1MiB", "max_bytes": "1MiB"},
   },
   "train_phase": {
     "full": {"sigmas": "0,0.5,1.5", "bandwidths": "0.1GB/s,1GB/s,10GB/s,100GB/s,1000GB/s"},
