@@ -310,3 +310,22 @@ def test_the_reports_network_section_says_why_it_was_skipped(tmp_path, monkeypat
   text = (out / "REPORT.md").read_text()
   assert "## On a real network" in text
   assert "*Skipped on this machine: needs root (a test's reason)*" in text
+
+
+def test_down_removes_what_dead_runs_left_and_keeps_running_clusters(privileged, capsys):
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                        capture_output=True, text=True).stdout.strip()  # fmt: skip
+  stale = netns.plan("switch", 2, 25e6, tag=f"arj-{dead}")
+  live = netns.plan("switch", 2, 25e6)  # this process's: alive
+  try:
+    netns.up(stale)
+    netns.up(live)
+    assert cluster.run(cluster_args(["down"])) == 0
+    out = capsys.readouterr().out
+    assert f"arj-{dead}" in out.splitlines()[0] and netns.leftovers(stale.tag) == []
+    assert set(netns.namespaces(live.tag + "-")) == set(live.namespaces)
+    assert "kept " in out and live.tag in out.split("kept ", 1)[1]
+  finally:
+    netns.down(stale.tag)
+    netns.down(live.tag)
+  assert netns.leftovers(live.tag) == []

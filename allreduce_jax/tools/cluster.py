@@ -2,7 +2,7 @@
 
     allreduce-jax cluster --hosts 4 [--topology switch] [--link 200Mbit] \\
         [--devices-per-host 1] [--timeout S] [--log-dir DIR] [--counters FILE] -- bench ...
-    allreduce-jax cluster down        # remove every cluster's leftovers
+    allreduce-jax cluster down        # remove what killed runs left (down --all: every cluster)
 
 Builds N hosts, each a network namespace with its own address and host name, joined
 by the network ``--topology`` names (the specs ``scaling --topology`` reads:
@@ -19,7 +19,8 @@ within a poll (50 ms) and the others stopped, ``--timeout`` names a stuck one, e
 host writes ``DIR/process-R.log``. Namespaces, links and host files are removed after
 a success, a failure or Ctrl-C; if this command is killed (even by SIGKILL) a
 watchdog process removes them, and the next ``cluster`` run (or ``cluster down``)
-removes what a dead run left. ``--counters FILE`` writes each host's interface byte
+removes what a dead run left (``down --all``: every cluster, running or not).
+``--counters FILE`` writes each host's interface byte
 counters (sent, received) over the run as JSON.
 
 One cluster runs at a time on a machine: every host process shares this machine's
@@ -214,10 +215,30 @@ def _run(command, hosts, plan, rate, devices_per_host, counters_path, err, launc
       print(f"# cluster: could not remove {', '.join(left)}", file=err, flush=True)
 
 
+def _down(prog: str, everything: bool = False) -> int:
+  """Removes the leftovers of clusters whose command is gone; with ``everything``, also
+  the clusters still running (their hosts lose their links)."""
+  tags = netns.clean_stale()
+  live = sorted({"-".join(n.split("-")[:2]) for n in netns.namespaces()})
+  if everything:
+    for tag in live:
+      netns.down(tag)
+    tags, live = tags + live, []
+  print(f"{prog}: removed {len(tags)} cluster(s){': ' if tags else ''}{', '.join(tags)}")
+  if live:
+    print(f"{prog}: kept {', '.join(live)}: still running (their process is alive; 'down --all'"
+          " removes them too)")  # fmt: skip
+  left = netns.leftovers() if everything else [x for t in tags for x in netns.leftovers(t)]
+  if left:
+    print(f"{prog}: could not remove {', '.join(left)}", file=sys.stderr)
+    return 1
+  return 0
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
   parser.usage = (
     "%(prog)s --hosts N [--topology NET] [--link RATE] [options] -- COMMAND [ARGS...]\n"
-    "       %(prog)s down"
+    "       %(prog)s down [--all]"
   )
   parser.add_argument("--hosts", type=int, default=None, help="emulated hosts (one process each)")
   parser.add_argument(
@@ -265,21 +286,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "command",
     nargs=argparse.REMAINDER,
-    help="after --: an allreduce-jax subcommand or a program; or 'down' to remove leftovers",
+    help="after --: an allreduce-jax subcommand or a program; or 'down [--all]' to remove leftovers",
   )
 
 
 def run(args: argparse.Namespace) -> int:
   prog = "allreduce-jax cluster"
-  if args.command in (["down"], ["--", "down"]) and args.hosts is None:
-    removed = netns.down()
-    left = netns.leftovers()
-    print(f"{prog}: removed {len(removed)} namespace(s){': ' if removed else ''}"
-          f"{', '.join(removed)}")  # fmt: skip
-    if left:
-      print(f"{prog}: could not remove {', '.join(left)}", file=sys.stderr)
-      return 1
-    return 0
+  command = args.command[1:] if args.command[:1] == ["--"] else args.command
+  if command[:1] == ["down"] and args.hosts is None:
+    if command[1:] not in ([], ["--all"]):
+      print(f"{prog}: down takes only --all, got {' '.join(command[1:])!r}.", file=sys.stderr)
+      return 2
+    return _down(prog, everything=command[1:] == ["--all"])
   if args.hosts is None:
     print(f"{prog}: --hosts N is required (or 'cluster down').", file=sys.stderr)
     return 2
