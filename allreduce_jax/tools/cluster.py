@@ -268,8 +268,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--concurrent",
     action="store_true",
-    default=os.environ.get(ENV_CONCURRENT, "") not in ("", "0"),
-    help=f"run even while another cluster runs (default: wait for it; ${ENV_CONCURRENT}=1)",
+    help=f"run even while another cluster runs (without it: wait; ${ENV_CONCURRENT}=1 sets it)",
   )
   parser.add_argument(
     "--init-timeout", type=int, default=120, help="seconds the hosts wait for each other"
@@ -313,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
       link=args.link,
       devices_per_host=args.devices_per_host,
       counters_path=args.counters,
-      concurrent=args.concurrent,
+      concurrent=args.concurrent or os.environ.get(ENV_CONCURRENT, "") not in ("", "0"),
       timeout=args.timeout,
       log_dir=args.log_dir,
       output=args.output,
