@@ -5,6 +5,7 @@ Nothing here touches a device at import time.
 
 from allreduce_jax._api import ALGORITHMS, Algorithm, all_reduce, register
 from allreduce_jax._ops import OPS
+from allreduce_jax.compression import powersgd, topk
 from allreduce_jax.fusion import all_reduce_tree, plan_buckets
 from allreduce_jax.gradients import all_reduce_gradients
 
@@ -18,5 +19,7 @@ __all__ = [
   "all_reduce_gradients",
   "all_reduce_tree",
   "plan_buckets",
+  "powersgd",
   "register",
+  "topk",
 ]

@@ -138,7 +138,7 @@ def _block_scales(x32: jax.Array, levels: float) -> tuple[jax.Array, jax.Array]:
   """``x32: f32[n]`` -> (blocks ``f32[nb, BLOCK]`` zero-padded, scales ``f32[nb]``)."""
   n = x32.shape[0]
   nb = -(-n // BLOCK)
-  blocks = jnp.pad(x32, (0, nb * BLOCK - n)).reshape(nb, BLOCK)
+  blocks = (jnp.pad(x32, (0, nb * BLOCK - n)) if n % BLOCK else x32).reshape(nb, BLOCK)
   absmax = jnp.max(jnp.abs(blocks), axis=1)  # NaN propagates: the block decodes to NaN
   return blocks, _round_16_bits(absmax / jnp.float32(levels))
 
@@ -159,7 +159,8 @@ def encode(fmt: WireFormat, x: jax.Array) -> jax.Array:
   else:
     codes = lax.bitcast_convert_type(scaled.astype(jnp.float8_e4m3fn), jnp.int8)
   scale_bytes = lax.bitcast_convert_type(s, jnp.int8).reshape(-1)  # int8[4·nb]
-  return jnp.concatenate([codes.reshape(-1)[:n], scale_bytes])
+  codes = codes.reshape(-1)
+  return jnp.concatenate([codes[:n] if n % BLOCK else codes, scale_bytes])
 
 
 def decode(fmt: WireFormat, msg: jax.Array, n: int, dtype) -> jax.Array:
@@ -173,8 +174,10 @@ def decode(fmt: WireFormat, msg: jax.Array, n: int, dtype) -> jax.Array:
     vals = codes.astype(jnp.float32)
   else:
     vals = lax.bitcast_convert_type(codes, jnp.float8_e4m3fn).astype(jnp.float32)
-  per_elem = jnp.repeat(s, BLOCK, total_repeat_length=nb * BLOCK)[:n]
-  return (vals * per_elem).astype(dtype)
+  if n % BLOCK:
+    vals = jnp.pad(vals, (0, nb * BLOCK - n))
+  out = (vals.reshape(nb, BLOCK) * s[:, None]).reshape(-1)  # broadcast, no gather
+  return (out[:n] if n % BLOCK else out).astype(dtype)
 
 
 def roundtrip(fmt: WireFormat | None, x: jax.Array) -> jax.Array:

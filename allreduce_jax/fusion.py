@@ -82,7 +82,7 @@ def invariant_leaves(tree: Any, axis_name: AxisName) -> list[str]:
   ]
 
 
-@keyword_only(2, "op, algorithm and bucket_bytes (and cost_params)")
+@keyword_only(2, "op, algorithm, bucket_bytes and wire (and cost_params)")
 def all_reduce_tree(
   tree: Any,
   axis_name: AxisName,
@@ -90,6 +90,7 @@ def all_reduce_tree(
   op: str = "sum",
   algorithm: str = "ring",
   bucket_bytes: int | None = None,
+  wire: str | None = None,
   cost_params=None,
 ) -> Any:
   """All-reduces every leaf of ``tree``, fused into flat per-dtype buckets.
@@ -104,6 +105,8 @@ def all_reduce_tree(
     algorithm, cost_params: keyword-only, as in :func:`allreduce_jax.all_reduce`.
     bucket_bytes: keyword-only; at most this many bytes per bucket; ``None``: one
       bucket per dtype; ``0``: one all-reduce per leaf (no fusion).
+    wire: keyword-only; the wire format of the floating-point buckets (as in
+      :func:`allreduce_jax.all_reduce`); integer buckets always travel exact.
 
   Returns:
     A pytree of the same structure, shapes and dtypes, reduced over ``axis_name``
@@ -133,7 +136,9 @@ def all_reduce_tree(
   """
   if cost_params is not None:
     with cost_model.use_params(cost_params):
-      return all_reduce_tree(tree, axis_name, op=op, algorithm=algorithm, bucket_bytes=bucket_bytes)
+      return all_reduce_tree(
+        tree, axis_name, op=op, algorithm=algorithm, bucket_bytes=bucket_bytes, wire=wire
+      )
   leaves, treedef = jax.tree.flatten(tree)
   leaves = [jnp.asarray(leaf) for leaf in leaves]
   if leaves:
@@ -150,12 +155,14 @@ def all_reduce_tree(
       )
   out: list[jax.Array | None] = [None] * len(leaves)
   for bucket in plan_buckets(leaves, bucket_bytes):
+    floating = jnp.issubdtype(leaves[bucket[0]].dtype, jnp.floating)
+    kw = dict(op=op, algorithm=algorithm, wire=wire if floating else None)
     if len(bucket) == 1:
       (k,) = bucket
-      out[k] = all_reduce(leaves[k], axis_name, op=op, algorithm=algorithm)
+      out[k] = all_reduce(leaves[k], axis_name, **kw)
       continue
     flat = jnp.concatenate([leaves[k].reshape(-1) for k in bucket])  # T[sum of sizes]
-    reduced = all_reduce(flat, axis_name, op=op, algorithm=algorithm)
+    reduced = all_reduce(flat, axis_name, **kw)
     offset = 0
     for k in bucket:
       size = leaves[k].size

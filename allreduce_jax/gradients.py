@@ -8,14 +8,25 @@ sees them, exactly where ``lax.pmean`` would sit.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import optax
 
+from allreduce_jax import _comm, _wire
 from allreduce_jax._api import _check_algorithm, keyword_only
 from allreduce_jax._comm import AxisName
+from allreduce_jax._invariant import varying_axes
 from allreduce_jax._ops import OPS
 from allreduce_jax.fusion import all_reduce_tree, invariant_leaves, plan_buckets
+
+
+class ErrorFeedbackState(NamedTuple):
+  """``residual``: what the wire format dropped from this participant's last
+  contribution, a float32 tree like the updates."""
+
+  residual: Any
 
 
 class AlreadyReducedError(ValueError):
@@ -38,13 +49,15 @@ def _already_reduced(axis_name: AxisName, paths: list[str], op: str) -> AlreadyR
   )
 
 
-@keyword_only(1, "op, algorithm and bucket_bytes (and cost_params)")
+@keyword_only(1, "op, algorithm, bucket_bytes, wire and error_feedback (and cost_params)")
 def all_reduce_gradients(
   axis_name: AxisName,
   *,
   op: str = "mean",
   algorithm: str = "ring",
   bucket_bytes: int | None = None,
+  wire: str | None = None,
+  error_feedback: bool = False,
   cost_params=None,
 ) -> optax.GradientTransformation:
   """An optax transformation that all-reduces the updates over ``axis_name``.
@@ -63,6 +76,14 @@ def all_reduce_gradients(
       data-parallel step needs) or any of ``OPS``.
     algorithm: keyword-only; a key of ``ALGORITHMS`` (``"psum"`` gives XLA's own).
     bucket_bytes: keyword-only; fusion bucket size (None: one bucket per dtype).
+    wire: keyword-only; the wire format of the all-reduce (``all_reduce(...,
+      wire=...)``): None (exact), ``"bf16"``, ``"int8"``, ``"fp8"``; lossy ones for
+      ``op="sum"``/``"mean"`` only.
+    error_feedback: keyword-only; with a lossy ``wire``, add to each gradient what
+      the format dropped from this participant's previous contribution,
+      ``c = g + e``, and keep ``e ← c − roundtrip(c)`` (the format's encoding of each
+      leaf once: the participant's own share of the error). The state is then an
+      :class:`ErrorFeedbackState` instead of ``optax.EmptyState``.
     cost_params: keyword-only; parameters for ``algorithm="auto"``.
 
   Returns:
@@ -91,28 +112,53 @@ def all_reduce_gradients(
   if op not in OPS:
     raise ValueError(f"op={op!r} is not supported; expected one of {OPS}.")
   _check_algorithm(algorithm)
+  fmt = _wire.get(wire)
+  if fmt.lossy and op not in ("sum", "mean"):
+    raise ValueError(f"op={op!r} with wire={wire!r}: a lossy wire format is for sum/mean.")
+  if error_feedback and not fmt.lossy:
+    raise ValueError(
+      "error_feedback=True needs a lossy wire (wire='bf16', 'int8' or 'fp8'): an exact"
+      " all-reduce drops nothing to feed back."
+    )
   plan_buckets([], bucket_bytes)  # validates bucket_bytes now, not at the first step
 
-  def init_fn(params: Any) -> optax.EmptyState:
-    del params
-    return optax.EmptyState()
+  def init_fn(params: Any):
+    if not error_feedback:
+      return optax.EmptyState()
+    return ErrorFeedbackState(jax.tree.map(lambda a: jnp.zeros(jnp.shape(a), jnp.float32), params))
 
-  def update_fn(updates: Any, state: optax.EmptyState, params: Any = None):
-    del params
-    already = invariant_leaves(updates, axis_name)
-    if already:
-      raise _already_reduced(axis_name, already, op)
-    reduced = all_reduce_tree(
-      updates,
+  def reduce(tree):
+    return all_reduce_tree(
+      tree,
       axis_name,
       op=op,
       algorithm=algorithm,
       bucket_bytes=bucket_bytes,
+      wire=wire,
       cost_params=cost_params,
     )
-    return reduced, state
+
+  def update_fn(updates: Any, state, params: Any = None):
+    del params
+    already = invariant_leaves(updates, axis_name)
+    if already:
+      raise _already_reduced(axis_name, already, op)
+    if not error_feedback:
+      return reduce(updates), state
+    axes = set(_comm.axes_tuple(axis_name))
+
+    def corrected(g, e):  # c = g + e, in g's dtype for the all-reduce
+      return (g.astype(jnp.float32) + e).astype(g.dtype)
+
+    def left(c, e):  # e <- c - roundtrip(c), typed like the incoming residual
+      flat = c.reshape(-1).astype(jnp.float32)
+      r = (flat - _wire.roundtrip(fmt, flat)).reshape(c.shape)
+      return _comm.make_varying(r, axis_name) if axes <= varying_axes(e) else r
+
+    c = jax.tree.map(corrected, updates, state.residual)
+    return reduce(c), ErrorFeedbackState(jax.tree.map(left, c, state.residual))
 
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-__all__ = ["AlreadyReducedError", "all_reduce_gradients"]
+__all__ = ["AlreadyReducedError", "ErrorFeedbackState", "all_reduce_gradients"]

@@ -4,8 +4,10 @@
 (which re-encodes the running partial sum at every hop) and ``two_shot`` (each slice
 encoded once, summed in float32 at its owner), with the codec of
 ``allreduce_jax._wire`` (:func:`~allreduce_jax._wire.np_roundtrip`, the same bits).
-At p ≤ 8 it equals the JAX program bit for bit (``tests/test_wire.py``); beyond, it
-is how the error at p = 1024 is measured without 1024 devices. :func:`ring_hop_errors`
+At p ≤ 8 it equals the JAX program bit for bit at the tested sizes
+(``tests/test_wire.py``; on multi-million-element messages XLA:CPU's vectorized
+division can differ in the last bit, which moves a rare element across a rounding
+tie); beyond, it is how the error at p = 1024 is measured without 1024 devices. :func:`ring_hop_errors`
 follows one ring chunk hop by hop (notebook 08).
 """
 

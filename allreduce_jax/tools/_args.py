@@ -74,6 +74,24 @@ def add_renamed(parser: argparse.ArgumentParser, old: str, new: str, example: st
   parser.add_argument(old, action=Renamed, nargs="?", help=argparse.SUPPRESS)
 
 
+def wire_list(text: str) -> tuple[str | None, ...]:
+  """``none,bf16,int8``: wire formats (an argparse ``type``; ``none`` is exact).
+
+  Example:
+    >>> wire_list("none,int8")
+    (None, 'int8')
+  """
+  from allreduce_jax._wire import WIRES
+
+  known = {("none" if w is None else w): w for w in WIRES}
+  out = []
+  for item in (t.strip() for t in text.split(",")):
+    if item not in known:
+      raise argparse.ArgumentTypeError(f"expected wire formats among {sorted(known)}, got {item!r}")
+    out.append(known[item])
+  return tuple(out)
+
+
 def add_algorithms(parser: argparse.ArgumentParser, help: str = "comma-separated") -> None:
   """``--algorithms a,b``: registry names (checked; default None: every algorithm)."""
   parser.add_argument("--algorithms", type=algorithm_list, default=None, help=help)

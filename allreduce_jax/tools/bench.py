@@ -14,7 +14,11 @@ As in nccl-tests (``doc/PERFORMANCE.md``), with ``n`` bytes per participant and 
 
 so busbw is comparable across participant counts and with a link's peak bandwidth.
 Every timed result is checked against ``lax.psum`` (``wrong`` = elements that differ)
-on nccl-tests-style verifiable inputs, whose sums are exact in any order.
+on nccl-tests-style verifiable inputs, whose sums are exact in any order. With
+``--wires`` each algorithm also runs in lossy wire formats (``all_reduce(...,
+wire=...)``): there ``wrong`` counts the elements beyond the stated error bound (the
+schedule's steps × the format's unit error × the largest sum of absolute values) and
+``rel_error`` (relative L2 error against ``psum``) stands next to the time.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from allreduce_jax.tools._args import (
   output_path,
   positive_int,
   row_store,
+  wire_list,
 )
 from allreduce_jax.tools._timing import time_round_robin
 from allreduce_jax.units import format_bytes, parse_size
@@ -72,6 +77,9 @@ ROW_FIELDS: tuple[str, ...] = (
   "time_us_iqr",
   "iters",
   "temp_bytes",
+  "wire",
+  "rel_error",
+  "wire_bytes_per_element",
 )
 
 
@@ -127,40 +135,53 @@ def _verifiable_block(index, p: int, count: int, seed: int = 0) -> np.ndarray:
   return (13 * rows + 7 * cols + seed) % 31 - 15
 
 
-def _programs(algorithm: str, p: int, op: str):
+def _programs(algorithm: str, p: int, op: str, wire: str | None = None):
   """``(mesh, spec, timed_fn, check_fn)`` for one algorithm on ``p`` devices.
 
-  ``timed_fn``: ``T[p, count] -> T[p, count]``, row ``i`` all-reduced on device ``i``.
-  ``check_fn``: ``(x, out) -> i32[p]``, elements of each row that differ from
-  ``lax.psum``'s (``mean``: by more than 2 ulp).
+  ``timed_fn``: ``T[p, count] -> T[p, count]``, row ``i`` all-reduced on device ``i``
+  (sending in wire format ``wire``).
+  ``check_fn``: ``(x, out) -> (i32[p], f32[p])``: elements of each row that differ
+  from ``lax.psum``'s (``mean``: by more than 2 ulp; a lossy wire: by more than its
+  stated bound), and the row's relative L2 error against it.
   """
   import jax
   import jax.numpy as jnp
+  from jax import lax
   from jax.sharding import PartitionSpec as P
 
-  from allreduce_jax import _devices
-  from allreduce_jax._api import all_reduce
+  from allreduce_jax import _devices, _wire
+  from allreduce_jax._api import ALGORITHMS, all_reduce
   from allreduce_jax._ops import get_op
 
   mesh, axis = _devices.mesh_for(algorithm, p)
   spec = P(axis)
+  fmt = _wire.get(wire)
 
   def body(b):  # b: T[1, count], this participant's row
-    return all_reduce(b[0], axis, op=op, algorithm=algorithm)[None]
+    return all_reduce(b[0], axis, op=op, algorithm=algorithm, wire=wire)[None]
 
   def check(b, out):  # b, out: T[1, count]
     ref = get_op(op, b.dtype).reference(b[0], axis)
     got = out[0]
-    if op == "mean" and jnp.issubdtype(got.dtype, jnp.floating):
+    diff = jnp.abs(got.astype(jnp.float32) - ref.astype(jnp.float32))
+    if fmt.lossy:
+      record = ALGORITHMS[algorithm]
+      steps = record.schedule(p, 4.0 * b.shape[1], _devices.inner_size(algorithm, p)).steps
+      magnitude = jnp.max(lax.psum(jnp.abs(b[0].astype(jnp.float32)), axis))
+      bad = diff > 1.01 * steps * fmt.unit_error * magnitude
+    elif op == "mean" and jnp.issubdtype(got.dtype, jnp.floating):
       tol = 2 * jnp.finfo(got.dtype).eps * jnp.abs(ref)
-      bad = jnp.abs(got.astype(jnp.float32) - ref.astype(jnp.float32)) > tol.astype(jnp.float32)
+      bad = diff > tol.astype(jnp.float32)
     else:
       bad = got != ref
-    return jnp.sum(bad, dtype=jnp.int32)[None]
+    ref32 = ref.astype(jnp.float32)
+    norm = jnp.sqrt(jnp.sum(ref32 * ref32))
+    rel = jnp.sqrt(jnp.sum(diff * diff)) / jnp.where(norm > 0, norm, 1.0)
+    return jnp.sum(bad, dtype=jnp.int32)[None], rel[None]
 
   timed = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
   checker = jax.jit(
-    jax.shard_map(check, mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=False)
+    jax.shard_map(check, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec), check_vma=False)
   )
   return mesh, spec, timed, checker
 
@@ -174,32 +195,40 @@ def measure_size(
   iters: int = 10,
   warmup: int = 2,
   params=None,
+  wires: Sequence[str | None] = (None,),
 ) -> list[dict]:
-  """Measures every algorithm at one size, side by side; returns one row each."""
+  """Measures every algorithm in every wire format at one size, side by side; returns
+  one row each (XLA's ``psum`` only exact)."""
   import jax
   import jax.numpy as jnp
   from jax.sharding import NamedSharding
 
   from allreduce_jax import _devices, cost_model
+  from allreduce_jax._api import ALGORITHMS
 
   itemsize = jnp.dtype(dtype).itemsize
   count = nbytes // itemsize
   built = []
   inputs: dict = {}
-  for alg in algorithms:
-    mesh, spec, timed, checker = _programs(alg, p, op)
-    key = (mesh.axis_names, mesh.devices.shape)
-    if key not in inputs:
-      inputs[key] = _devices.put(
-        (p, count), dtype, NamedSharding(mesh, spec), lambda idx: _verifiable_block(idx, p, count)
-      )
-    built.append((alg, timed, inputs[key], checker))
+  for wire in wires:
+    for alg in algorithms:
+      if wire not in ALGORITHMS[alg].wires:
+        continue
+      mesh, spec, timed, checker = _programs(alg, p, op, wire)
+      key = (mesh.axis_names, mesh.devices.shape)
+      if key not in inputs:
+        inputs[key] = _devices.put(
+          (p, count), dtype, NamedSharding(mesh, spec), lambda idx: _verifiable_block(idx, p, count)
+        )
+      built.append((alg, wire, timed, inputs[key], checker))
   params = params or cost_model.current_params()  # auto traces with these (never a file)
   with cost_model.use_params(params):
-    timings = time_round_robin([(timed, (x,)) for _, timed, x, _ in built], iters, warmup)
+    timings = time_round_robin([(timed, (x,)) for _, _, timed, x, _ in built], iters, warmup)
   rows = []
-  for (alg, _, x, checker), t in zip(built, timings):
-    wrong = int(np.sum(_devices.fetch(checker(x, t.compiled(x)))))
+  for (alg, wire, _, x, checker), t in zip(built, timings):
+    bad, rel = checker(x, t.compiled(x))
+    wrong = int(np.sum(_devices.fetch(bad)))
+    rel_error = float(np.max(_devices.fetch(rel)))
     algbw, busbw = bandwidths(nbytes, t.median_s, p)
     inner = _devices.inner_size(alg, p)
     chosen = cost_model.choose(p, nbytes, params) if alg == "auto" else None
@@ -222,6 +251,9 @@ def measure_size(
       **t.row(),
       "warmup": warmup,
       "chosen": chosen,
+      "wire": wire,
+      "rel_error": rel_error,
+      "wire_bytes_per_element": ALGORITHMS[alg].wire_bytes(p, wire, count, itemsize),
     }
     rows.append(row)
   del inputs, built
@@ -238,17 +270,19 @@ def params_id(params) -> str:
   return fingerprint(cost_model.params_to_dict(cost_model.resolve(params, "ring")))
 
 
-def row_key(store, algorithm: str, nbytes: int, params) -> str:
+def row_key(store, algorithm: str, nbytes: int, params, wire: str | None = None) -> str:
   """A bench row's key: algorithm and size over the run's configuration (the store's
-  context), plus the cost parameters for ``auto``."""
+  context), plus the cost parameters for ``auto`` and a lossy wire format."""
   extra = {"cost_params": params_id(params)} if algorithm == "auto" else {}
+  if wire is not None:
+    extra["wire"] = wire
   return store.key(algorithm=algorithm, bytes=nbytes, **extra)
 
 
 HEADER = (
   f"{'size(B)':>12} {'count':>10} {'type':>8} {'redop':>5} {'algorithm':>18}"
   f" {'time(us)':>10} {'algbw(GB/s)':>11} {'busbw(GB/s)':>11} {'#wrong':>6}"
-  f" {'model(us)':>10} {'vs psum':>7}"
+  f" {'model(us)':>10} {'vs psum':>7} {'rel.err':>8}"
 )
 
 
@@ -258,10 +292,13 @@ def format_row(r: dict, psum_busbw: float | None = None) -> str:
   pred = r.get("predicted_us")
   pred_s = f"{pred:10.1f}" if pred is not None else f"{'-':>10}"
   name = r["algorithm"] + (f"({r['chosen']})" if r.get("chosen") else "")
+  name += f"/{r['wire']}" if r.get("wire") else ""
+  err = r.get("rel_error")
+  err_s = f"{err:8.1e}" if err is not None else f"{'-':>8}"
   return (
     f"{r['bytes']:>12} {r['count']:>10} {r['dtype']:>8} {r['op']:>5} {name:>18}"
     f" {r['time_us']:>10.1f} {r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f} {r['wrong']:>6}"
-    f" {pred_s} {ratio}"
+    f" {pred_s} {ratio} {err_s}"
   )
 
 
@@ -270,7 +307,8 @@ def summary(rows: Sequence[dict]) -> str:
   lines = []
   by_alg: dict[str, list[float]] = {}
   for r in rows:
-    by_alg.setdefault(r["algorithm"], []).append(r["busbw_GBps"])
+    name = r["algorithm"] + (f"/{r['wire']}" if r.get("wire") else "")
+    by_alg.setdefault(name, []).append(r["busbw_GBps"])
   for alg, bws in by_alg.items():
     lines.append(f"# Avg bus bandwidth {alg:>18} : {statistics.mean(bws):.4f} GB/s")
   wrong = sum(r["wrong"] for r in rows)
@@ -291,7 +329,7 @@ def _fit_rows(rows: Sequence[dict]) -> list[tuple]:
   return [
     (r["algorithm"], r["n_devices"], r["bytes"], r["time_us"] * 1e-6)
     for r in rows
-    if r["algorithm"] in names(axes=1, priced=True) and r["n_devices"] > 1
+    if r["algorithm"] in names(axes=1, priced=True) and r["n_devices"] > 1 and not r.get("wire")
   ]
 
 
@@ -405,6 +443,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
   )
   parser.add_argument("--plot", default=None, help="figure path (default: --out with .png)")
   parser.add_argument("--smoke", action="store_true", help="tiny sweep for tests")
+  parser.add_argument(
+    "--wires",
+    type=wire_list,
+    default=(None,),
+    help="comma-separated wire formats to send in: none (exact), bf16, int8, fp8"
+    " (default: none); lossy rows report rel_error next to the time",
+  )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -467,18 +512,29 @@ def run(args: argparse.Namespace) -> int:
   bar = tqdm(
     total=len(sizes) * len(algorithms), file=sys.stderr, disable=None if main else True, leave=False
   )
+  wires = list(args.wires)
+  for w in wires:
+    if w is not None and args.op not in ("sum", "mean"):
+      raise SystemExit(f"--wires {w}: a lossy wire format needs --op sum or mean, got {args.op}.")
+  entries = [(a, w) for w in wires for a in algorithms if w in ALGORITHMS[a].wires]
+  bar.total = len(sizes) * len(entries)
   for nbytes in sizes:
-    keys = {a: row_key(store, a, nbytes, params) for a in algorithms}
-    todo = [a for a in algorithms if keys[a] not in done]
-    rows = [done[keys[a]] for a in algorithms if a not in todo]
-    if todo:
+    keys = {(a, w): row_key(store, a, nbytes, params, w) for a, w in entries}
+    todo = [e for e in entries if keys[e] not in done]
+    rows = [done[keys[e]] for e in entries if e not in todo]
+    for w in wires:  # one round robin per format keeps the rows' order simple
+      mine = [a for a, ww in todo if ww == w]
+      if not mine:
+        continue
       bar.set_description(f"{format_bytes(nbytes)}")
-      new = measure_size(todo, p, nbytes, args.dtype, args.op, args.iters, args.warmup, params)
+      new = measure_size(
+        mine, p, nbytes, args.dtype, args.op, args.iters, args.warmup, params, wires=(w,)
+      )
       if main:
-        store.extend(new, [keys[r["algorithm"]] for r in new])
+        store.extend(new, [keys[(r["algorithm"], r.get("wire"))] for r in new])
       rows += new
-    bar.update(len(algorithms))
-    rows.sort(key=lambda r: algorithms.index(r["algorithm"]))
+    bar.update(len(entries))
+    rows.sort(key=lambda r: entries.index((r["algorithm"], r.get("wire"))))
     psum = next((r["busbw_GBps"] for r in rows if r["algorithm"] == "psum"), None)
     if main:
       for r in rows:
