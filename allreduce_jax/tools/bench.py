@@ -446,9 +446,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--wires",
     type=wire_list,
-    default=(None,),
-    help="comma-separated wire formats to send in: none (exact), bf16, int8, fp8"
-    " (default: none); lossy rows report rel_error next to the time",
+    default="none",
+    help="comma-separated wire formats to send in: none (exact), bf16, int8, fp8;"
+    " lossy rows report rel_error next to the time",
   )
 
 
