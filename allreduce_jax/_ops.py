@@ -15,6 +15,19 @@ Special values (the semantics, defined here once):
   participant holds NaN; ``±inf`` are ordinary values; ``-0.0 < +0.0``, so the max
   of ``{-0.0, +0.0}`` is ``+0.0`` and the min is ``-0.0`` whatever the order.
 
+* **Subnormals** (below ``finfo.tiny``, e.g. ``1e-40`` in float32): ``max``/``min``
+  are exact for them in every float dtype (float32, bfloat16, float16, float64 under
+  x64, the float8 types): they compare a monotone integer key of the bits, never the
+  floats, because XLA:CPU compares floats with denormals treated as zero (so
+  ``1e-40 == 2e-40`` there, and ``lax.pmax`` returns 0). ``sum``/``mean`` are **kept
+  as XLA computes them on purpose**: XLA:CPU flushes subnormal operands and results of
+  additions to zero (``[1, 2, 3, 4]·1e-40`` sums to ``0.0``), as ``lax.psum`` does;
+  exact subnormal sums would cost a software adder on every element.
+* **NaN bits**: every NaN in a result is the dtype's canonical quiet NaN (``jnp.nan``:
+  sign 0, quiet bit only), whatever the inputs' signs and payloads, so participants
+  that met their partial results in different orders (recursive doubling) still hold
+  the same bits.
+
 These make every result independent of the order in which partial results meet,
 so all algorithms and all participants agree bit for bit. XLA's own collectives do
 not all follow them: ``lax.pmax``/``pmin`` on XLA:CPU skip NaN (and give ``-inf``/
@@ -46,7 +59,8 @@ class Op:
     combine: elementwise binary reduction of two partial results, following the
       special-value semantics of the module docstring (NaN propagates through
       ``max``/``min``, ``-0.0 < +0.0``).
-    finalize: ``(total, p) -> result``; divides by ``p`` for ``mean``.
+    finalize: ``(total, p) -> result``; divides by ``p`` for ``mean``; every NaN
+      becomes the canonical one.
     reference: the XLA collective of the same name (``lax.psum`` ...). It is the
       backend's and need not follow these semantics for special values.
   """
@@ -57,36 +71,66 @@ class Op:
   reference: Callable[..., jax.Array]
 
 
-def _ieee(reduce, plus_zero_wins: bool):
-  """IEEE 754-2019 ``maximum``/``minimum`` on top of ``lax.max``/``lax.min``, stated
-  explicitly rather than left to the backend's rounding of NaN and signed zeros."""
+def _sort_key(a: jax.Array) -> jax.Array:
+  """A signed-integer key ordered like ``a``'s floats: ``-inf < ... < -0.0 < +0.0 < ...
+  < +inf``, subnormals included, computed on the bits (no float compare, so no
+  denormals-are-zero). Sub-byte floats (float4) go through float32 first, where all
+  their values are normal; sign-less ones (``float8_e8m0fnu``) use their bits as is."""
+  dtype = jnp.dtype(a.dtype)
+  info = jnp.finfo(dtype)
+  if info.bits < 8 * dtype.itemsize:  # float4: exactly representable, normal in float32
+    return _sort_key(a.astype(jnp.float32))
+  bits = 8 * dtype.itemsize
+  if not float(info.min) < 0:  # no sign bit: the bits are the order
+    return lax.bitcast_convert_type(a, jnp.dtype(f"uint{bits}"))
+  i = lax.bitcast_convert_type(a, jnp.dtype(f"int{bits}"))
+  # Negative floats: flip every bit but the sign, so a larger magnitude is smaller.
+  return i ^ ((i >> (bits - 1)) & jnp.iinfo(i.dtype).max)
+
+
+def _canonical_nan(x: jax.Array) -> jax.Array:
+  """``x`` with every NaN replaced by the dtype's canonical quiet NaN (``jnp.nan``)."""
+  if not jnp.issubdtype(x.dtype, jnp.floating) or not _has_nan(x.dtype):
+    return x
+  return jnp.where(jnp.isnan(x), jnp.array(jnp.nan, x.dtype), x)
+
+
+def _has_nan(dtype) -> bool:
+  with np.errstate(invalid="ignore", over="ignore"):
+    return bool(np.isnan(np.asarray(np.nan).astype(jnp.dtype(dtype))))
+
+
+def _ieee(reduce, greater: bool):
+  """IEEE 754-2019 ``maximum``/``minimum``, stated on the bits rather than left to
+  the backend's float compare (denormals-as-zero), NaN rounding and signed zeros."""
 
   def combine(a: jax.Array, b: jax.Array) -> jax.Array:
     if not jnp.issubdtype(a.dtype, jnp.inexact):
       return reduce(a, b)
-    # Equal values: only -0.0 == +0.0 can differ in bits; pick by the sign bit.
-    tie = jnp.where(jnp.signbit(a) == plus_zero_wins, b, a)
-    r = jnp.where(a == b, tie, reduce(a, b))
-    return jnp.where(jnp.isnan(a) | jnp.isnan(b), a + b, r)  # a + b: NaN
+    ka, kb = _sort_key(a), _sort_key(b)  # -0.0 < +0.0, exact for subnormals
+    r = jnp.where(ka >= kb if greater else ka <= kb, a, b)  # equal keys: equal bits
+    if not _has_nan(a.dtype):
+      return r
+    return jnp.where(jnp.isnan(a) | jnp.isnan(b), jnp.array(jnp.nan, a.dtype), r)
 
   combine.__name__ = f"ieee_{reduce.__name__}"
   return combine
 
 
-# max: +0.0 wins a tie with -0.0 (a = -0.0 yields to b); min: -0.0 wins (a = +0.0 yields).
-_max = _ieee(lax.max, plus_zero_wins=True)
-_min = _ieee(lax.min, plus_zero_wins=False)
+# max: +0.0 wins a tie with -0.0; min: -0.0 wins (the key orders -0.0 below +0.0).
+_max = _ieee(lax.max, greater=True)
+_min = _ieee(lax.min, greater=False)
 
 
 def _identity(total: jax.Array, p: int) -> jax.Array:
   del p
-  return total
+  return _canonical_nan(total)  # the same NaN bits on every participant
 
 
 def _divide(total: jax.Array, p: int) -> jax.Array:
   # Same expression as lax.pmean (psum, then divide by the axis size), so that an
   # exact sum gives a bit-identical mean.
-  return total / p
+  return _canonical_nan(total / p)
 
 
 _OP_TABLE = {

@@ -10,8 +10,10 @@ Inputs follow nccl-tests' "verifiable" idea: small integer-valued floats, rank-c
 (participant i's values depend on i and on the position), whose sums are exact in
 any order. On them every algorithm must match the oracle **bit for bit**, and
 ``mean`` within 2 ulp. Random inputs (normal floats, full-range int32) are compared
-within the floating-point summation bound, and special inputs (:data:`SPECIALS`: NaN
-on one participant or on all, ±inf, -0.0 with +0.0) bit for bit.
+within the floating-point summation bound, special inputs (:data:`SPECIALS`: NaN
+on one participant or on all, NaNs of both signs, ±inf, -0.0 with +0.0) and, for
+``max``/``min``, subnormal inputs (:func:`subnormal_input`) bit for bit. Every
+participant must hold the same bits, NaN signs and payloads included.
 
 Next to each algorithm the program also runs XLA's collective of the same op
 (``lax.psum``/``pmean``/``pmax``/``pmin``). Where it differs from the oracle, the line
@@ -50,7 +52,7 @@ from allreduce_jax.tools._args import (
 )
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16", "int32")
-KINDS: tuple[str, ...] = ("verifiable", "random", "special")
+KINDS: tuple[str, ...] = ("verifiable", "random", "special", "subnormal")
 SHAPES: tuple[tuple[int, ...], ...] = ((), (1,), (13,), (3, 7))
 #: The collectives ``--backend-oracle`` checks.
 COLLECTIVES: tuple[str, ...] = ("psum", "pmean", "pmax", "pmin", "psum_scatter", "all_gather")
@@ -77,6 +79,16 @@ def _two(first: float, second: float):
     b[k % len(b)] = first
     if len(b) > 1:
       b[(k + 1) % len(b)] = second
+    return b
+
+  return make
+
+
+def _three(first: float, second: float, third: float):
+  def make(b: np.ndarray, k: int) -> np.ndarray:
+    b = b.copy()
+    for j, v in enumerate((first, second, third)[: len(b)]):
+      b[(k + j) % len(b)] = v
     return b
 
   return make
@@ -112,6 +124,10 @@ SPECIALS: tuple[tuple[str, object], ...] = (
   ("-inf on one participant", _one(-np.inf, 2)),
   ("+inf and -inf", _two(np.inf, -np.inf)),
   ("NaN and +inf", _two(np.nan, np.inf)),
+  # NaNs of both signs meet in different orders on different participants (recursive
+  # doubling); the result's NaN must still have the same bits everywhere.
+  ("NaN and -NaN", _two(np.nan, -np.nan)),
+  ("+inf, -inf and NaN", _three(np.inf, -np.inf, np.nan)),
   ("+inf on every participant", _all(np.inf)),
   ("-inf on every participant", _all(-np.inf)),
   ("-0.0 on every participant", _all(-0.0)),
@@ -196,11 +212,29 @@ def special_label(shape: tuple[int, ...], flat_index: int) -> str:
   return SPECIALS[v][0] if k % 2 == 0 else "verifiable value"
 
 
-_MAKERS = {"verifiable": verifiable_input, "random": random_input, "special": special_input}
+def subnormal_input(p: int, shape: tuple[int, ...], dtype, seed: int = 0) -> np.ndarray:
+  """Rank-coded subnormals: ``x[i, k] = ((13 i + 7 k + seed) mod 31 - 15) · s`` with ``s``
+  the dtype's smallest subnormal (``1.4e-45`` in float32), so every participant holds a
+  different value below ``finfo.tiny`` (both signs, and zeros). XLA:CPU compares floats
+  with denormals as zero; ``max``/``min`` must still match the oracle bit for bit.
+  Checked for ``max``/``min`` only: sums of subnormals are flushed to zero by XLA:CPU,
+  kept on purpose (``allreduce_jax._ops``)."""
+  tiny = float(jnp.finfo(jnp.dtype(dtype)).smallest_subnormal)
+  return (verifiable_input(p, shape, np.float64, seed) * tiny).astype(jnp.dtype(dtype))
+
+
+_MAKERS = {
+  "verifiable": verifiable_input,
+  "random": random_input,
+  "special": special_input,
+  "subnormal": subnormal_input,
+}
 
 
 def _valid(op: str, dtype: str, kind: str) -> bool:
   integer = jnp.issubdtype(jnp.dtype(dtype), jnp.integer)
+  if kind == "subnormal":  # max/min of floats (sums flush subnormals: kept, see _ops)
+    return not integer and op in ("max", "min")
   return not (integer and (op == "mean" or kind == "special"))
 
 
@@ -219,6 +253,11 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> bool:
   if not np.array_equal(nan_a, nan_b):
     return False
   return bool(np.array_equal(_bits(a)[~nan_a], _bits(b)[~nan_b]))
+
+
+def _identical(a: np.ndarray, b: np.ndarray) -> bool:
+  """The same bits, NaN signs and payloads included (what participants must hold)."""
+  return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(_bits(a), _bits(b)))
 
 
 def _ulp(dtype) -> float:
@@ -376,12 +415,12 @@ def run_case(
     if op == "mean":  # exact sum, then the backend's division (not correctly rounded on CPU)
       exact = agreement(got[0], _backend_mean(x, p), op).exact
       a = Agreement(a.ok, exact, a.err, a.bad, a.total, a.first)
-    replicas = all(_same_bits(got[k], got[0]) for k in range(p))
+    replicas = all(_identical(got[k], got[0]) for k in range(p))  # NaN bits too
     detail = describe(a, got[0], want, want.shape, label)
     if not replicas:
       detail = "participants hold different results" + (f"; {detail}" if detail else "")
     b = agreement(ref[0], want, op, tol)
-    ref_replicas = all(_same_bits(ref[k], ref[0]) for k in range(p))
+    ref_replicas = all(_identical(ref[k], ref[0]) for k in range(p))
     backend = describe(b, ref[0], want, want.shape, label)
     if not ref_replicas:
       backend = "participants hold different results" + (f"; {backend}" if backend else "")
