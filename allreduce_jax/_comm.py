@@ -56,12 +56,21 @@ def make_varying(x: jax.Array, axis_name: AxisName) -> jax.Array:
   aval = jax.typeof(x)
   mat = getattr(aval, "manual_axis_type", None)  # jax >= 0.10
   varying = mat.varying if mat is not None else getattr(aval, "vma", frozenset())
-  missing = tuple(a for a in axes_tuple(axis_name) if a not in varying)
+  manual = _manual_axes()  # vmap(axis_name=...) axes are not typed: nothing to mark
+  missing = tuple(a for a in axes_tuple(axis_name) if a not in varying and a in manual)
   if not missing:
     return x
   if hasattr(lax, "pcast"):
     return lax.pcast(x, missing, to="varying")
   return lax.pvary(x, missing)  # jax < 0.8
+
+
+def _manual_axes() -> frozenset:
+  """The shard_map (manual) mesh axes bound here; empty outside shard_map (``vmap``)."""
+  try:
+    return frozenset(jax.sharding.get_abstract_mesh().manual_axes)
+  except Exception:  # pragma: no cover - depends on the JAX version
+    return frozenset()
 
 
 # Trace-time message log used by ``allreduce_jax.trace`` to draw an algorithm's real
@@ -116,9 +125,9 @@ def send(x: jax.Array, axis_name: AxisName, pairs: Sequence[tuple[int, int]]) ->
   """
   fmt = _wire.active()
   if fmt is None or not jnp.issubdtype(x.dtype, jnp.floating) or x.shape[0] == 0:
-    received = lax.ppermute(x, axes_tuple(axis_name), perm=list(pairs))
+    received = _ppermute(x, axes_tuple(axis_name), list(pairs))
   else:
-    msg = lax.ppermute(_wire.encode(fmt, x), axes_tuple(axis_name), perm=list(pairs))
+    msg = _ppermute(_wire.encode(fmt, x), axes_tuple(axis_name), list(pairs))
     received = _wire.decode(fmt, msg, x.shape[0], x.dtype)
   if _message_log is not None:
     entry = _Message((axis_name, list(pairs), received))
@@ -138,6 +147,21 @@ def settle(x: jax.Array) -> jax.Array:
   changes nothing.
   """
   return _wire.roundtrip(_wire.active(), x)
+
+
+def _ppermute(x: jax.Array, axes: tuple[str, ...], pairs: list[tuple[int, int]]) -> jax.Array:
+  """``lax.ppermute``; under ``jax.vmap(..., axis_name=...)``, whose batching rule takes
+  full permutations only, a partial one (a tree's step) is completed with filler pairs
+  and the receivers outside ``pairs`` get zeros, as ppermute gives them."""
+  manual = _manual_axes()
+  p = size(axes)
+  if all(a in manual for a in axes) or len(pairs) == p:
+    return lax.ppermute(x, axes, perm=pairs)
+  sources, targets = {s for s, _ in pairs}, {t for _, t in pairs}
+  filler = zip(sorted(set(range(p)) - sources), sorted(set(range(p)) - targets))
+  received = lax.ppermute(x, axes, perm=pairs + list(filler))
+  mine = jnp.isin(index(axes), jnp.asarray(sorted(targets), jnp.int32))
+  return jnp.where(mine, received, jnp.zeros_like(received))
 
 
 def shift_pairs(p: int, d: int) -> list[tuple[int, int]]:

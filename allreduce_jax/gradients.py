@@ -8,6 +8,7 @@ sees them, exactly where ``lax.pmean`` would sit.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, NamedTuple
 
 import jax
@@ -15,7 +16,7 @@ import jax.numpy as jnp
 import optax
 
 from allreduce_jax import _comm, _wire
-from allreduce_jax._api import _check_algorithm, keyword_only
+from allreduce_jax._api import _check_algorithm, _check_axis_name, keyword_only
 from allreduce_jax._comm import AxisName
 from allreduce_jax._invariant import varying_axes
 from allreduce_jax._ops import OPS
@@ -49,6 +50,30 @@ def _already_reduced(axis_name: AxisName, paths: list[str], op: str) -> AlreadyR
   )
 
 
+def _inside_multisteps() -> bool:
+  """Whether ``update`` was called from ``optax.MultiSteps``' own code (its branches)."""
+  frame = sys._getframe(2)
+  while frame is not None:
+    name = frame.f_code.co_filename.replace("\\", "/")
+    if name.endswith("/_accumulation.py") and "/optax/" in name:
+      return True
+    frame = frame.f_back
+  return False
+
+
+def _multisteps_typing(axis_name: AxisName) -> AlreadyReducedError:
+  return AlreadyReducedError(
+    f"all_reduce_gradients({axis_name!r}) inside optax.MultiSteps under typed shard_map"
+    " (check_vma=True): MultiSteps' lax.cond runs this update on its accumulator"
+    " (state.acc_grads), which is invariant over the axis (its state is replicated),"
+    " while the gradients vary per device, so the branches' types cannot match (lax.pmean"
+    " fails there too). Put MultiSteps after the all-reduce instead:"
+    f" optax.chain(all_reduce_gradients({axis_name!r}, ...), optax.MultiSteps(opt,"
+    " every_k_schedule=k)) (reduces every micro-step, accumulates the reduced gradients),"
+    " or use jax.shard_map(..., check_vma=False). See docs/gradients.md."
+  )
+
+
 @keyword_only(1, "op, algorithm, bucket_bytes, wire and error_feedback (and cost_params)")
 def all_reduce_gradients(
   axis_name: AxisName,
@@ -64,11 +89,20 @@ def all_reduce_gradients(
 
   Chain it first, inside the ``jax.shard_map`` body of a data-parallel step:
   ``optax.chain(all_reduce_gradients("data", algorithm="ring"), optax.adam(1e-3))``.
-  It is stateless (``optax.EmptyState``), takes any pytree of arrays (plain dicts,
-  Flax NNX ``nnx.State`` of ``nnx.Param``\\ s...) and works inside
-  ``optax.MultiSteps`` (then the all-reduce runs once per emitted step, on the
-  accumulated gradient). Leaves are fused into per-dtype buckets as in
-  :func:`allreduce_jax.all_reduce_tree`.
+  It is stateless (``optax.EmptyState``) and takes any pytree of arrays (plain dicts,
+  Flax NNX ``nnx.State`` of ``nnx.Param``\\ s...). Leaves are fused into per-dtype
+  buckets as in :func:`allreduce_jax.all_reduce_tree`.
+
+  With ``optax.MultiSteps`` (gradient accumulation over ``k`` micro-steps):
+  ``optax.MultiSteps(optax.chain(all_reduce_gradients(...), opt), k)`` works under
+  ``shard_map(..., check_vma=False)``; MultiSteps calls the inner update at every
+  micro-step, so the all-reduce runs every micro-step on the accumulated gradient (its
+  result is emitted every ``k``-th). Under typed ``shard_map`` (``check_vma=True``) that
+  order cannot type-check (MultiSteps' ``lax.cond`` mixes its replicated accumulator
+  with per-device gradients; ``lax.pmean`` fails the same way) and ``update`` raises
+  :class:`AlreadyReducedError` naming MultiSteps; use
+  ``optax.chain(all_reduce_gradients(...), optax.MultiSteps(opt, k))`` there, which
+  accumulates the reduced gradients (also an all-reduce per micro-step).
 
   Args:
     axis_name: the data-parallel mesh axis (or a tuple of axes: their product).
@@ -94,7 +128,9 @@ def all_reduce_gradients(
     ValueError: unknown ``op``/``algorithm`` or bad ``bucket_bytes`` (at
       construction); :class:`AlreadyReducedError` from ``update`` when, under typed
       ``shard_map``, any gradient is already invariant over ``axis_name`` (JAX has
-      summed it: see the message for the two fixes). Never p × the mean silently.
+      summed it: see the message for the two fixes), or inside ``optax.MultiSteps``
+      under typed ``shard_map`` (see above). Never p × the mean silently. From
+      ``update``: an axis name that is not bound, ``all_reduce``'s ``ValueError``.
     TypeError: options passed positionally.
 
   Example:
@@ -140,8 +176,11 @@ def all_reduce_gradients(
 
   def update_fn(updates: Any, state, params: Any = None):
     del params
+    _check_axis_name(axis_name, algorithm)  # a mistyped axis: all_reduce's ValueError
     already = invariant_leaves(updates, axis_name)
     if already:
+      if _inside_multisteps():
+        raise _multisteps_typing(axis_name)
       raise _already_reduced(axis_name, already, op)
     if not error_feedback:
       return reduce(updates), state

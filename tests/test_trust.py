@@ -193,3 +193,98 @@ def test_verify_compares_nan_bits_across_participants():
   )  # fmt: skip
   assert {r.kind for r in rows} == {"special", "subnormal"}
   assert all(r.passed and r.replicas_identical for r in rows), [r.detail for r in rows]
+
+
+# ------------------------------------------------------------- 5. errors that name the problem
+
+
+@pytest.mark.parametrize("axis", ["Data", "nope", 0, None])
+def test_a_mistyped_axis_is_all_reduces_error_everywhere(axis):
+  import jax
+  import jax.numpy as jnp
+  from jax.sharding import PartitionSpec as P
+
+  from allreduce_jax import all_reduce, all_reduce_gradients, all_reduce_tree
+
+  mesh = jax.make_mesh((2,), ("data",), devices=jax.devices()[:2])
+  tx = all_reduce_gradients(axis)
+  calls = {
+    "all_reduce": lambda g: all_reduce(g["w"], axis),
+    "all_reduce_tree": lambda g: all_reduce_tree(g, axis),
+    "update": lambda g: tx.update(g, tx.init(g))[0],
+  }
+  messages = {}
+  g = jax.device_put({"w": jnp.ones(2)}, jax.NamedSharding(mesh, P("data")))
+  for name, call in calls.items():
+    f = jax.shard_map(call, mesh=mesh, in_specs=P("data"), out_specs=P("data"))
+    with pytest.raises((ValueError, TypeError)) as e:
+      jax.jit(f)(g)
+    messages[name] = str(e.value)
+  assert len(set(messages.values())) == 1, messages  # the same clear error, not an assert
+  assert repr(axis) in messages["all_reduce"] and "axis" in messages["all_reduce"]
+
+
+def _multisteps_train(tx, typed):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  import optax
+  from jax import lax
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  mesh = jax.make_mesh((4,), ("data",), devices=jax.devices()[:4])
+  xs = jax.device_put(jnp.arange(24.0).reshape(8, 3), NamedSharding(mesh, P("data")))
+
+  @jax.jit
+  @jax.shard_map(mesh=mesh, in_specs=(P(), P(), P("data")), out_specs=(P(), P()), check_vma=typed)
+  def step(p, s, xb):
+    mine = jax.tree.map(lambda a: lax.pcast(a, "data", to="varying"), p) if typed else p
+    g = jax.grad(lambda q: jnp.sum((q["w"] * xb) ** 2))(mine)  # per-device gradients
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+  p = {"w": jnp.ones(3)}
+  s = tx.init(p)
+  with jax.numpy_dtype_promotion("standard"):  # MultiSteps mixes int and float
+    for _ in range(4):
+      p, s = step(p, s, xs)
+  return np.asarray(p["w"])
+
+
+def test_multisteps_under_typed_shard_map_names_its_branch_typing_and_the_fix():
+  import numpy as np
+  import optax
+
+  from allreduce_jax import all_reduce_gradients
+  from allreduce_jax.gradients import AlreadyReducedError
+
+  def outer():
+    return optax.MultiSteps(optax.chain(all_reduce_gradients("data"), optax.adam(0.1)), 2)
+
+  with pytest.raises(AlreadyReducedError, match=r"inside optax\.MultiSteps under typed shard_map"):
+    _multisteps_train(outer(), typed=True)
+  want = _multisteps_train(outer(), typed=False)  # the documented order without typing
+  inner = optax.chain(all_reduce_gradients("data"), optax.MultiSteps(optax.adam(0.1), 2))
+  np.testing.assert_allclose(_multisteps_train(inner, typed=True), want, rtol=1e-6)  # the fix
+  assert not np.allclose(want, 1.0)  # it trained
+
+
+# ---------------------------------------------------------------------- 7. vmap like psum
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "double_binary_tree", "auto"])
+def test_all_reduce_under_vmap_works_like_psum(algorithm):
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax import lax
+
+  from allreduce_jax import all_reduce
+
+  x = jnp.arange(15.0).reshape(5, 3)
+  want = jax.vmap(lambda b: lax.psum(b, "i"), axis_name="i")(x)
+  got = jax.vmap(lambda b: all_reduce(b, "i", algorithm=algorithm), axis_name="i")(x)
+  np.testing.assert_array_equal(got, want)
+  biggest = jax.vmap(lambda b: all_reduce(b, "i", op="max", algorithm=algorithm), axis_name="i")
+  np.testing.assert_array_equal(biggest(x), np.broadcast_to(np.max(x, 0), x.shape))
