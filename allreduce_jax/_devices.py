@@ -8,6 +8,9 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh
 
+#: The most emulated CPU devices :func:`use_cpu_devices` asks for.
+MAX_CPU_DEVICES = 512
+
 
 def use_cpu_devices(n: int) -> None:
   """Asks for ``n`` emulated CPU devices. Must run before the first JAX computation.
@@ -31,6 +34,12 @@ def use_cpu_devices(n: int) -> None:
         flush=True,
       )
     return
+  if n > MAX_CPU_DEVICES and len(jax.devices()) < n:  # refused at once, not minutes later
+    raise ValueError(
+      f"--devices {n}: at most {MAX_CPU_DEVICES} emulated CPU devices (each one costs memory"
+      f" and compile time); this machine has {len(jax.devices())} {jax.default_backend()}"
+      " device(s)."
+    )
   try:
     jax.config.update("jax_num_cpu_devices", n)
   except RuntimeError:

@@ -282,7 +282,7 @@ def torus(dims, wrap: bool = True, hop_latency: float = 0.0) -> Torus:
 
 def fat_tree(hosts_per_leaf: int, oversubscription: float = 1.0, hop_latency: float = 0.0):
   """Two-tier fat tree (see :class:`FatTree`)."""
-  if hosts_per_leaf < 1 or oversubscription <= 0:
+  if hosts_per_leaf < 1 or not 0 < oversubscription < math.inf:  # nan, inf: refused
     raise ValueError(
       f"fat_tree needs hosts_per_leaf >= 1 and oversubscription > 0, got"
       f" {hosts_per_leaf}, {oversubscription}."

@@ -288,3 +288,161 @@ def test_all_reduce_under_vmap_works_like_psum(algorithm):
   np.testing.assert_array_equal(got, want)
   biggest = jax.vmap(lambda b: all_reduce(b, "i", op="max", algorithm=algorithm), axis_name="i")
   np.testing.assert_array_equal(biggest(x), np.broadcast_to(np.max(x, 0), x.shape))
+
+
+# ------------------------------------- 6./7. one line, non-zero, never a traceback: the sweep
+
+
+def _outcome(argv, capsys):
+  """``(exit status, the error line, everything printed)`` of ``allreduce-jax ARGV``."""
+  try:
+    rc, message = main(argv), ""
+  except SystemExit as e:
+    rc = e.code if isinstance(e.code, int) else 1
+    message = "" if isinstance(e.code, int) or e.code is None else str(e.code)
+  out, err = capsys.readouterr()
+  lines = [line for line in err.splitlines() if line.strip() and not line.startswith("#")]
+  return rc, message or (lines[-1] if lines else ""), message + out + err
+
+
+@pytest.fixture
+def bad(tmp_path):
+  """Files a user may point options at by mistake."""
+  import os
+
+  (tmp_path / "notes.txt").write_text("my notes\n")
+  (tmp_path / "empty.json").write_text("{}")
+  (tmp_path / "folder").mkdir()
+  os.mkfifo(tmp_path / "fifo.json")
+  return tmp_path
+
+
+def _sweep_cases(d):
+  b = ["bench", "--devices", "2", "--algorithms", "ring", "--smoke", "--out", f"{d}/b.jsonl"]
+  s = ["scaling", "--smoke", "--out", f"{d}/s.jsonl"]
+  v = ["verify", "--devices", "2", "--ops", "sum", "--dtypes", "float32"]
+  f = ["fusion", "--devices", "2", "--smoke", "--out", f"{d}/f.jsonl"]
+  return [
+    (["verify", "--algorithms", "bogus"], "bogus"),
+    ([*v, "--shapes", "100000x100000"], "--shapes 100000x100000"),
+    ([*v, "--shapes", "0"], "--shapes"),
+    ([*v, "--participants", "99"], "--participants"),
+    ([*v, "--out", f"{d}/notes.txt"], "--out"),
+    (["verify", "--devices", "9999"], "--devices 9999: at most 512"),
+    (["bench", "-b", "64GiB", "-e", "64GiB", "--devices", "2", "--out", f"{d}/b.jsonl"], "GiB"),
+    (["bench", "--devices", "3", "--algorithms", "hierarchical"], "no mesh at p=3"),
+    ([*b, "--params", f"{d}/missing.json"], "no such file"),
+    ([*b, "--params", f"{d}/folder"], "is a folder"),
+    ([*b, "--params", f"{d}/fifo.json"], "not a regular file"),
+    ([*b, "--params", f"{d}/empty.json"], "not a cost-parameter file"),
+    ([*b, "--plot", f"{d}/notes.txt"], "not a figure file"),
+    (["bench", "--devices", "9999", "--smoke"], "--devices 9999: at most 512"),
+    (["bench", "--min-bytes", "3XB"], "--min-bytes"),
+    (["bench", "--iters", "0"], "--iters"),
+    ([*b, "--out", f"{d}/notes.txt"], "--out"),
+    ([*f, "--plot", f"{d}/notes.txt"], "not a figure file"),
+    ([*f, "--out", f"{d}/notes.txt"], "--out"),
+    (["fusion", "--devices", "9999"], "--devices 9999"),
+    (["audit", "--ps", "0"], "--ps"),
+    (["audit", "--bytes", "3"], "--bytes 3"),
+    (["audit", "--out", f"{d}/notes.txt"], "--out"),
+    ([*s, "--topology", "fat_tree:8:nan"], "fat_tree:8:nan"),
+    ([*s, "--topology", "switch", "--hop-latency-us=-1"], "--hop-latency-us"),
+    ([*s, "--params", f"{d}/fifo.json"], "not a regular file"),
+    ([*s, "--params", f"{d}/empty.json"], "not a cost-parameter file"),
+    ([*s, "--plot", f"{d}/notes.txt"], "not a figure file"),
+    ([*s, "--inner", "fast"], "--inner"),
+    (["train", "sync", "--smoke", "--bucket-bytes", "-5", "--out", f"{d}/t"], "bucket_bytes=-5"),
+    (["train", "sync", "--smoke", "--workers", "16", "--out", f"{d}/t"], "--workers 16"),
+    (["train", "sync", "--steps", "x"], "--steps"),
+    (["report", "--out", f"{d}/notes.txt"], "is a file"),
+    (["report", "--out", f"{d}/notes.txt/sub"], "cannot create the folder"),
+    (["report", "--only", "nope", "--out", f"{d}/r"], "--only"),
+    (["launch", "-n", "0", "--", "verify"], "-n/--num-processes"),
+    (["launch", "-n", "2"], "give the command to run"),
+  ]
+
+
+def test_bad_inputs_over_every_subcommand_are_one_line_without_a_traceback(bad, capsys):
+  from allreduce_jax.tools import COMMANDS
+
+  cases = _sweep_cases(bad)
+  assert {argv[0] for argv, _ in cases} == set(COMMANDS)  # every subcommand is swept
+  for argv, expected in cases:
+    rc, line, printed = _outcome(argv, capsys)
+    assert rc not in (0, None), (argv, printed)
+    assert "Traceback" not in printed, (argv, printed)
+    assert expected in line and "\n" not in line, (argv, line, printed)
+  assert not (bad / "b.jsonl").exists() and not (bad / "s.jsonl").exists()  # nothing written
+
+
+def test_bench_algorithms_are_deduplicated_and_smoke_lets_explicit_options_win(tmp_path):
+  out = tmp_path / "b.jsonl"
+  argv = ["bench", "--devices", "2", "--algorithms", "ring,ring", "--smoke", "--no-uneven"]
+  assert main([*argv, "-e", "1KiB", "--iters", "2", "--out", str(out)]) == 0
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [(r["algorithm"], r["bytes"], r["iters"]) for r in rows] == [("ring", 1024, 2)]
+
+
+def test_ctrl_c_in_every_subcommand_exits_130_with_one_line(monkeypatch, capsys):
+  import importlib
+
+  from allreduce_jax.tools import COMMANDS
+
+  def interrupted(args):
+    raise KeyboardInterrupt
+
+  for name, (module, _) in COMMANDS.items():
+    monkeypatch.setattr(importlib.import_module(module), "run", interrupted)
+    argv = [
+      name,
+      *(["sync"] if name == "train" else []),
+      *(["-n", "1"] if name == "launch" else []),
+    ]
+    rc, line, printed = _outcome(argv, capsys)
+    assert rc == 130 and line == f"allreduce-jax {name}: interrupted (Ctrl-C).", printed
+    assert "Traceback" not in printed
+
+
+def test_a_full_disk_during_a_command_is_one_line(tmp_path, monkeypatch, capsys):
+  import errno
+  import os
+
+  def full(fd):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+  monkeypatch.setattr(os, "fsync", full)
+  rc, line, printed = _outcome(["scaling", "--smoke", "--out", str(tmp_path / "s.jsonl")], capsys)
+  assert rc == 1 and "Traceback" not in printed
+  assert line.startswith("allreduce-jax scaling: ") and "the disk is full" in line, line
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_while_bench_measures_exits_130_in_one_line(tmp_path):
+  import signal
+  import subprocess
+  import sys
+  import time
+  from pathlib import Path
+
+  out = tmp_path / "b.jsonl"
+  cmd = [sys.executable, "-m", "allreduce_jax", "bench", "--devices", "2", "-b", "1KiB"]
+  cmd += ["-e", "1GiB", "-f", "2", "--algorithms", "ring,psum", "--out", str(out)]
+  root = Path(__file__).resolve().parents[1]
+  proc = subprocess.Popen(cmd, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  try:
+    deadline = time.monotonic() + 90
+    while not (out.exists() and out.read_text().count("\n") >= 2):  # mid-sweep
+      assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+      time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  err = err.decode()
+  assert proc.returncode == 130, err
+  assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+    "allreduce-jax bench: interrupted (Ctrl-C)."
+  )
+  assert out.read_text().count("\n") >= 2  # the rows measured before stay

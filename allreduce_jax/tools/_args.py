@@ -129,6 +129,24 @@ def nonnegative_int(text: str) -> int:
   return _int_at_least(text, 0, "an integer ≥ 0")
 
 
+def nonnegative_float(text: str) -> float:
+  """A finite number ≥ 0 (an argparse ``type``), e.g. a latency.
+
+  Example:
+    >>> nonnegative_float("0.5")
+    0.5
+  """
+  import math
+
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {text!r}") from None
+  if not math.isfinite(value) or value < 0:
+    raise argparse.ArgumentTypeError(f"expected a finite number ≥ 0, got {text!r}")
+  return value
+
+
 def nonempty(parse):
   """Wraps a list parser (``csv_list``, ``int_list``, ``size_list``) so that an empty
   list (``--sizes ''``) is an error instead of "everything" or nothing.
@@ -172,7 +190,7 @@ def choice_list(choices, what: str = "names"):
           f"unknown {what[:-1] if what.endswith('s') else what} {v!r}; expected some of"
           f" {', '.join(allowed)}"
         )
-    return values
+    return list(dict.fromkeys(values))  # ring,ring: measured once
 
   return parse
 
@@ -278,12 +296,86 @@ def output_path(path, arg: str = "--out"):
   return path
 
 
+#: Figure formats matplotlib writes (``--plot`` must end in one of them).
+FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".eps", ".ps", ".tif",
+                   ".tiff", ".webp", ".pgf")  # fmt: skip
+
+
+def figure_path(path, arg: str = "--plot"):
+  """Before any work: ``path`` is a figure file to write (an image suffix, writable)."""
+  from pathlib import Path
+
+  path = Path(path)
+  if path.suffix.lower() not in FIGURE_SUFFIXES:
+    raise SystemExit(
+      f"{arg} {path}: not a figure file; use a path ending in"
+      f" {', '.join(FIGURE_SUFFIXES[:4])}, ... (e.g. bench.png)."
+    )
+  return output_path(path, arg)
+
+
+def params_file(path, arg: str = "--params"):
+  """Before any work: the cost-parameter fit in ``path`` (written by ``bench --fit``),
+  loaded; a missing file, a folder, a FIFO or a device (never opened, so nothing
+  hangs) or a file that is not a fit is refused with one line."""
+  import stat
+  from pathlib import Path
+
+  from allreduce_jax import cost_model
+
+  path = Path(path)
+  try:
+    mode = path.stat().st_mode
+  except FileNotFoundError:
+    raise SystemExit(f"{arg} {path}: no such file (write one with bench --fit).") from None
+  except OSError as e:
+    raise SystemExit(f"{arg} {path}: cannot be read ({e.strerror or e}).") from None
+  if not stat.S_ISREG(mode):
+    what = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO or a device?)"
+    raise SystemExit(f"{arg} {path}: is {what}; expected a fit file written by bench --fit.")
+  try:
+    return cost_model.load_params(path)
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    why = f"{type(e).__name__}: {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+    raise SystemExit(
+      f"{arg} {path}: not a cost-parameter file written by bench --fit ({why})."
+    ) from None
+
+
+def available_memory() -> int | None:
+  """Bytes of memory this machine can still give (``MemAvailable``), None if unknown."""
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  return None
+
+
+def check_memory(need: int, what: str, fix: str) -> None:
+  """Before allocating: ``need`` bytes fit in the available host memory (CPU backend),
+  else one line naming ``what`` needs how much and ``fix``."""
+  import jax
+
+  have = available_memory()
+  if have is None or jax.default_backend() != "cpu" or need <= have:
+    return
+  raise SystemExit(
+    f"{what} needs about {need / 2**30:.1f} GiB of memory, but {have / 2**30:.1f} GiB are"
+    f" available; {fix}."
+  )
+
+
 def output_dir(path, arg: str = "--log-dir"):
   """Before any work: ``path`` is (or can be made) a writable folder. Returns a Path."""
   import os
   from pathlib import Path
 
   path = Path(path)
+  if path.exists() and not path.is_dir():
+    raise SystemExit(f"{arg} {path}: is a file; expected a folder.")
   try:
     path.mkdir(parents=True, exist_ok=True)
   except OSError as e:

@@ -109,10 +109,22 @@ def store(out, fresh: bool = False):
 
 
 def sweep(ps, nbytes: int, out, algorithms=None, fresh: bool = False) -> list[dict]:
-  """Audits every p (skipping the (algorithm, p, bytes) rows already in ``out``)."""
+  """Audits every p (skipping the (algorithm, p, bytes) rows already in ``out``, a
+  path or the :func:`store` of a running command)."""
+  from allreduce_jax.results import RowStore
+
+  if isinstance(out, RowStore):
+    return _sweep(ps, nbytes, out, algorithms)
+  rows_store = store(out, fresh)
+  try:
+    return _sweep(ps, nbytes, rows_store, algorithms)
+  finally:
+    rows_store.unlock()
+
+
+def _sweep(ps, nbytes: int, rows_store, algorithms=None) -> list[dict]:
   from allreduce_jax._devices import fits
 
-  rows_store = store(out, fresh)
   done = rows_store.done()
   rows = []
   for p in ps:
@@ -155,9 +167,9 @@ def run(args) -> int:
 
   if args.bytes % 4:
     raise SystemExit(f"--bytes {args.bytes}: must be a multiple of 4 (float32 elements).")
-  store(args.out)  # refuses a foreign or unwritable --out before any compile
+  rows_store = store(args.out, args.fresh)  # refuses a foreign, unwritable or busy --out now
   fig = output_path(Path(args.out).with_suffix(".png"), "--out")
-  rows = sweep(args.ps, args.bytes, args.out, fresh=args.fresh)
+  rows = sweep(args.ps, args.bytes, rows_store)
   print(format_rows(sorted(rows, key=lambda r: (r["algorithm"], r["p"]))))
   _plot.save(_plot.audit(rows), fig, dpi=110)
   return 0 if all(r["match"] and r["all_reduce_ops"] == 0 for r in rows) else 1

@@ -37,11 +37,14 @@ from allreduce_jax.tools import _plot
 from allreduce_jax.tools._args import (
   add_algorithms,
   add_devices,
+  check_memory,
   check_op_dtypes,
   dtype_choice,
+  figure_path,
   nonnegative_int,
   op_choice,
   output_path,
+  params_file,
   positive_int,
   row_store,
   wire_list,
@@ -415,16 +418,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
   add_devices(parser)
   add_algorithms(parser, "comma-separated (default: all, psum included)")
   # Short flags as in nccl-tests (all_reduce_perf -b 8 -e 128M -f 2 -n 20 -w 5 -d float -o sum).
-  parser.add_argument("-b", "--min-bytes", default="1KiB", help="smallest size per participant")
-  parser.add_argument("-e", "--max-bytes", default="64MiB", help="largest size per participant")
-  parser.add_argument("-f", "--factor", type=int, default=4, help="size multiplier")
+  parser.add_argument(
+    "-b", "--min-bytes", default=None, help="smallest size per participant (default: 1KiB)"
+  )
+  parser.add_argument(
+    "-e", "--max-bytes", default=None, help="largest size per participant (default: 64MiB;"
+    " --smoke: 4KiB)"
+  )  # fmt: skip
+  parser.add_argument("-f", "--factor", type=int, default=None, help="size multiplier (default: 4)")
   parser.add_argument("--no-uneven", action="store_true", help="skip the size not divisible by p")
   parser.add_argument("-d", "--dtype", type=dtype_choice, default="float32", help="element type")
   parser.add_argument("-o", "--op", type=op_choice, default="sum", help="reduction")
   parser.add_argument(
-    "-n", "--iters", type=positive_int, default=10, help="timed calls per (algorithm, size)"
+    "-n",
+    "--iters",
+    type=positive_int,
+    default=None,
+    help="timed calls per (algorithm, size) (default: 10; --smoke: 3)",
   )
-  parser.add_argument("-w", "--warmup", type=nonnegative_int, default=3, help="untimed calls first")
+  parser.add_argument(
+    "-w", "--warmup", type=nonnegative_int, default=None, help="untimed calls first (default: 3;"
+    " --smoke: 1)"
+  )  # fmt: skip
   parser.add_argument("--out", default="results/bench.jsonl", help="JSON Lines file (appended)")
   parser.add_argument(
     "--fresh", action="store_true", help="overwrite --out instead of resuming (skip done rows)"
@@ -442,7 +457,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     " pass it to auto explicitly, the library never reads it)",
   )
   parser.add_argument("--plot", default=None, help="figure path (default: --out with .png)")
-  parser.add_argument("--smoke", action="store_true", help="tiny sweep for tests")
+  parser.add_argument(
+    "--smoke",
+    action="store_true",
+    help="tiny sweep for tests (1KiB to 4KiB, 3 iterations); options given explicitly win",
+  )
   parser.add_argument(
     "--wires",
     type=wire_list,
@@ -455,13 +474,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
   from allreduce_jax import _devices, cost_model
 
+  # Explicit options win over --smoke's preset, which wins over the defaults.
+  preset = SMOKE if args.smoke else DEFAULTS
+  for name, value in preset.items():
+    if getattr(args, name) is None:
+      setattr(args, name, value)
   try:
     min_b = parse_size(args.min_bytes, "--min-bytes")
     max_b = parse_size(args.max_bytes, "--max-bytes")
   except ValueError as e:
     raise SystemExit(str(e)) from None
-  if args.smoke:
-    min_b, max_b, args.factor, args.iters, args.warmup = 1024, 4096, 4, 3, 1
   from allreduce_jax._api import ALGORITHMS
 
   algorithms = args.algorithms or list(ALGORITHMS)
@@ -478,7 +500,21 @@ def run(args: argparse.Namespace) -> int:
   from tqdm import tqdm
 
   p = len(jax.devices()) if jax.distributed.is_initialized() else args.devices
-  algorithms = [a for a in algorithms if _devices.fits(a, p)]
+  unfit = [a for a in algorithms if not _devices.fits(a, p)]
+  if unfit and args.algorithms:  # asked for by name: say so, measure nothing
+    raise SystemExit(
+      f"--algorithms {','.join(unfit)}: no mesh at p={p} ({_no_mesh(unfit)}); choose"
+      " --devices with a mesh for it (e.g. 4 or 8) or other --algorithms."
+    )
+  algorithms = [a for a in algorithms if a not in unfit]
+  if unfit and jax.process_index() == 0:
+    print(f"# skipping {', '.join(unfit)}: no mesh at p={p}", file=sys.stderr, flush=True)
+  check_memory(
+    4 * p * max(sizes),
+    f"--max-bytes {args.max_bytes} on {p} devices (input, result, check and XLA's"
+    " buffers, 4 per device)",
+    f"use -e {format_bytes(_fits_bytes(p))} or less" if _fits_bytes(p) else "use a smaller -e",
+  )
   main = jax.process_index() == 0
   backend = jax.default_backend()
   # Every input and output problem is found here, before the first measurement.
@@ -493,13 +529,16 @@ def run(args: argparse.Namespace) -> int:
     **({"trials": args.trials} if getattr(args, "trials", None) else {}),
   }
   store = row_store(out, "bench", fresh=args.fresh and main, context=context)
-  fig = output_path(args.plot or out.with_suffix(".png"), "--plot")
+  fig = figure_path(args.plot or out.with_suffix(".png"), "--plot")
   if args.fit:
     output_path(args.params or cost_model.default_fit_path(), "--params")
   done = {} if args.fresh else store.done()  # every process: the same (empty) set
-  params = cost_model.load_default_params()
+  if args.params and not args.fit:  # the fit to price auto with: refused like scaling's
+    params = params_file(args.params, "--params")
+  else:
+    params = cost_model.load_default_params()
   if main:
-    fit_file = cost_model.default_fit_path()
+    fit_file = Path(args.params) if args.params and not args.fit else cost_model.default_fit_path()
     src = cost_model.describe_params(params) + (f" from {fit_file}" if fit_file.exists() else "")
     print(
       f"# allreduce-jax bench: jax {jax.__version__}, backend {backend}, {p} devices,"
@@ -565,5 +604,29 @@ def run(args: argparse.Namespace) -> int:
     figure = _plot.bench(rows_all, params)
     if figure is not None:
       _plot.save(figure, fig)
-    print(f"# rows: {out}  figure: {fig}")
+    print(f"# rows: {out}" + (f"  figure: {fig}" if figure is not None else "  (no figure)"))
   return status
+
+
+#: Bench's sweep when an option is not given, and with ``--smoke`` (explicit options win).
+DEFAULTS = {"min_bytes": "1KiB", "max_bytes": "64MiB", "factor": 4, "iters": 10, "warmup": 3}
+SMOKE = {"min_bytes": "1KiB", "max_bytes": "4KiB", "factor": 4, "iters": 3, "warmup": 1}
+
+
+def _no_mesh(names) -> str:
+  from allreduce_jax._api import ALGORITHMS
+
+  return "; ".join(f"{a} needs {ALGORITHMS[a].axes} mesh axes of size ≥ 2" for a in names)
+
+
+def _fits_bytes(p: int) -> int:
+  """The largest power-of-two size per participant whose 4 buffers per device fit."""
+  from allreduce_jax.tools._args import available_memory
+
+  have = available_memory() or 0
+  if 4 * p > have:
+    return 0
+  n = 1
+  while 4 * p * 2 * n <= have:
+    n *= 2
+  return n

@@ -28,8 +28,8 @@ from allreduce_jax.tools import _plot
 from allreduce_jax.tools._args import (
   add_devices,
   choice_list,
+  figure_path,
   nonnegative_int,
-  output_path,
   positive_int,
   row_store,
   text_table,
@@ -267,7 +267,7 @@ def run(args: argparse.Namespace) -> int:
   out = Path(args.out)
   context = {**run_context(), "n_devices": p, "iters": args.iters, "warmup": args.warmup}
   store = row_store(out, "fusion", fresh=args.fresh and main, context=context)
-  fig = output_path(args.plot or out.with_suffix(".png"), "--plot")
+  fig = figure_path(args.plot or out.with_suffix(".png"), "--plot")
   done = {} if args.fresh else store.done()  # every process: the same (empty) set
   params = cost_model.load_default_params()
   buckets = {b: BUCKETS[b] for b in args.buckets}

@@ -750,7 +750,10 @@ def run_report(out: Path, smoke: bool = False, devices: int = 8, only=None, fres
   if fresh and out.exists():
     shutil.rmtree(out)
   out.mkdir(parents=True, exist_ok=True)
-  _devices.use_cpu_devices(devices)
+  try:
+    _devices.use_cpu_devices(devices)
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
   env = environment()
   sections = plan(out, smoke, devices)
   if only:
@@ -849,5 +852,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+  from allreduce_jax.tools._args import output_dir
+
   out = Path(args.out or ("results/report.smoke" if args.smoke else "results/report"))
+  output_dir(out, "--out")  # a regular file or an unwritable path: one line, before any work
   return run_report(out, smoke=args.smoke, devices=args.devices, only=args.only, fresh=args.fresh)

@@ -21,8 +21,10 @@ import argparse
 from pathlib import Path
 
 from allreduce_jax.tools._args import (
+  figure_path,
   nonempty,
-  output_path,
+  nonnegative_float,
+  params_file,
   positive_int,
   row_store,
   size_list,
@@ -179,7 +181,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     help="with --topology: one link, a preset or 'latency_us,bandwidth' (e.g. 5,400Gbit)",
   )
   parser.add_argument(
-    "--hop-latency-us", type=float, default=0.0, help="with --topology: latency per hop"
+    "--hop-latency-us",
+    type=nonnegative_float,
+    default=0.0,
+    help="with --topology: latency per hop (µs, ≥ 0)",
   )
   parser.add_argument(
     "--algorithms", default=None, help="with --topology: comma-separated (default: all replayable)"
@@ -210,17 +215,12 @@ def run(args: argparse.Namespace) -> int:
   # Every input and output problem is found here, before any row is computed.
   path = Path(args.params) if args.params else cost_model.default_fit_path()
   local = None
-  if args.params and not path.exists():
-    raise SystemExit(f"--params {path}: no such file (write one with bench --fit).")
-  if path.exists():
-    try:
-      local = cost_model.load_params(path).shared
-    except (OSError, ValueError, KeyError, TypeError) as e:
-      raise SystemExit(f"--params {path}: not a cost-parameter file ({e}).") from None
+  if args.params or path.exists():  # a FIFO is refused unopened (no hang)
+    local = params_file(path, "--params").shared
   context = {"per_node": args.per_node, "nics_per_node": args.nics_per_node}
   context |= {"inner": args.inner, "outer": args.outer}
   store = row_store(args.out, "scaling", fresh=args.fresh, context=context)
-  fig = output_path(args.plot or Path(args.out).with_suffix(".png"), "--plot")
+  fig = figure_path(args.plot or Path(args.out).with_suffix(".png"), "--plot")
   rows = sweep(machine, "gpu-cluster", ps, sizes)
   if local is not None:
     flat = cost_model.TwoLevel(local, local, args.per_node, 1)
@@ -328,7 +328,7 @@ def run_topology(args: argparse.Namespace) -> int:
   import dataclasses
 
   from allreduce_jax import topology
-  from allreduce_jax.tools._args import output_path, row_store
+  from allreduce_jax.tools._args import row_store
 
   tops = []
   for text in args.topology:
@@ -369,7 +369,7 @@ def run_topology(args: argparse.Namespace) -> int:
   context = {"topology": [t.name for t in tops], "link": args.link}
   context |= {"hop_latency_us": args.hop_latency_us}
   store = row_store(args.out, "scaling", fresh=args.fresh, context=context)
-  fig = output_path(args.plot or Path(args.out).with_suffix(".png"), "--plot")
+  fig = figure_path(args.plot or Path(args.out).with_suffix(".png"), "--plot")
   rows = sweep_topology(tops, params, ps, sizes, algorithms)
   rows.sort(key=lambda r: (r["scenario"], r["bytes"], r["p"]))
   for r in rows:

@@ -647,7 +647,10 @@ def run(args: argparse.Namespace) -> int:
   algorithms, shapes = _parse(args)
   # A foreign, unwritable or busy --out: refused now (the lock is held until the end).
   store = row_store(args.out, "verify", fresh=args.fresh, context={}) if args.out else None
-  _devices.use_cpu_devices(args.devices)
+  try:
+    _devices.use_cpu_devices(args.devices)
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
   try:
     ps = [int(v) for v in args.participants] if args.participants else [len(jax.devices())]
   except ValueError:
@@ -660,6 +663,7 @@ def run(args: argparse.Namespace) -> int:
         f"--participants: {p}; across {jax.process_count()} processes every one of the"
         f" {jax.device_count()} devices takes part"
       )
+  _check_memory(args, ps, shapes)
   print(
     f"# verify{' --backend-oracle' if args.backend_oracle else ''}: jax {jax.__version__},"
     f" backend {jax.default_backend()}, {len(jax.devices())} devices,"
@@ -699,6 +703,30 @@ def run(args: argparse.Namespace) -> int:
   _print_findings(found, args.strict)
   _write(store, [asdict(r) for r in rows], ("algorithm", "op", "dtype", "p", "input_kind", "shape"))
   return 1 if failed or (args.strict and found) else 0
+
+
+def _check_memory(args: argparse.Namespace, ps: list[int], shapes) -> None:
+  """Before allocating: one program's inputs, results (the algorithm's and XLA's, per
+  op) and the float64 oracle fit in memory; else one line saying what fits."""
+  p = max(ps)
+  per_element = 0  # bytes per element of a block, over every dtype and kind
+  for kind in args.kinds:
+    copies = len(SPECIALS) if kind == "special" else 1
+    for d in args.dtypes:
+      ops = [op for op in args.ops if _valid(op, d, kind)]
+      per_element += copies * p * (jnp.dtype(d).itemsize * (1 + 2 * len(ops)) + 16)
+  biggest = max(int(np.prod(s, dtype=np.int64)) for s in shapes)
+  elements = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+  from allreduce_jax.tools._args import available_memory, check_memory
+
+  have = available_memory() or 0
+  fits = have // max(per_element, 1)
+  check_memory(
+    elements * per_element,
+    f"--shapes {','.join('x'.join(map(str, s)) or 'scalar' for s in shapes)} at p={p}"
+    f" ({biggest} elements per block)",
+    f"blocks of at most about {fits} elements fit with these --dtypes, --kinds and --ops",
+  )
 
 
 def _print_findings(found: list[str], strict: bool) -> None:

@@ -70,6 +70,12 @@ class SyncConfig:
     _require(
       self.algorithm in ALGORITHMS, "algorithm", self.algorithm, f"one of {sorted(ALGORITHMS)}"
     )
+    _require(
+      self.bucket_bytes is None or self.bucket_bytes >= 0,
+      "bucket_bytes",
+      self.bucket_bytes,
+      "none or an integer >= 0 (0: one all-reduce per leaf)",
+    )
 
   @classmethod
   def smoke(cls, **overrides) -> SyncConfig:
