@@ -123,17 +123,31 @@ def main(argv: list[str] | None = None) -> int:
   global _depth
   _depth += 1
   try:
-    return int(module.run(args) or 0)
-  except KeyboardInterrupt:
-    if _depth > 1:  # a command run by another (report): the outer one stops too
-      raise
-    print(f"allreduce-jax {name}: interrupted (Ctrl-C).", file=sys.stderr, flush=True)
-    raise SystemExit(130) from None
-  except (RowsError, *_FAILURES) as e:  # what the machine refused: one line, no traceback
-    raise SystemExit(f"allreduce-jax {name}: {_failure(e)}") from None
+    try:
+      return _noted(int(module.run(args) or 0))
+    except KeyboardInterrupt:
+      if _depth > 1:  # a command run by another (report): the outer one stops too
+        raise
+      print(f"allreduce-jax {name}: interrupted (Ctrl-C).", file=sys.stderr, flush=True)
+      raise SystemExit(130) from None
+    except (RowsError, *_FAILURES) as e:  # what the machine refused: one line, no traceback
+      raise SystemExit(f"allreduce-jax {name}: {_failure(e)}") from None
+  except SystemExit as e:  # a failing command in a jax.distributed run leaves at once
+    _noted(e.code)
+    raise
   finally:
     _depth -= 1
     release_locks()
+
+
+def _noted(code):
+  """``code``; in a ``jax.distributed`` run a non-zero one is noted so that this process
+  exits at once instead of waiting in JAX's shutdown barrier (distributed.note_exit)."""
+  if _depth == 1 and code:
+    from allreduce_jax import distributed
+
+    distributed.note_exit(code)
+  return code
 
 
 def _failure(e: BaseException) -> str:

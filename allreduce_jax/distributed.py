@@ -258,16 +258,63 @@ def _program() -> str:
   return "allreduce-jax" if name in ("", "-c", "__main__.py") else name
 
 
+#: The status of a non-zero ``sys.exit`` / ``SystemExit`` on its way out (see
+#: :func:`exit_fast_on_error`); None while none is pending.
+_failing_exit: int | None = None
+
+
+def note_exit(code) -> None:
+  """Records that this process is leaving with ``SystemExit(code)``: a non-zero status
+  then ends it at once at exit (:func:`exit_fast_on_error`), not after JAX's barrier."""
+  global _failing_exit
+  status = code if isinstance(code, int) else (0 if code is None else 1)
+  _failing_exit = status or None
+
+
+def _exit_now_if_failing() -> None:  # an atexit handler, run before JAX's own
+  if _failing_exit is None:
+    return
+  print(
+    f"{_program()}: exiting at once (status {_failing_exit}) without waiting in"
+    " jax.distributed's shutdown barrier",
+    file=sys.stderr,
+  )
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except Exception:  # pragma: no cover
+      pass
+  os._exit(_failing_exit)
+
+
 def exit_fast_on_error() -> None:
-  """Makes an uncaught exception end this process at once (status 1).
+  """Makes an uncaught exception or a non-zero exit end this process at once.
 
   After ``jax.distributed.initialize`` a normal exit runs JAX's shutdown barrier,
   which waits (``shutdown_timeout``, 300 s by default) for every other process, and
   those may be blocked in a collective waiting for this one: the run then hangs
   until the timeout aborts them all, and the failure looks like theirs. Instead the
-  traceback is printed, output flushed and the process leaves with ``os._exit(1)``.
-  A ``SystemExit`` (a deliberate exit) still shuts down normally.
+  traceback is printed, output flushed and the process leaves with ``os._exit(1)``
+  (130 for Ctrl-C). A non-zero ``sys.exit(n)`` (and a ``SystemExit`` leaving the
+  ``allreduce-jax`` command) likewise ends with ``os._exit(n)`` once ``finally``
+  blocks have run (an ``atexit`` handler that runs before JAX's); ``sys.exit(0)``
+  still shuts down normally.
   """
+  import atexit
+
+  global _failing_exit
+  _failing_exit = None
+  if not getattr(sys.exit, "_allreduce_jax", False):
+    real_exit = sys.exit
+
+    def exit(code=None):
+      note_exit(code)
+      real_exit(code)
+
+    exit._allreduce_jax = True
+    sys.exit = exit
+  atexit.unregister(_exit_now_if_failing)
+  atexit.register(_exit_now_if_failing)  # after JAX's clean_up, so it runs first
   previous = sys.excepthook
 
   def hook(kind, value, tb):

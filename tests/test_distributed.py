@@ -327,16 +327,64 @@ def test_a_stopped_process_is_blamed_not_the_peer_that_gave_up(tmp_path):
   assert not any(_alive(p) for p in _pids(logs, 2))
 
 
-def test_blame_prefers_an_error_exit_over_signals():
+def test_blame_prefers_a_kill_then_an_error_exit_then_sigabrt(tmp_path):
   class P:
     pid = 0
 
-  def child(rank, rc):
-    return launch._Child(rank, P(), Path("x"), rc=rc)
+  def child(rank, rc, log="", ended=1.0):
+    (tmp_path / f"{rank}.log").write_text(log)
+    return launch._Child(rank, P(), tmp_path / f"{rank}.log", rc=rc, ended=ended)
 
   seen = [child(0, -signal.SIGABRT), child(1, -signal.SIGKILL), child(2, 1)]
-  assert min(seen, key=launch._blame_key).rank == 2
-  assert min(seen[:2], key=launch._blame_key).rank == 1
+  assert min(seen, key=launch._blame_key).rank == 1
+  assert min([seen[0], seen[2]], key=launch._blame_key).rank == 2
+  # A peer that failed because the other went away is a consequence, even if it died first.
+  peer = child(0, 1, "RuntimeError: ... Connection closed by peer [127.0.0.1]:4242", ended=0.9)
+  assert launch._culprit([peer, child(1, 7)]).rank == 1
+  assert launch._culprit([peer]).rank == 0  # nothing else to name
+
+
+# Child script: after the first all-reduce, process 1 dies one way while 0 and 2 wait
+# for it in the second; the launcher must name process 1, within seconds.
+DIE = textwrap.dedent(
+  """
+  import os, signal, sys, time
+  from allreduce_jax import distributed
+  distributed.initialize_from_env()"""
+  + FIRST_ALL_REDUCE
+  + """  if jax.process_index() == 1:
+    time.sleep(2)  # the others are inside the second all-reduce by now
+    how = sys.argv[1]
+    if how == "SIGKILL":
+      os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "os._exit":
+      os._exit(7)
+    elif how == "sys.exit":
+      sys.exit(3)
+  print("second all-reduce:", f(x).addressable_data(0), flush=True)
+  """
+)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize(
+  "how, status", [("SIGKILL", "was killed by SIGKILL"), ("sys.exit", "exited with status 3")]
+)
+def test_the_rank_that_died_is_named_not_its_peers(tmp_path, how, status):
+  script = tmp_path / "die.py"
+  script.write_text(DIE)
+  logs = tmp_path / "logs"
+  args = ["-n", "3", "--log-dir", str(logs), "--", sys.executable, str(script), how]
+  res = _launch(args, timeout=140)
+  assert re.search(rf"launch: process 1 of 3 \(pid \d+\) {status} after", res.stderr), res.stderr
+  ended = float(re.search(r"after ([\d.]+) s", res.stderr).group(1))
+  first = re.search(r"first all-reduce", res.stdout)
+  assert first, res.stdout
+  assert not any(_alive(p) for p in _pids(logs, 3))
+  if how == "sys.exit":  # the fast exit: not JAX's 30 s shutdown barrier
+    log = (logs / "process-1.log").read_text()
+    assert "exiting at once (status 3)" in log, log
+  assert ended < 100
 
 
 def test_timeout_frame_parsing():

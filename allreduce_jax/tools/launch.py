@@ -11,9 +11,12 @@ subcommand (``verify``, ``bench``, ``train``...) or any program that calls
 :func:`allreduce_jax.distributed.initialize_from_env` itself.
 
 The launcher watches its children. When one exits with an error or is killed, it
-stops the others and exits non-zero naming that process: the first to fail (an
-error exit before a signal, since peers of a failed process abort with SIGABRT), or
-a stopped one (SIGSTOP) that the others gave up on. An uncaught exception in a
+stops the others and exits non-zero naming that process: the first to die among
+those whose failure is not a consequence of another's (peers of a dead process fail
+within milliseconds with gloo's "Connection closed by peer" or JAX's SIGABRT; the
+launcher collects exits for half a second before it names one; within one poll a kill
+by SIGKILL/SIGSEGV/SIGINT comes before an error exit), or a stopped one (SIGSTOP)
+that the others gave up on. An uncaught exception or a non-zero ``sys.exit`` in a
 child ends it at once (:func:`allreduce_jax.distributed.exit_fast_on_error`), not
 after JAX's shutdown barrier. ``--timeout`` ends a run whose participants are alive
 but stuck (a JAX multi-host failure mode, jax#38503), naming the process that is not
@@ -32,6 +35,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -225,12 +229,41 @@ def _wchan(pid: int) -> str:
 
 
 def _blame_key(c: _Child) -> tuple:
-  """Who to name among processes seen failing in the same poll: an error exit first
-  (the cause), then a kill by another signal, SIGABRT last (how JAX ends the peers of
-  a failed process), then the lowest rank."""
+  """Who to name among processes seen failing in the same poll: a kill by a signal
+  other than SIGABRT first (SIGKILL, SIGSEGV, SIGINT: nothing in a run sends those as
+  a consequence), then an error exit (peers of a dead process fail with one: gloo's
+  "Connection closed by peer"), SIGABRT last (how JAX ends the peers of a failed
+  process), then the lowest rank."""
   if c.rc > 0:
-    return (0, c.rank)
-  return (2 if -c.rc == signal.SIGABRT else 1, c.rank)
+    return (1, c.rank)
+  return (2 if -c.rc == signal.SIGABRT else 0, c.rank)
+
+
+#: What a process's log says when it failed because a peer went away mid-collective
+#: (gloo's TCP pairs, JAX's coordination service): a consequence, not the cause.
+CONSEQUENCES = re.compile(
+  r"Connection closed by peer|Connection reset by peer|Broken pipe|Connection refused"
+  r"|gloo[^\n]*(?:closed|reset|timed out|Timed out)|another task|task[^\n]*(?:died|unhealthy)"
+  r"|heartbeat",
+  re.IGNORECASE,
+)
+
+#: How long after the first failure the launcher keeps collecting exits before it
+#: names one (peers failing because of it die within milliseconds).
+SETTLE_S = 0.5
+
+
+def _is_consequence(c: _Child) -> bool:
+  """A failure its log attributes to a peer that went away (see :data:`CONSEQUENCES`)."""
+  return -c.rc == signal.SIGABRT or bool(CONSEQUENCES.search(_tail(c.log, 40)))
+
+
+def _culprit(failed: list[_Child]) -> _Child:
+  """The process to name among those that failed: the first to die (by the poll that
+  saw it) among those whose failure is not a consequence of a peer's, ties broken by
+  :func:`_blame_key`; if every one reads as a consequence, the first of them all."""
+  causes = [c for c in failed if not _is_consequence(c)] or failed
+  return min(causes, key=lambda c: (c.ended, *_blame_key(c)))
 
 
 def _stacks(children: list[_Child], wait_s: float = 1.5) -> dict[int, str]:
@@ -407,15 +440,15 @@ def launch(
 
     while True:
       _stream(children, out, prefix=output == "all")
-      newly = []
-      for c in children:
-        if c.rc is None and (rc := c.proc.poll()) is not None:
-          c.rc, c.ended = rc, time.monotonic() - t0
-          if rc != 0:
-            newly.append(c)
+      newly = _reap(children, t0)
       if newly:
-        # The first to fail is the likeliest cause: an error exit before a signal.
-        first = min(newly, key=_blame_key)
+        # Collect the failures that follow within SETTLE_S (a dead process's peers fail
+        # with connection errors at once), then name the first that is not one of those.
+        settle = time.monotonic() + SETTLE_S
+        while time.monotonic() < settle and any(c.rc is None for c in children):
+          time.sleep(POLL_S)
+          newly += _reap(children, t0)
+        first = _culprit(newly)
         failure = (
           f"process {first.rank} of {num_processes} (pid {first.proc.pid}) {_status(first.rc)}"
           f" after {first.ended:.1f} s; stopping the other processes. Its log: {first.log}"
@@ -465,6 +498,19 @@ def launch(
     flush=True,
   )
   return 0
+
+
+def _reap(children: list[_Child], t0: float) -> list[_Child]:
+  """Records the exits since the last poll (one time for all: the order within a poll
+  is unknown) and returns the children among them that failed."""
+  now = time.monotonic() - t0
+  failed = []
+  for c in children:
+    if c.rc is None and (rc := c.proc.poll()) is not None:
+      c.rc, c.ended = rc, now
+      if rc != 0:
+        failed.append(c)
+  return failed
 
 
 def _timeout_report(children: list[_Child], timeout: float) -> str:
