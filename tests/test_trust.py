@@ -360,6 +360,8 @@ def _sweep_cases(d):
     (["report", "--only", "nope", "--out", f"{d}/r"], "--only"),
     (["launch", "-n", "0", "--", "verify"], "-n/--num-processes"),
     (["launch", "-n", "2"], "give the command to run"),
+    (["cluster", "--hosts", "0", "--", "verify"], "--hosts must be at least 1"),
+    (["cluster", "--hosts", "2"], "give the command to run"),
   ]
 
 
