@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format lab notebooks clean
+.PHONY: demo test lint format lab notebooks api clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,12 @@ notebooks: $(STAMP)
 	for nb in notebooks/[0-9][0-9]_*.py; do \
 	  ALLREDUCE_JAX_RESULTS=$(CURDIR)/results $(BIN)/jupytext --to ipynb --execute "$$nb" -o results/report/notebooks/$$(basename "$$nb" .py).ipynb || exit 1; \
 	done
+
+# The API reference, built from the docstrings with pdoc into results/api/ (open
+# results/api/index.html). `make test` builds it too and checks every link
+# (tests/test_api_docs.py).
+api: $(STAMP)
+	$(BIN)/python -m pdoc -o results/api $$($(BIN)/python -c "from allreduce_jax.tools import API_MODULES; print(*API_MODULES)")
 
 clean:
 	rm -rf $(VENV) results/*.smoke* .pytest_cache

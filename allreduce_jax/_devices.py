@@ -11,15 +11,29 @@ from jax.sharding import AxisType, Mesh
 #: The most emulated CPU devices :func:`use_cpu_devices` asks for.
 MAX_CPU_DEVICES = 512
 
+#: ``--devices`` when not given, on CPU: this many emulated devices.
+CPU_DEFAULT_DEVICES = 8
 
-def use_cpu_devices(n: int) -> None:
-  """Asks for ``n`` emulated CPU devices. Must run before the first JAX computation.
 
-  On GPU/TPU, or when a backend is already running with at least ``n`` devices, this
-  changes nothing. Raises ``ValueError`` if fewer than ``n`` devices can be had. In a
-  ``jax.distributed`` run the devices are fixed per process by whoever started it,
-  so ``n`` is ignored (with a note on stderr if it differs from the global count).
+def use_cpu_devices(n: int | None = None) -> int:
+  """Asks for ``n`` emulated CPU devices and returns the device count to run on. Must
+  run before the first JAX computation.
+
+  ``n=None`` (``--devices`` not given): every visible device on GPU/TPU, and
+  :data:`CPU_DEFAULT_DEVICES` emulated devices on CPU. On GPU/TPU, or when a backend
+  is already running with at least ``n`` devices, this changes nothing. Raises
+  ``ValueError`` if fewer than ``n`` devices can be had. In a ``jax.distributed`` run
+  the devices are fixed per process by whoever started it, so ``n`` is ignored (with a
+  note on stderr if it differs from the global count) and the global count returned.
   """
+  if n is None:
+    try:
+      jax.config.update("jax_num_cpu_devices", CPU_DEFAULT_DEVICES)  # CPU backend only
+    except RuntimeError:
+      pass
+    if jax.default_backend() != "cpu" or jax.distributed.is_initialized():
+      return jax.device_count()
+    n = CPU_DEFAULT_DEVICES
   if n < 1:
     raise ValueError(f"--devices must be at least 1, got {n}.")
   if jax.distributed.is_initialized():
@@ -33,7 +47,7 @@ def use_cpu_devices(n: int) -> None:
         file=sys.stderr,
         flush=True,
       )
-    return
+    return have
   if n > MAX_CPU_DEVICES and len(jax.devices()) < n:  # refused at once, not minutes later
     raise ValueError(
       f"--devices {n}: at most {MAX_CPU_DEVICES} emulated CPU devices (each one costs memory"
@@ -48,8 +62,9 @@ def use_cpu_devices(n: int) -> None:
   if have < n:
     raise ValueError(
       f"--devices {n} asked for {n} devices but only {have} are available on"
-      f" {jax.default_backend()}."
+      f" {jax.default_backend()} (leave --devices out to use every visible device)."
     )
+  return n
 
 
 def submesh(shape: tuple[int, ...], axis_names: tuple[str, ...]) -> Mesh:

@@ -28,3 +28,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run a subcommand on an emulated cluster: hosts as namespaces, shaped links",
   ),
 }
+
+#: The public modules of the API reference (``make api``; built and link-checked by
+#: ``tests/test_api_docs.py``). Underscored modules are implementation.
+API_MODULES: tuple[str, ...] = (
+  "allreduce_jax",
+  "allreduce_jax.cost_model",
+  "allreduce_jax.topology",
+  "allreduce_jax.units",
+  "allreduce_jax.results",
+  "allreduce_jax.fusion",
+  "allreduce_jax.gradients",
+  "allreduce_jax.distributed",
+  "allreduce_jax.hlo",
+  "allreduce_jax.trace",
+  "allreduce_jax.training",
+)

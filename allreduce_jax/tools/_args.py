@@ -53,13 +53,15 @@ def size_list(text: str) -> list[int]:
     raise argparse.ArgumentTypeError(str(e)) from None
 
 
-def add_devices(parser: argparse.ArgumentParser, default: int = 8) -> None:
-  """``--devices N``: how many devices to run on (emulated CPU devices when on CPU)."""
+def add_devices(parser: argparse.ArgumentParser) -> None:
+  """``--devices N``: how many devices to run on (``_devices.use_cpu_devices`` resolves
+  the default: every visible GPU/TPU, 8 emulated devices on CPU)."""
   parser.add_argument(
     "--devices",
     type=positive_int,
-    default=default,
-    help="devices to use (on CPU: emulated devices; ignored under jax.distributed)",
+    default=None,
+    help="devices to use (default: every visible device on GPU/TPU, 8 emulated devices on"
+    " CPU; ignored under jax.distributed)",
   )
 
 

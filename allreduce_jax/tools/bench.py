@@ -492,7 +492,7 @@ def run(args: argparse.Namespace) -> int:
 
   itemsize = jnp.dtype(args.dtype).itemsize
   try:
-    _devices.use_cpu_devices(args.devices)
+    args.devices = _devices.use_cpu_devices(args.devices)
     sizes = sweep_sizes(min_b, max_b, args.factor, itemsize, args.devices, not args.no_uneven)
   except ValueError as e:
     raise SystemExit(str(e)) from None

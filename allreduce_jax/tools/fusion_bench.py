@@ -256,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
     "transformer": transformer_shapes(args.layers, args.d_model),
   }
   try:
-    _devices.use_cpu_devices(args.devices)
+    args.devices = _devices.use_cpu_devices(args.devices)
   except ValueError as e:
     raise SystemExit(str(e)) from None
   import jax

@@ -59,11 +59,19 @@ class _Tee(io.TextIOBase):
 
 
 def results_dir(*parts: str) -> Path:
-  """Where results go: ``$ALLREDUCE_JAX_RESULTS`` if set, else the ``results/`` folder
-  of the repository this package lives in (whatever the working directory), plus
-  ``parts``. Created if missing. The notebooks write here."""
+  """Where results go, plus ``parts`` (created if missing; the notebooks write here):
+  ``$ALLREDUCE_JAX_RESULTS`` if set; else, in a source checkout (an editable install,
+  ``pyproject.toml`` beside the package), the checkout's ``results/`` whatever the
+  working directory; else (an installed wheel) ``results/`` under the working
+  directory, never inside ``site-packages``."""
   env = os.environ.get("ALLREDUCE_JAX_RESULTS")
-  root = Path(env) if env else Path(__file__).resolve().parents[2] / "results"
+  checkout = Path(__file__).resolve().parents[2]
+  if env:
+    root = Path(env)
+  elif (checkout / "pyproject.toml").exists() and (checkout / "allreduce_jax").is_dir():
+    root = checkout / "results"
+  else:
+    root = Path.cwd() / "results"
   path = root.joinpath(*parts)
   path.mkdir(parents=True, exist_ok=True)
   return path
@@ -744,14 +752,16 @@ def write_markdown(out: Path, sections: list[Section], env: dict, smoke: bool) -
   return path
 
 
-def run_report(out: Path, smoke: bool = False, devices: int = 8, only=None, fresh=False) -> int:
+def run_report(
+  out: Path, smoke: bool = False, devices: int | None = None, only=None, fresh=False
+) -> int:
   from allreduce_jax import _devices
 
   if fresh and out.exists():
     shutil.rmtree(out)
   out.mkdir(parents=True, exist_ok=True)
   try:
-    _devices.use_cpu_devices(devices)
+    devices = _devices.use_cpu_devices(devices)
   except ValueError as e:
     raise SystemExit(str(e)) from None
   env = environment()

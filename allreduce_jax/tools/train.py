@@ -265,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
   out = Path(args.out or f"results/train{'.smoke' if args.smoke else ''}/{args.mode}")
   store = Results(out / ROWS_FILE[args.mode])
   try:
-    _devices.use_cpu_devices(args.devices)
+    args.devices = _devices.use_cpu_devices(args.devices)
     arms.load_arm_modules()
     cfg = config_from_arguments(cls, args, smoke=args.smoke)
     workers = getattr(cfg, "workers", 0)

@@ -642,13 +642,13 @@ def _parse(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-  if args.devices < 1:
+  if args.devices is not None and args.devices < 1:
     raise SystemExit(f"--devices: must be at least 1, got {args.devices}")
   algorithms, shapes = _parse(args)
   # A foreign, unwritable or busy --out: refused now (the lock is held until the end).
   store = row_store(args.out, "verify", fresh=args.fresh, context={}) if args.out else None
   try:
-    _devices.use_cpu_devices(args.devices)
+    args.devices = _devices.use_cpu_devices(args.devices)
   except ValueError as e:
     raise SystemExit(str(e)) from None
   try:

@@ -313,7 +313,7 @@ class PhaseConfig(Setup):
   the model's real size (communication negligible); the time to reach them is then
   read off each arm's schedule at every bandwidth, pricing ``model_params``
   parameters (100 M by default) on links of ``bandwidths_GBps`` with the
-  ``network`` preset's latency.
+  latency of the preset named by the network field.
 
   Attributes:
     workload: the registered workload whose updates to target are measured.
