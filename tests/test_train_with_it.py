@@ -21,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 from sklearn.datasets import load_digits
 
 from allreduce_jax import _api, all_reduce_gradients
+from allreduce_jax.gradients import AlreadyReducedError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- train-with-it:start -->", "<!-- train-with-it:end -->"
@@ -33,8 +34,11 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 from sklearn.datasets import load_digits
 from allreduce_jax import all_reduce_gradients
+from allreduce_jax.distributed import initialize_from_env
 
-mesh = jax.make_mesh((8,), ("data",))  # 8 devices; on a CPU: jax_num_cpu_devices=8
+jax.config.update("jax_num_cpu_devices", 8)  # a laptop: 8 emulated CPU devices (GPU/TPU: no effect)
+initialize_from_env()  # started by `allreduce-jax launch` or a cluster's env: join the other processes
+mesh = jax.make_mesh((jax.device_count(),), ("data",))  # every device of every process
 rngs = nnx.Rngs(0)
 model = nnx.Sequential(nnx.Linear(64, 32, rngs=rngs), nnx.relu, nnx.Linear(32, 10, rngs=rngs))
 graphdef, params = nnx.split(model)
@@ -61,14 +65,48 @@ for _ in range(25):
 """
 
 
-def _readme_block() -> str | None:
+NNX_STEP = """\
+import jax, jax.numpy as jnp, optax
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+from sklearn.datasets import load_digits
+from allreduce_jax import all_reduce_gradients
+
+jax.config.update("jax_num_cpu_devices", 8)  # a laptop: 8 emulated CPU devices (GPU/TPU: no effect)
+mesh = jax.make_mesh((jax.device_count(),), ("data",))
+model = nnx.Sequential(nnx.Linear(64, 32, rngs=nnx.Rngs(0)), nnx.relu, nnx.Linear(32, 10, rngs=nnx.Rngs(1)))
+tx = optax.chain(all_reduce_gradients("data", algorithm="ring"), optax.adam(1e-2))
+optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+
+def loss_fn(model, x, y):
+  return optax.softmax_cross_entropy_with_integer_labels(model(x), y).mean()
+
+@nnx.jit
+@nnx.shard_map(mesh=mesh, in_specs=(P(), P(), P("data"), P("data")), out_specs=P())
+def step(model, optimizer, x, y):  # model and optimizer replicated, batch sharded over "data"
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  mine = nnx.merge(graphdef, jax.lax.pcast(params, "data", to="varying"), rest)  # per device
+  grads = nnx.grad(loss_fn)(mine, x, y)  # this device's gradient
+  optimizer.update(model, grads)  # hand-written all-reduce, then Adam, in place
+  return jax.lax.pmean(loss_fn(model, x, y), "data")
+
+x, y = load_digits(return_X_y=True)
+x = jax.device_put(jnp.asarray(x[:1792] / 16, jnp.float32), NamedSharding(mesh, P("data")))
+y = jax.device_put(jnp.asarray(y[:1792]), NamedSharding(mesh, P("data")))
+for _ in range(25):
+  loss = step(model, optimizer, x, y)
+"""
+NNX_START, NNX_END = "<!-- nnx-step:start -->", "<!-- nnx-step:end -->"
+
+
+def _readme_block(start: str = START, end: str = END) -> str | None:
   """The ```python block between the markers in README.md, or None if not pasted yet."""
   if not README.exists():
     return None
   text = README.read_text()
-  if START not in text or END not in text:
+  if start not in text or end not in text:
     return None
-  section = text[text.index(START) + len(START) : text.index(END)]
+  section = text[text.index(start) + len(start) : text.index(end)]
   m = re.search(r"```python\n(.*?)```", section, re.S)
   return m.group(1) if m else ""
 
@@ -118,6 +156,24 @@ def test_readme_holds_the_tested_block():
   if block is None:
     pytest.skip("README.md has no train-with-it block yet (the lead pastes it)")
   assert block == TRAIN_WITH_IT
+  assert _readme_block(NNX_START, NNX_END) == NNX_STEP
+
+
+def test_nnx_native_step_matches_pmean_under_check_vma():
+  """nnx.Optimizer + nnx.shard_map under the default check_vma: the README's NNX step
+  (a varying copy of the parameters, the NNX spelling of fix (1)) equals the same step
+  with lax.pmean; without the copy, all_reduce_gradients refuses the pre-summed grads."""
+  src = _readme_block(NNX_START, NNX_END) or NNX_STEP
+  src = src.replace("range(25)", "range(10)")
+  got = nnx.state(_run(src)["model"], nnx.Param)
+  want = nnx.state(_run(src.replace(TRANSFORM, '_pmean_transform("data")'))["model"], nnx.Param)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
+  naive = src.replace(
+    'mine = nnx.merge(graphdef, jax.lax.pcast(params, "data", to="varying"), rest)', "mine = model"
+  )
+  with pytest.raises(AlreadyReducedError, match="already invariant"):
+    _run(naive)
 
 
 # ---- issue 11: Flax NNX MLP on digits, optax.adam, check_vma=False, every algorithm ----

@@ -69,10 +69,41 @@ def save(fig: Figure, path, dpi: int = 120) -> Path:
   return path
 
 
+def byte_ticks(ax, lo: float, hi: float) -> None:
+  """x ticks at powers of 4 from ``lo`` to ``hi`` labelled 1KiB, 4KiB, ... 16MiB."""
+  k0, k1 = math.floor(math.log(max(lo, 1), 4)), math.ceil(math.log(max(hi, 1), 4))
+  ticks = [4.0**k for k in range(k0, k1 + 1)]
+  ax.set_xticks(ticks, [format_bytes(t) for t in ticks], fontsize=8)
+  ax.minorticks_off()
+
+
+def _groups(algs: Sequence[str], p: int) -> list[tuple[str, list[str]]]:
+  """Algorithms split by their step count at ``p``: O(p) steps (the ring family) and
+  O(log p) steps (trees, doubling, halving); the reference goes in every group."""
+  from allreduce_jax import _devices, cost_model
+  from allreduce_jax._api import ALGORITHMS
+
+  ref = [a for a in algs if is_reference(a)]
+  linear, logarithmic = [], []
+  for a in algs:
+    if a in ref:
+      continue
+    record = ALGORITHMS.get(a)
+    steps = None
+    if record is not None and record.schedule is not None:
+      steps = cost_model.schedule(a, p, 1024, inner=_devices.inner_size(a, p)).steps
+    (linear if steps is not None and steps >= p - 1 and p > 2 else logarithmic).append(a)
+  groups = [("O(p) steps: the ring family", linear), ("O(log p) steps", logarithmic)]
+  return [(name, [*g, *ref]) for name, g in groups if g] or [("", ref)]
+
+
 def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
-  """Measured time vs size per algorithm (log-log, bars min–max) with the model
-  dashed; the latency-bound region (below ring's α/β balance point) shaded and the
-  sizes where the model's argmin changes marked. None if no row has p > 1."""
+  """Measured time vs size (log-log; solid lines and markers, bars min–max) with the
+  fitted model dashed in the same colour, one panel per group of algorithms (O(p) and
+  O(log p) steps, XLA's psum in each), then a bus-bandwidth panel of every algorithm.
+  The latency-bound region (below ring's α/β balance point) is shaded and the sizes
+  where the model's argmin changes marked; a size whose element count is not a multiple
+  of p is drawn as an unconnected hollow marker. None if no row has p > 1."""
   from allreduce_jax import _devices, cost_model
   from allreduce_jax._api import ALGORITHMS
 
@@ -80,53 +111,73 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
   if not rows:
     return None
   p = rows[0]["n_devices"]
-  fig = Figure(figsize=(9, 6))
-  ax = fig.subplots()
   algs = _order(r["algorithm"] for r in rows)
+  groups = _groups(algs, p)
+  fig = Figure(figsize=(6 * (len(groups) + 1), 5.5))
+  axes = fig.subplots(1, len(groups) + 1)
   lo, hi = min(r["bytes"] for r in rows), max(r["bytes"] for r in rows)
   if lo == hi:  # a single-size sweep: draw the model over a span around it
     lo, hi = lo / 2, hi * 2
   sizes = np.geomspace(lo, hi, 200)
-  for k, alg in enumerate(algs):
-    mine = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["bytes"])
-    st = style(alg, k)
-    ax.errorbar(
-      [r["bytes"] for r in mine],
-      [r["time_us"] for r in mine],
-      yerr=[
-        [r["time_us"] - r["time_us_min"] for r in mine],
-        [r["time_us_max"] - r["time_us"] for r in mine],
-      ],
-      ms=4,
-      label=alg + (" (XLA, reference)" if is_reference(alg) else ""),
-      capsize=2,
-      **st,
-    )
-    record = ALGORITHMS.get(alg)
-    if record is not None and record.schedule is not None:
-      inner = _devices.inner_size(alg, p)
-      pred = [cost_model.predict_us(alg, p, n, params, inner=inner) for n in sizes]
-      ax.plot(sizes, pred, "--", color=st["color"], alpha=0.6, lw=1)
+  colour = {a: style(a, k) for k, a in enumerate(algs)}
   n_star = cost_model.balance_bytes("ring", p, params)
-  if math.isfinite(n_star):
-    ax.axvspan(sizes[0], max(min(n_star, sizes[-1]), sizes[0]), color="0.9", zorder=0)
-    ax.axvline(n_star, color="0.5", lw=0.8)
-    ax.text(
-      n_star,
-      min(r["time_us"] for r in rows),
-      f" ring: latency = bandwidth term\n at {format_bytes(n_star)}",
-      fontsize=8,
-      color="0.3",
-    )
+  for ax, (name, group) in zip(axes, groups):
+    for alg in group:
+      mine = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["bytes"])
+      even = [r for r in mine if r.get("count", 0) % p == 0] or mine
+      odd = [r for r in mine if r not in even]
+      st = {**colour[alg], "ls": "-"}
+      ax.errorbar(
+        [r["bytes"] for r in even],
+        [r["time_us"] for r in even],
+        yerr=[
+          [r["time_us"] - r.get("time_us_min", r["time_us"]) for r in even],
+          [r.get("time_us_max", r["time_us"]) - r["time_us"] for r in even],
+        ],
+        ms=4,
+        label=alg + (" (XLA, reference)" if is_reference(alg) else ""),
+        capsize=2,
+        **st,
+      )
+      if odd:
+        ax.plot([r["bytes"] for r in odd], [r["time_us"] for r in odd], ls="none",
+                marker=st["marker"], mfc="none", color=st["color"], ms=6)  # fmt: skip
+      record = ALGORITHMS.get(alg)
+      if record is not None and record.schedule is not None:
+        inner = _devices.inner_size(alg, p)
+        pred = [cost_model.predict_us(alg, p, n, params, inner=inner) for n in sizes]
+        ax.plot(sizes, pred, ls="--", color=st["color"], alpha=0.7, lw=1)
+    if math.isfinite(n_star):
+      ax.axvspan(sizes[0], max(min(n_star, sizes[-1]), sizes[0]), color="0.92", zorder=0)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    byte_ticks(ax, lo, hi)
+    ax.set_xlabel("bytes per participant")
+    ax.set_ylabel("time (µs)")
+    ax.set_title(name, fontsize=10)
+    ax.legend(fontsize=7, title="solid: measured median (bars min–max)\ndashed: fitted model",
+              title_fontsize=7)  # fmt: skip
+    ax.grid(True, which="major", alpha=0.3)
   for n, before, after in cost_model.switch_points(p, params, sizes[0], sizes[-1]):
-    mark(ax, n, max(r["time_us"] for r in rows), f"{before}→{after}\n{format_bytes(n)}")
-  ax.set_xscale("log", base=2)
-  ax.set_yscale("log")
-  ax.set_xlabel("bytes per participant")
-  ax.set_ylabel("time (µs): median, bars min–max; dashed: fitted model")
-  ax.set_title(title or f"all-reduce time on {p} devices (shaded: latency-bound)")
-  ax.legend(fontsize=8)
-  ax.grid(True, which="both", alpha=0.3)
+    mark(axes[0], n, max(r["time_us"] for r in rows), f"{before}→{after}\n{format_bytes(n)}")
+  bw = axes[-1]
+  for alg in algs:
+    mine = sorted(
+      (r for r in rows if r["algorithm"] == alg and r.get("count", 0) % p == 0),
+      key=lambda r: r["bytes"],
+    )
+    bw.plot([r["bytes"] for r in mine], [r["busbw_GBps"] for r in mine], ms=4, label=alg,
+            **{**colour[alg], "ls": "-"})  # fmt: skip
+  bw.set_xscale("log", base=2)
+  byte_ticks(bw, lo, hi)
+  bw.set_xlabel("bytes per participant")
+  bw.set_ylabel("bus bandwidth (GB/s) = n/t · 2(p−1)/p")
+  bw.set_title("bus bandwidth (nccl-tests' busbw), measured", fontsize=10)
+  bw.legend(fontsize=7)
+  bw.grid(True, which="major", alpha=0.3)
+  fig.suptitle(
+    title or f"all-reduce on {p} {rows[0].get('backend', '')} devices (shaded: latency-bound)"
+  )
   fig.tight_layout()
   return fig
 
@@ -249,6 +300,8 @@ def busbw(rows: Sequence[dict], title: str = "") -> Figure:
       **style(alg, k),
     )
   ax.set_xscale("log", base=2)
+  if rows:
+    byte_ticks(ax, min(r["bytes"] for r in rows), max(r["bytes"] for r in rows))
   ax.set_xlabel("bytes per participant")
   ax.set_ylabel("bus bandwidth (GB/s), median time")
   if rows:

@@ -22,6 +22,7 @@ communication priced by the cost model for every arm (:mod:`.arms`).
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from tqdm import tqdm
 
 from allreduce_jax import ALGORITHMS
 from allreduce_jax.training import arms, async_sim, data, models, sync
@@ -138,27 +140,32 @@ class _Resume:
   """One resumable sweep over a row store: which runs have to run now (finished ones are
   skipped, at most ``max_runs`` new ones per call) and this config's finished rows."""
 
-  def __init__(self, path: Path, max_runs: int | None):
+  def __init__(self, path: Path, max_runs: int | None, total: int | None = None, desc: str = ""):
     self.store = Results(path)
     self.done = self.store.done()
     self.max_runs = max_runs
     self.keys: list[str] = []
     self.new = 0
+    # Progress (count, rate, ETA) on stderr, only on a terminal; finished runs count too.
+    self.bar = tqdm(total=total, desc=desc, unit="run", file=sys.stderr, disable=None, leave=False)
 
   def pending(self, fields: dict[str, Any]) -> str | None:
     """The run's key (``fields`` + jax version, backend) if it has to run now, else None."""
     key = self.store.key(fields)
     self.keys.append(key)
     if key in self.done or (self.max_runs is not None and self.new >= self.max_runs):
+      self.bar.update(1)
       return None
     return key
 
   def add(self, key: str, row: dict[str, Any]) -> None:
     self.done[key] = self.store.append(row)
     self.new += 1
+    self.bar.update(1)
 
   def rows(self) -> list[dict[str, Any]]:
     """This config's finished rows (old and new), in run order."""
+    self.bar.close()
     return [self.done[k] for k in self.keys if k in self.done]
 
 
@@ -185,7 +192,8 @@ def run_staleness_sweep(
     The rows of this config's runs that are finished (old and new).
   """
   log = log or _print
-  sweep = _Resume(Path(out_dir) / "staleness.jsonl", max_runs)
+  runs = len(cfg.seeds) * len(cfg.arms())
+  sweep = _Resume(Path(out_dir) / "staleness.jsonl", max_runs, runs, "staleness")
   d = data.load_digits()
   K = max(cfg.taus) + 1
   tx = models.make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.momentum)
@@ -249,7 +257,7 @@ def run_straggler_sweep(
   Args and Returns: as :func:`run_staleness_sweep`.
   """
   log = log or _print
-  sweep = _Resume(Path(out_dir) / "stragglers.jsonl", max_runs)
+  sweep = _Resume(Path(out_dir) / "stragglers.jsonl", max_runs, len(cfg.runs()), "stragglers")
   d = data.load_digits()
   B = cfg.batch_per_worker
   async_tx = models.make_optimizer(cfg.optimizer, cfg.async_lr, cfg.momentum)
@@ -408,7 +416,7 @@ def run_table_c(
     log: progress printer.
   """
   log = log or _print
-  sweep = _Resume(Path(out_dir) / "table_c.jsonl", max_runs)
+  sweep = _Resume(Path(out_dir) / "table_c.jsonl", max_runs, len(cfg.runs()), "table-c")
   setup = arms.setup_of(cfg)
   workloads: dict[str, arms.Workload] = {}
   for w, a, seed in cfg.runs():
@@ -452,7 +460,8 @@ def run_phase(
   does not depend on the bandwidth) reuses its curve (:func:`arms.run_arm`).
   """
   log = log or _print
-  sweep = _Resume(Path(out_dir) / "phase_runs.jsonl", max_runs)
+  total = len(cfg.sigmas) * len(cfg.bandwidths_GBps) * len(cfg.arms) * len(cfg.seeds)
+  sweep = _Resume(Path(out_dir) / "phase_runs.jsonl", max_runs, total, "phase")
   wl = None
   curves: dict[Any, Any] = {}
   for sigma in cfg.sigmas:
