@@ -156,3 +156,12 @@ def test_hlo_payload_bytes(algorithm):
   assert int8.permutes == f32.permutes  # the scales travel inside the same messages
   record = ALGORITHMS[algorithm]
   assert int8.max_sent_bytes / n == pytest.approx(record.wire_bytes(p, "int8", n), rel=0.01)
+
+
+def test_verify_checks_a_lossy_wire_against_its_bound():
+  from allreduce_jax.tools import verify
+
+  rows = verify.run_case("ring", 4, dtypes=("float32", "int32"), shapes=((300,),), wire="int8")
+  assert {(r.op, r.dtype) for r in rows} == {("sum", "float32"), ("mean", "float32")}
+  assert all(r.passed and r.replicas_identical and r.wire == "int8" for r in rows)
+  assert any(not r.bit_exact for r in rows) and all(r.tolerance > 0 for r in rows)

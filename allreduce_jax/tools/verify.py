@@ -40,7 +40,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import _devices
+from allreduce_jax import _devices, _wire
 from allreduce_jax._api import ALGORITHMS, all_reduce
 from allreduce_jax._ops import OPS, get_op, oracle
 from allreduce_jax._ring import ring_all_gather, ring_reduce_scatter
@@ -165,6 +165,7 @@ class Row:
   backend: str = ""
   backend_bad: int = 0
   backend_patterns: tuple[str, ...] = ()
+  wire: str | None = None
 
 
 def verifiable_input(p: int, shape: tuple[int, ...], dtype, seed: int = 0) -> np.ndarray:
@@ -370,6 +371,21 @@ def _place(inputs: dict, mesh, spec) -> dict:
   }
 
 
+def lossy_tolerance(algorithm: str, x: np.ndarray, op: str, wire: str | None, p: int) -> float:
+  """The stated bound of a lossy wire format (``_wire``): every quantization on an
+  element's path adds at most ``u`` x its block's absmax, which is at most the largest
+  Σ_i |x_i| (x 1.01 for the earlier errors); no path has more quantizations than the
+  schedule has steps. 0.0 for an exact wire."""
+  fmt = _wire.get(wire)
+  if not fmt.lossy:
+    return 0.0
+  record = ALGORITHMS[algorithm]
+  n = max(1, int(np.prod(x.shape[1:])))
+  steps = record.schedule(p, 4.0 * n, _devices.inner_size(algorithm, p)).steps
+  bound = float(np.max(np.sum(np.abs(x.astype(np.float64)), axis=0), initial=0.0))
+  return 1.01 * steps * fmt.unit_error * bound / (p if op == "mean" else 1)
+
+
 def run_case(
   algorithm: str,
   p: int,
@@ -378,9 +394,19 @@ def run_case(
   kinds=KINDS,
   shapes=SHAPES,
   seed: int = 0,
+  wire: str | None = None,
 ) -> list[Row]:
   """Runs ``algorithm`` on ``p`` participants for every op × dtype × kind × shape in
-  one compiled program; compares each result, and XLA's collective's, with the oracle."""
+  one compiled program; compares each result, and XLA's collective's, with the oracle.
+
+  With a lossy ``wire`` (``all_reduce(..., wire=...)``) only sum/mean of float inputs
+  that are not special values are run, and a result passes when every participant
+  holds the same bits and it is within :func:`lossy_tolerance` of the oracle."""
+  lossy = _wire.get(wire).lossy
+  if lossy:
+    ops = tuple(op for op in ops if op in ("sum", "mean"))
+    dtypes = tuple(d for d in dtypes if jnp.issubdtype(jnp.dtype(d), jnp.floating))
+    kinds = tuple(k for k in kinds if k != "special")
   mesh, axis = _mesh_and_axis(algorithm, p)
   spec = P(axis)
   inputs = {}
@@ -396,7 +422,7 @@ def run_case(
       x = block[0]  # T[*shape] (T[V, *shape] for special inputs): this participant's block
       for op in ops:
         if _valid(op, dtype, kind):
-          got = all_reduce(x, axis, op=op, algorithm=algorithm)
+          got = all_reduce(x, axis, op=op, algorithm=algorithm, wire=wire)
           ref = get_op(op, x.dtype).reference(x, axis)
           out[(kind, dtype, shape, op)] = (got[None], ref[None])
     return out
@@ -411,7 +437,7 @@ def run_case(
     want = oracle(op, x)
     tol = _tolerance(x, want, op, kind, p)
     label = _labeler(kind, shape)
-    a = agreement(got[0], want, op, tol)
+    a = agreement(got[0], want, op, tol + lossy_tolerance(algorithm, x, op, wire, p))
     if op == "mean":  # exact sum, then the backend's division (not correctly rounded on CPU)
       exact = agreement(got[0], _backend_mean(x, p), op).exact
       a = Agreement(a.ok, exact, a.err, a.bad, a.total, a.first)
@@ -425,6 +451,7 @@ def run_case(
     if not ref_replicas:
       backend = "participants hold different results" + (f"; {backend}" if backend else "")
     patterns = _patterns(b, ref[0], want, op, tol, label)
+    tol += lossy_tolerance(algorithm, x, op, wire, p)  # the algorithm's, not the backend's
     passed = (replicas and a.ok and (tol > 0 or a.exact)) or not hand_written
     rows.append(
       Row(
@@ -444,6 +471,7 @@ def run_case(
         backend,
         b.bad,
         patterns,
+        wire,
       )
     )
   return rows
@@ -601,6 +629,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     "--out", default=None, help="also write every compared case as JSON Lines (appended)"
   )
   parser.add_argument("--fresh", action="store_true", help="empty --out first")
+  parser.add_argument(
+    "--wire",
+    default="none",
+    choices=["none", *(w for w in _wire.WIRES if w)],
+    help="wire format (all_reduce(..., wire=...)); a lossy one checks sum/mean of float"
+    " inputs against its stated error bound and identical replicas",
+  )
 
 
 def _parse(args: argparse.Namespace):
@@ -674,7 +709,11 @@ def run(args: argparse.Namespace) -> int:
     return run_backend_oracle(args, ps, shapes, store)
   rows: list[Row] = []
   t0 = time.perf_counter()
-  for algorithm in algorithms:
+  wire = None if args.wire == "none" else args.wire
+  skipped = [a for a in algorithms if wire not in ALGORITHMS[a].wires]
+  if skipped:
+    print(f"# --wire {wire}: skipping {', '.join(skipped)} (cannot send in it)", flush=True)
+  for algorithm in (a for a in algorithms if a not in skipped):
     for p in ps:
       rows += run_case(
         algorithm,
@@ -683,6 +722,7 @@ def run(args: argparse.Namespace) -> int:
         dtypes=tuple(args.dtypes),
         kinds=tuple(args.kinds),
         shapes=shapes,
+        wire=wire,
       )
   table = summarize(rows)
   print(format_table(table))
