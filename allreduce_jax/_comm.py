@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from allreduce_jax import _wire
@@ -178,3 +179,21 @@ def pad_to_multiple(flat: jax.Array, m: int) -> jax.Array:
 def chunk(flat: jax.Array, k: jax.Array, c: int) -> jax.Array:
   """The ``k``-th block of ``c`` elements of ``flat`` (``k`` may be traced)."""
   return lax.dynamic_slice_in_dim(flat, k * c, c)
+
+
+def global_pairs(sub_axis, pairs, axis, mesh_shape) -> list[tuple[int, int]]:
+  """Maps pairs over ``sub_axis`` (one axis of a k-D mesh over ``axis``) to row-major
+  participant numbers of the whole mesh."""
+  if axes_tuple(sub_axis) == axes_tuple(axis):
+    return [tuple(pair) for pair in pairs]
+  names = axes_tuple(axis)
+  pos = names.index(sub_axis)
+  out = []
+  for index in np.ndindex(*mesh_shape):
+    for src, dst in pairs:
+      if index[pos] == src:
+        to = list(index)
+        to[pos] = dst
+        out.append((int(np.ravel_multi_index(index, mesh_shape)),
+                    int(np.ravel_multi_index(tuple(to), mesh_shape))))  # fmt: skip
+  return out

@@ -28,9 +28,11 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import xla_bridge  # no public API says whether a backend has started
 
-from allreduce_jax import _comm
+from allreduce_jax import _comm, cost_model
 from allreduce_jax._comm import AxisName
+from allreduce_jax.registry import Algorithm, register
 
 Combine = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -282,16 +284,8 @@ def _model_params():
   """The parameters ``algorithm="auto"`` would use now (``cost_model.current_params``),
   without starting a JAX backend just to price a schedule: before any backend runs
   (a pure model sweep) and outside ``use_params``, ``cost_model.DEFAULT_PARAMS``."""
-  from allreduce_jax import cost_model
-
-  current = getattr(cost_model, "current_params", None)
-  if current is None:  # a cost model without per-backend parameters
-    return cost_model.load_default_params()
-  from jax._src import xla_bridge
-
-  active = getattr(cost_model, "_active_params", None)
-  if (active is not None and active.get()) or xla_bridge.backends_are_initialized():
-    return current()
+  if cost_model.pinned_params() is not None or xla_bridge.backends_are_initialized():
+    return cost_model.current_params()
   return cost_model.DEFAULT_PARAMS
 
 
@@ -303,8 +297,6 @@ def choose_chunks(p: int, n_bytes: float, params=None) -> int:
   (:func:`_model_params`), resolved for ``double_binary_tree`` (its own fitted entry
   if the fit has one, else the shared one).
   """
-  from allreduce_jax import cost_model  # lazy: cost_model imports this module lazily too
-
   if p <= 1:
     return 1
   q = cost_model.resolve(_model_params() if params is None else params, "double_binary_tree")
@@ -397,3 +389,33 @@ def double_binary_tree_messages(
   return [
     [(e.src, e.dst, f, e.mode == _COMBINE) for step in rnd for e in step] for rnd in plan(p, k)
   ]
+
+
+def double_binary_tree_schedule(
+  p: int, n: float, inner: int | None = None, chunks: int | None = None
+) -> cost_model.Schedule:
+  """Pipelined double binary tree with k chunks per tree (k: ``chunks``, else the
+  model's choice for (p, n), as the algorithm picks it at trace time).
+
+  steps = k + 2⌈lg p⌉ - 1 rounds of n/(2k)-byte chunks; beta_bytes = steps·n/(2k)
+  (each pair on its own link, the flat model's convention: → n/2; one NIC per
+  participant would carry ≈ 2n); gamma_bytes sums the busiest participant's
+  combines per round (→ n); permutes: per round the busiest participant's upward
+  plus downward transfers; max_sent_bytes = (1 + children)·n/2 over both trees (≤ 2n).
+  See :func:`cost`.
+  """
+  c = cost(p, n, chunks or choose_chunks(p, n))
+  return cost_model.Schedule(
+    c["steps"], c["beta_bytes"], c["gamma_bytes"], c["permutes"], c["max_sent_bytes"]
+  )
+
+
+register(
+  Algorithm(
+    "double_binary_tree",
+    double_binary_tree,
+    schedule=double_binary_tree_schedule,
+    messages=double_binary_tree_messages,
+    summary="NCCL's two complementary binary trees, half the buffer each, pipelined",
+  )
+)

@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from allreduce_jax import _comm
+from allreduce_jax import _comm, cost_model
 from allreduce_jax._ring import ring, ring_all_gather, ring_reduce_scatter
+from allreduce_jax.registry import Algorithm, register
 
 Combine = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -94,3 +95,17 @@ def divmod_all(r: int, sizes: Sequence[int]) -> tuple[int, ...]:
     r, x = divmod(r, s)
     out.append(x)
   return tuple(reversed(out))
+
+
+register(
+  Algorithm(
+    "hierarchical",
+    hierarchical,
+    axes=2,
+    auto=False,
+    schedule=cost_model.hierarchical_schedule,
+    messages=hierarchical_messages,
+    two_level=cost_model.hierarchical_two_level,
+    summary="ring RS inside, all-reduce across on 1/a, AG inside",
+  )
+)

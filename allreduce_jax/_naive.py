@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from allreduce_jax import _comm
+from allreduce_jax import _comm, cost_model
 from allreduce_jax._comm import AxisName
+from allreduce_jax.registry import Algorithm, register
 
 Combine = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -36,3 +37,21 @@ def naive(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Array:
     recv = _comm.send(total, axis_name, [(0, k)])
     total = jnp.where(i == k, recv, total)
   return total
+
+
+def naive_messages(sizes: Sequence[int]) -> list[list[tuple]]:
+  """Everyone to participant 0, one at a time, then 0 to everyone, full buffers."""
+  (p,) = sizes
+  return [[(k, 0, 1.0, True)] for k in range(1, p)] + [[(0, k, 1.0, False)] for k in range(1, p)]
+
+
+register(
+  Algorithm(
+    "naive",
+    naive,
+    schedule=cost_model.naive_schedule,
+    messages=naive_messages,
+    at_scale=False,
+    summary="parameter server: everyone to a root and back",
+  )
+)

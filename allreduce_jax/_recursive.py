@@ -8,14 +8,13 @@ algorithm under a new rank; at the end ``2k+1`` hands the result back to ``2k``.
 costs two extra steps and 2n extra bytes on the folded pairs.
 
 Halving-doubling comes in two orders of the same steps: MPICH's far-first
-(:func:`halving_doubling`) and near-first (:func:`halving_doubling_near`); both, and
-Swing (``_swing.py``), run on :func:`butterfly`, which takes the partner of each step
+(:func:`halving_doubling`) and near-first (``_near.py``); both, and Swing
+(``_swing.py``), run on :func:`butterfly`, which takes the partner of each step
 as data.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import jax
@@ -23,13 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from allreduce_jax import _comm, _wire
+from allreduce_jax import _comm, _wire, cost_model
 from allreduce_jax._comm import AxisName
+from allreduce_jax.registry import Algorithm, register
 
 Combine = Callable[[jax.Array, jax.Array], jax.Array]
 
 
-def _pof2(p: int) -> int:
+def largest_pof2(p: int) -> int:
+  """The largest power of two not above ``p``."""
   return 1 << (p.bit_length() - 1)
 
 
@@ -46,7 +47,7 @@ def _fold(x: jax.Array, axis_name: AxisName, combine: Combine) -> tuple[jax.Arra
   """MPICH fold to a power of two. Returns ``(x, newrank)``; newrank is -1 for the
   participants that sit out (their ``x`` is then meaningless until :func:`_unfold`)."""
   p, i = _comm.size(axis_name), _comm.index(axis_name)
-  rem = p - _pof2(p)
+  rem = p - largest_pof2(p)
   if rem == 0:
     return x, i
   recv = _comm.send(x, axis_name, [(2 * k, 2 * k + 1) for k in range(rem)])
@@ -61,7 +62,7 @@ def _fold(x: jax.Array, axis_name: AxisName, combine: Combine) -> tuple[jax.Arra
 def _unfold(x: jax.Array, axis_name: AxisName) -> jax.Array:
   """Hands the result back from ``2k+1`` to the folded-out ``2k``."""
   p, i = _comm.size(axis_name), _comm.index(axis_name)
-  rem = p - _pof2(p)
+  rem = p - largest_pof2(p)
   if rem == 0:
     return x
   x = _comm.settle(x)  # lossy wire: 2k+1 keeps what 2k receives
@@ -91,7 +92,7 @@ def recursive_doubling(flat: jax.Array, axis_name: AxisName, combine: Combine) -
     Operations in MPICH", IJHPCA 19(1), 2005.
   """
   p = _comm.size(axis_name)
-  pof2, rem = _pof2(p), p - _pof2(p)
+  pof2, rem = largest_pof2(p), p - largest_pof2(p)
   x, newrank = _fold(flat, axis_name, combine)  # T[n]
   mask = 1
   while mask < pof2:
@@ -173,7 +174,7 @@ def butterfly(
     ``T[n]``, reduced over all participants, identical on each.
   """
   p, n = _comm.size(axis_name), flat.shape[0]
-  pof2, rem = _pof2(p), p - _pof2(p)
+  pof2, rem = largest_pof2(p), p - largest_pof2(p)
   tables = [jnp.asarray(np.asarray(u, np.int32)) for u in butterfly_tables(pof2, partners)]
   pairs = [
     [(_real_rank(r, rem), _real_rank(q, rem)) for r, q in enumerate(step)] for step in partners
@@ -209,7 +210,7 @@ def butterfly_messages(
   ..., combined), the doubling steps in reverse (..., n/4, n/2), unfold. Fractions
   ignore the padding to a multiple of pof2.
   """
-  rem = p - _pof2(p)
+  rem = p - largest_pof2(p)
   fold = [[(2 * k, 2 * k + 1, 1.0, True) for k in range(rem)]] if rem else []
   unfold = [[(2 * k + 1, 2 * k, 1.0, False) for k in range(rem)]] if rem else []
   pairs = [
@@ -224,11 +225,6 @@ def far_first_partners(pof2: int) -> list[list[int]]:
   """XOR partners, largest distance first (MPICH): masks pof2/2, ..., 2, 1."""
   masks = [pof2 >> (s + 1) for s in range(pof2.bit_length() - 1)]
   return [[r ^ m for r in range(pof2)] for m in masks]
-
-
-def near_first_partners(pof2: int) -> list[list[int]]:
-  """XOR partners, smallest distance first: masks 1, 2, ..., pof2/2."""
-  return [[r ^ (1 << s) for r in range(pof2)] for s in range(pof2.bit_length() - 1)]
 
 
 def halving_doubling(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Array:
@@ -252,29 +248,69 @@ def halving_doubling(flat: jax.Array, axis_name: AxisName, combine: Combine) -> 
     Rabenseifner, "Optimization of Collective Reduction Operations", ICCS 2004;
     Thakur, Rabenseifner & Gropp, IJHPCA 19(1), 2005.
   """
-  return butterfly(flat, axis_name, combine, far_first_partners(_pof2(_comm.size(axis_name))))
+  return butterfly(
+    flat, axis_name, combine, far_first_partners(largest_pof2(_comm.size(axis_name)))
+  )
 
 
-def halving_doubling_near(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Array:
-  """Halving-doubling with the near-first order: partner ``r XOR 1`` first, then
-  ``r XOR 2``, ... ``r XOR pof2/2`` (the all-gather runs the reverse order).
+def _fold_steps(p: int):
+  pof2 = 1 << (p.bit_length() - 1)
+  rem = p - pof2
 
-  The same bytes and steps as :func:`halving_doubling`, but the big halves (n/2,
-  n/4, ...) go to the nearest partners and only the small slices travel far; rank r
-  ends the reduce-scatter owning the slice at bit-reversed position r. On a 1-D torus
-  (physical ring) with minimal routing the reduce-scatter's busiest link carries
-  (lg p)/2 · n instead of far-first's (p/3)(1 - 1/p²) · n.
+  def real(r):
+    return 2 * r + 1 if r < rem else r + rem
 
-  - steps: 2 lg p (+2 when p is not a power of two: MPICH's fold)
-  - bytes sent per participant: 2(p-1)/p·n (+n on folded pairs)
-  - time (flat α-β): 2 lg p·α + 2(p-1)/p·nβ + (p-1)/p·nγ
-
-  Args/Returns: as :func:`allreduce_jax._ring.ring`.
-  """
-  return butterfly(flat, axis_name, combine, near_first_partners(_pof2(_comm.size(axis_name))))
+  fold = [[(2 * k, 2 * k + 1, 1.0, True) for k in range(rem)]] if rem else []
+  unfold = [[(2 * k + 1, 2 * k, 1.0, False) for k in range(rem)]] if rem else []
+  return pof2, real, fold, unfold
 
 
-def halving_doubling_near_messages(sizes: tuple[int, ...]) -> list[list[tuple]]:
-  """Message steps of :func:`halving_doubling_near` on ``prod(sizes)`` participants."""
-  p = math.prod(sizes)
-  return butterfly_messages(p, near_first_partners(_pof2(p)))
+def recursive_doubling_messages(sizes: Sequence[int]) -> list[list[tuple]]:
+  """MPICH fold to a power of two, lg p full-buffer XOR exchanges, unfold."""
+  (p,) = sizes
+  if p < 2:
+    return []
+  pof2, real, fold, unfold = _fold_steps(p)
+  masks = [1 << k for k in range(pof2.bit_length() - 1)]
+  mid = [[(real(r), real(r ^ m), 1.0, True) for r in range(pof2)] for m in masks]
+  return fold + mid + unfold
+
+
+def halving_doubling_messages(sizes: Sequence[int]) -> list[list[tuple]]:
+  """Rabenseifner, MPICH (far-first) order: halving at distance pof2/2 ... 1 with
+  n/2, n/4, ... then doubling at 1 ... pof2/2 with n/pof2 ... n/2."""
+  (p,) = sizes
+  if p < 2:
+    return []
+  pof2, real, fold, unfold = _fold_steps(p)
+  L = pof2.bit_length() - 1
+  rs = [
+    [(real(r), real(r ^ (pof2 >> (s + 1))), 1 / 2 ** (s + 1), True) for r in range(pof2)]
+    for s in range(L)
+  ]
+  ag = [
+    [(real(r), real(r ^ (1 << s)), (1 << s) / pof2, False) for r in range(pof2)] for s in range(L)
+  ]
+  return fold + rs + ag + unfold
+
+
+register(
+  Algorithm(
+    "recursive_doubling",
+    recursive_doubling,
+    schedule=cost_model.recursive_doubling_schedule,
+    messages=recursive_doubling_messages,
+    two_level=cost_model.recursive_doubling_two_level,
+    summary="lg p full-buffer exchanges with XOR partners",
+  )
+)
+register(
+  Algorithm(
+    "halving_doubling",
+    halving_doubling,
+    schedule=cost_model.halving_doubling_schedule,
+    messages=halving_doubling_messages,
+    two_level=cost_model.halving_doubling_two_level,
+    summary="Rabenseifner: recursive-halving RS + recursive-doubling AG",
+  )
+)

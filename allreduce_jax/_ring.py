@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from allreduce_jax import _comm
+from allreduce_jax import _comm, cost_model
 from allreduce_jax._comm import AxisName
+from allreduce_jax.registry import Algorithm, register
 
 Combine = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -159,3 +160,48 @@ def bidirectional_ring(flat: jax.Array, axis_name: AxisName, combine: Combine) -
   blocks = _reduce_scatter_lanes(lanes, dirs, axis_name, combine)  # 2 x T[c]
   outs = _all_gather_lanes(blocks, dirs, axis_name)  # 2 x T[p*c]
   return jnp.concatenate(outs)[:n]
+
+
+def _shift(p: int, d: int, frac: float, combined: bool, base: int = 0, stride: int = 1):
+  return [(base + j * stride, base + ((j + d) % p) * stride, frac, combined) for j in range(p)]
+
+
+def ring_messages(sizes: Sequence[int]) -> list[list[tuple]]:
+  """Ring: p-1 reduce-scatter steps (combined) then p-1 all-gather steps of n/p."""
+  (p,) = sizes
+  if p < 2:
+    return []
+  rs, ag = _shift(p, 1, 1 / p, True), _shift(p, 1, 1 / p, False)
+  return [rs] * (p - 1) + [ag] * (p - 1)
+
+
+def bidirectional_ring_messages(sizes: Sequence[int]) -> list[list[tuple]]:
+  """Two lanes of n/(2p), one each way, in every one of the 2(p-1) steps."""
+  (p,) = sizes
+  if p < 2:
+    return []
+  f = 1 / (2 * p)
+  rs = _shift(p, 1, f, True) + _shift(p, -1, f, True)
+  ag = _shift(p, 1, f, False) + _shift(p, -1, f, False)
+  return [rs] * (p - 1) + [ag] * (p - 1)
+
+
+register(
+  Algorithm(
+    "ring",
+    ring,
+    schedule=cost_model.ring_schedule,
+    messages=ring_messages,
+    two_level=cost_model.ring_two_level,
+    summary="reduce-scatter + all-gather around a ring, 2(p-1) steps",
+  )
+)
+register(
+  Algorithm(
+    "bidirectional_ring",
+    bidirectional_ring,
+    schedule=cost_model.bidirectional_ring_schedule,
+    messages=bidirectional_ring_messages,
+    summary="two rings in opposite directions, half the buffer each",
+  )
+)

@@ -20,9 +20,10 @@ from collections.abc import Callable
 
 import jax
 
-from allreduce_jax import _comm
+from allreduce_jax import _comm, cost_model
 from allreduce_jax._comm import AxisName
-from allreduce_jax._recursive import _pof2, butterfly, butterfly_messages
+from allreduce_jax._recursive import butterfly, butterfly_messages, largest_pof2
+from allreduce_jax.registry import Algorithm, register
 
 Combine = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -81,7 +82,7 @@ def swing(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Array:
     De Sensi, Bonato, Saam & Hoefler, "Swing: Short-cutting Rings for Higher
     Bandwidth Allreduce", NSDI 2024.
   """
-  return butterfly(flat, axis_name, combine, swing_partners(_pof2(_comm.size(axis_name))))
+  return butterfly(flat, axis_name, combine, swing_partners(largest_pof2(_comm.size(axis_name))))
 
 
 def swing_messages(sizes: tuple[int, ...]) -> list[list[tuple]]:
@@ -89,4 +90,15 @@ def swing_messages(sizes: tuple[int, ...]) -> list[list[tuple]]:
   order): fold, lg pof2 halving steps, the doubling steps in reverse, unfold; each
   step a list of ``(source, target, fraction of n, combined)``."""
   p = math.prod(sizes)
-  return butterfly_messages(p, swing_partners(_pof2(p)))
+  return butterfly_messages(p, swing_partners(largest_pof2(p)))
+
+
+register(
+  Algorithm(
+    "swing",
+    swing,
+    schedule=cost_model.swing_schedule,
+    messages=swing_messages,
+    summary="Swing: halving RS + doubling AG with partners r ± ρ(s), near-first",
+  )
+)

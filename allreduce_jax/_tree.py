@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 
-from allreduce_jax import _comm
+from allreduce_jax import _comm, cost_model
 from allreduce_jax._comm import AxisName
+from allreduce_jax.registry import Algorithm, register
 
 Combine = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -43,3 +44,24 @@ def tree(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Array:
     recv = _comm.send(x, axis_name, [(j, j + mask) for j in range(0, p - mask, 2 * mask)])
     x = jnp.where(i % (2 * mask) == mask, recv, x)
   return x
+
+
+def tree_messages(sizes: Sequence[int]) -> list[list[tuple]]:
+  """Binomial reduce to 0 (masks 1, 2, 4, ...) then broadcast back, full buffers."""
+  (p,) = sizes
+  masks = [1 << k for k in range((p - 1).bit_length())]
+  up = [[(j, j - m, 1.0, True) for j in range(m, p, 2 * m)] for m in masks]
+  down = [[(j, j + m, 1.0, False) for j in range(0, p - m, 2 * m)] for m in reversed(masks)]
+  return up + down
+
+
+register(
+  Algorithm(
+    "tree",
+    tree,
+    schedule=cost_model.tree_schedule,
+    messages=tree_messages,
+    two_level=cost_model.tree_two_level,
+    summary="binomial reduce to a root, then binomial broadcast",
+  )
+)

@@ -16,8 +16,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from allreduce_jax import _comm
+from allreduce_jax import _comm, cost_model
 from allreduce_jax._comm import AxisName
+from allreduce_jax.registry import Algorithm, register
 
 Combine = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -78,3 +79,16 @@ def two_shot_messages(sizes: Sequence[int]) -> list[list[tuple[int, int, float, 
   rs = [[(j, (j + d) % p, 1 / p, True) for j in range(p)] for d in range(1, p)]
   ag = [[(j, (j + d) % p, 1 / p, False) for j in range(p)] for d in range(1, p)]
   return rs + ag
+
+
+# Compressed all-reduce (issue 19): the quantize-once algorithm.
+register(
+  Algorithm(
+    "two_shot",
+    two_shot,
+    auto=False,
+    schedule=cost_model.ring_schedule,  # the same steps and bytes as the ring
+    messages=two_shot_messages,
+    summary="direct reduce-scatter + direct all-gather: a slice is quantized once",
+  )
+)

@@ -14,6 +14,8 @@ import importlib.util
 import re
 import sys
 
+from allreduce_jax import distributed
+from allreduce_jax.results import RowsError, release_locks
 from allreduce_jax.tools import COMMANDS
 
 
@@ -115,10 +117,7 @@ def main(argv: list[str] | None = None) -> int:
   module = importlib.import_module(COMMANDS[name][0])
   args = subcommand_parser(name, module).parse_args(argv[1:])
   if name not in ("launch", "cluster"):  # join a jax.distributed run if the environment sets one up
-    from allreduce_jax import distributed
-
     distributed.main_guard()
-  from allreduce_jax.results import RowsError, release_locks
 
   global _depth
   _depth += 1
@@ -144,16 +143,12 @@ def _noted(code):
   """``code``; in a ``jax.distributed`` run a non-zero one is noted so that this process
   exits at once instead of waiting in JAX's shutdown barrier (distributed.note_exit)."""
   if _depth == 1 and code:
-    from allreduce_jax import distributed
-
     distributed.note_exit(code)
   return code
 
 
 def _failure(e: BaseException) -> str:
   """One line for an error the user's machine raised while a command ran."""
-  from allreduce_jax.results import RowsError
-
   if isinstance(e, RowsError):
     return str(e)
   if isinstance(e, MemoryError) or type(e).__name__ == "_ArrayMemoryError":

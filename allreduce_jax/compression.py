@@ -22,11 +22,11 @@ import optax
 from jax import lax
 
 from allreduce_jax import _comm
-from allreduce_jax._api import _check_algorithm
 from allreduce_jax._comm import AxisName
 from allreduce_jax._invariant import as_invariant, varying_axes
 from allreduce_jax._ring import ring_all_gather
 from allreduce_jax.fusion import all_reduce_tree
+from allreduce_jax.registry import check_algorithm
 
 #: DDP's ``min_compression_rate``: a matrix is compressed only if
 #: (rows + cols)·rank·2 < rows·cols.
@@ -129,7 +129,7 @@ def powersgd(
     raise ValueError(f"rank={rank!r} must be a positive integer.")
   if not isinstance(start_step, int) or start_step < 0:
     raise ValueError(f"start_step={start_step!r} must be a non-negative integer.")
-  _check_algorithm(algorithm)
+  check_algorithm(algorithm)
 
   def init_fn(params: Any) -> PowerSGDState:
     leaves = jax.tree.leaves(params)

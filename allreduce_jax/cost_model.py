@@ -14,11 +14,32 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import math
+import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from allreduce_jax import units
+import jax
+import numpy as np
+
+from allreduce_jax import replay
+from allreduce_jax._cpu_params import CPU_FIT
+
+# The machine parameters live a floor below (networks carry them too); re-exported here.
+from allreduce_jax._machine import (
+  DEFAULT_PARAMS,
+  PRESETS,
+  AnyParams,
+  FittedParams,
+  Params,
+  params_to_dict,
+  resolve,
+)
+from allreduce_jax._machine import params_from_dict as params_from_dict
+from allreduce_jax._machine import parse_link as parse_link
+from allreduce_jax.registry import ALGORITHMS, names
 
 
 @dataclass(frozen=True)
@@ -38,25 +59,6 @@ class Schedule:
   gamma_bytes: float
   permutes: int
   max_sent_bytes: float
-
-
-@dataclass(frozen=True)
-class Params:
-  """Machine parameters: α (s per step), β (s per byte), γ (s per byte reduced)."""
-
-  alpha: float
-  beta: float
-  gamma: float = 0.0
-
-  @classmethod
-  def from_link(cls, latency_us: float, bandwidth_GBps: float, reduce_GBps: float = math.inf):
-    """From a per-step latency (µs) and a link bandwidth (GB/s, 1e9 bytes/s)."""
-    gamma = 0.0 if math.isinf(reduce_GBps) else 1.0 / (reduce_GBps * 1e9)
-    return cls(latency_us * 1e-6, 1.0 / (bandwidth_GBps * 1e9), gamma)
-
-
-#: Documented defaults (used until a fit exists): roughly a NVLink-class GPU link.
-DEFAULT_PARAMS = Params.from_link(latency_us=5.0, bandwidth_GBps=100.0, reduce_GBps=1000.0)
 
 
 def _lg(p: int) -> int:
@@ -137,26 +139,6 @@ def swing_schedule(p: int, n: float, inner: int | None = None) -> Schedule:
   return halving_doubling_schedule(p, n)
 
 
-def double_binary_tree_schedule(
-  p: int, n: float, inner: int | None = None, chunks: int | None = None
-) -> Schedule:
-  """Pipelined double binary tree with k chunks per tree (k: ``chunks``, else the
-  model's choice for (p, n), as the algorithm picks it at trace time).
-
-  steps = k + 2⌈lg p⌉ - 1 rounds of n/(2k)-byte chunks; beta_bytes = steps·n/(2k)
-  (each pair on its own link, the flat model's convention: → n/2; one NIC per
-  participant would carry ≈ 2n); gamma_bytes sums the busiest participant's
-  combines per round (→ n); permutes: per round the busiest participant's upward
-  plus downward transfers; max_sent_bytes = (1 + children)·n/2 over both trees (≤ 2n).
-  See ``allreduce_jax._dbtree.cost``.
-  """
-  from allreduce_jax import _dbtree  # lazy: the plan lives with the algorithm
-
-  k = chunks or _dbtree.choose_chunks(p, n)
-  c = _dbtree.cost(p, n, k)
-  return Schedule(c["steps"], c["beta_bytes"], c["gamma_bytes"], c["permutes"], c["max_sent_bytes"])
-
-
 def _axis_sizes(p: int, inner) -> tuple[int, ...]:
   """Mesh axis sizes, outer first, from ``inner``: an int a (two levels, p/a × a) or
   the tuple of every axis size below the outermost."""
@@ -217,8 +199,6 @@ def schedule(algorithm: str, p: int, n: float, inner: int | None = None) -> Sche
     >>> s.steps, s.beta_bytes, s.max_sent_bytes
     (14, 1792.0, 1792.0)
   """
-  from allreduce_jax._api import ALGORITHMS  # lazy: _api imports this module
-
   if p < 1:
     raise ValueError(f"p must be at least 1, got {p}.")
   record = ALGORITHMS.get(algorithm)
@@ -265,9 +245,7 @@ def lower_bound_seconds(p: int, n: float, params: Params) -> float:
 def auto_candidates() -> tuple[str, ...]:
   """Algorithms :func:`choose` (and ``algorithm="auto"``) picks from: the registry
   records with ``auto=True`` (hand-written, single-axis, with a cost model)."""
-  from allreduce_jax._api import ALGORITHMS
-
-  return tuple(name for name, r in ALGORITHMS.items() if r.auto)
+  return names(auto=True)
 
 
 #: Where the command-line tools (``bench``, ``fusion``, ``scaling``) look for a fit
@@ -277,124 +255,9 @@ def auto_candidates() -> tuple[str, ...]:
 FIT_ENV_VAR = "ALLREDUCE_JAX_COST_PARAMS"
 DEFAULT_FIT_PATH = "results/cost_params.json"
 
-#: Hardware presets, per link and direction. α for NVLink is NCCL's
-#: default Simple-protocol ring hop latency on NVLink (3.4 µs, ``src/graph/tuning.cc``);
-#: γ assumes a reduction at ~1 TB/s of HBM bandwidth on GPUs. Override any of them
-#: with measured values (``--inner``/``--outer`` in ``allreduce-jax scaling``).
-PRESETS: dict[str, Params] = {
-  "nvlink4": Params.from_link(latency_us=3.4, bandwidth_GBps=450.0, reduce_GBps=1000.0),
-  "ib_ndr": Params.from_link(latency_us=5.0, bandwidth_GBps=50.0, reduce_GBps=1000.0),
-  "tpu_v5e_ici": Params.from_link(latency_us=1.0, bandwidth_GBps=45.0, reduce_GBps=1000.0),
-  # Ethernet: IEEE 802.3ae (10 Gb/s) and 802.3ba (100 Gb/s) line rates, i.e. 1.25 and
-  # 12.5 GB/s per direction; α is NCCL's per-hop network latency for the Simple-protocol
-  # ring (9.6 µs, ``hwLat[NET]`` in ``src/graph/tuning.cc``). Kernel TCP is slower.
-  "10gbe": Params.from_link(latency_us=9.6, bandwidth_GBps=1.25, reduce_GBps=1000.0),  # 10 Gbit/s
-  "100gbe": Params.from_link(latency_us=9.6, bandwidth_GBps=12.5, reduce_GBps=1000.0),  # 100 Gbit/s
-  "default": DEFAULT_PARAMS,
-}
-
-
-def parse_link(text: str, name: str = "--link") -> Params:
-  """A link from the command line: a preset name (:data:`PRESETS`) or
-  ``LATENCY_US,BANDWIDTH``, the bandwidth a rate with its unit (``5,400Gbit``,
-  ``3.4,450GB/s``; a bare number is GB/s, as this format always read).
-
-  Raises ``ValueError`` with a one-line message naming ``name``.
-
-  Example:
-    >>> p = parse_link("5,100Gbit")
-    >>> round(p.alpha * 1e6, 3), round(1 / p.beta / 1e9, 3), parse_link("5,12.5") == p
-    (5.0, 12.5, True)
-  """
-  if text in PRESETS:
-    return PRESETS[text]
-  try:
-    lat_text, bw_text = text.split(",")
-    lat = float(lat_text.strip().removesuffix("us").removesuffix("µs"))
-    try:
-      bw = float(bw_text)
-    except ValueError:
-      bw = units.parse_rate_GBps(bw_text, name)
-    if not (math.isfinite(lat) and math.isfinite(bw)) or lat < 0 or bw <= 0:
-      raise ValueError
-  except ValueError:
-    raise ValueError(
-      f"{name} {text!r}: expected 'latency_us,bandwidth' (e.g. 5,400Gbit or 5,50GB/s;"
-      f" a bare bandwidth is GB/s) or a preset ({', '.join(PRESETS)})."
-    ) from None
-  return Params.from_link(lat, bw, reduce_GBps=1000.0)
-
-
-def params_to_dict(params: Params) -> dict[str, float]:
-  """``{"alpha_us", "beta_ns_per_byte", "gamma_ns_per_byte", "bandwidth_GBps"}``."""
-  return {
-    "alpha_us": params.alpha * 1e6,
-    "beta_ns_per_byte": params.beta * 1e9,
-    "gamma_ns_per_byte": params.gamma * 1e9,
-    "bandwidth_GBps": (1e-9 / params.beta) if params.beta > 0 else math.inf,
-  }
-
-
-def params_from_dict(d: dict[str, float]) -> Params:
-  """Inverse of :func:`params_to_dict`."""
-  return Params(d["alpha_us"] * 1e-6, d["beta_ns_per_byte"] * 1e-9, d["gamma_ns_per_byte"] * 1e-9)
-
-
-@dataclass(frozen=True)
-class FittedParams:
-  """Parameters fitted on one platform: one shared set and, optionally, one per algorithm.
-
-  NCCL keeps a latency and a bandwidth per (algorithm, protocol); likewise a
-  per-algorithm fit absorbs implementation constants (extra copies, rendezvous
-  cost) that one shared (α, β, γ) cannot.
-
-  Attributes:
-    shared: α, β, γ fitted on every algorithm's rows together.
-    per_algorithm: algorithm -> its own α, β, γ.
-    meta: where the fit came from (backend, device count, rows, errors...).
-  """
-
-  shared: Params
-  per_algorithm: dict[str, Params]
-  meta: dict
-
-  def get(self, algorithm: str) -> Params:
-    """The parameters to use for ``algorithm`` (its own fit if any, else shared)."""
-    return self.per_algorithm.get(algorithm, self.shared)
-
-  def to_json(self) -> dict:
-    return {
-      "shared": params_to_dict(self.shared),
-      "per_algorithm": {a: params_to_dict(q) for a, q in self.per_algorithm.items()},
-      "meta": self.meta,
-    }
-
-  @classmethod
-  def from_json(cls, d: dict) -> FittedParams:
-    return cls(
-      params_from_dict(d["shared"]),
-      {a: params_from_dict(q) for a, q in d.get("per_algorithm", {}).items()},
-      d.get("meta", {}),
-    )
-
-
-AnyParams = Params | FittedParams
-
-
-def resolve(params: AnyParams | None, algorithm: str) -> Params:
-  """A plain :class:`Params` for ``algorithm`` from any parameter object (None: defaults)."""
-  if params is None:
-    return DEFAULT_PARAMS
-  if isinstance(params, FittedParams):
-    return params.get(algorithm)
-  return params
-
 
 def save_params(fitted: FittedParams, path) -> None:
   """Writes ``fitted`` as JSON (directories are created)."""
-  import json
-  from pathlib import Path
-
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(fitted.to_json(), indent=2, sort_keys=True) + "\n")
@@ -402,18 +265,12 @@ def save_params(fitted: FittedParams, path) -> None:
 
 def load_params(path) -> FittedParams:
   """Reads a file written by :func:`save_params`."""
-  import json
-  from pathlib import Path
-
   return FittedParams.from_json(json.loads(Path(path).read_text()))
 
 
 def default_fit_path():
   """The fit file the command-line tools read and ``bench --fit`` writes:
   ``$ALLREDUCE_JAX_COST_PARAMS`` or ``results/cost_params.json``."""
-  import os
-  from pathlib import Path
-
   return Path(os.environ.get(FIT_ENV_VAR) or DEFAULT_FIT_PATH)
 
 
@@ -427,8 +284,6 @@ def load_default_params() -> AnyParams:
   try:
     return load_params(path)
   except (OSError, ValueError, KeyError, TypeError) as e:
-    import warnings
-
     warnings.warn(
       f"cost parameters in {path} could not be read ({e}); auto uses the defaults.", stacklevel=2
     )
@@ -447,12 +302,8 @@ def backend_params(backend: str | None = None) -> AnyParams:
     :func:`use_params`.
   """
   if backend is None:
-    import jax
-
     backend = jax.default_backend()
   if backend == "cpu":
-    from allreduce_jax._cpu_params import CPU_FIT
-
     return FittedParams.from_json(CPU_FIT)
   return DEFAULT_PARAMS
 
@@ -523,6 +374,12 @@ def current_topology():
   return stack[-1] if stack else None
 
 
+def pinned_params() -> AnyParams | None:
+  """The innermost :func:`use_params` block's parameters, or None outside every block."""
+  stack = _active_params.get()
+  return stack[-1] if stack else None
+
+
 def current_params(backend: str | None = None) -> AnyParams:
   """What ``algorithm="auto"`` uses now: the innermost :func:`use_params` block's
   parameters, else :func:`backend_params` for the running backend."""
@@ -576,8 +433,6 @@ def gamma_identifiable(rows) -> bool:
     >>> gamma_identifiable([(a, 8, n, 1.0) for a in ("ring", "recursive_doubling") for n in (1e3, 1e6)])
     True
   """
-  import numpy as np
-
   a = np.array([_features(alg, p, n) for alg, p, n, _ in rows], dtype=np.float64)
   if len(a) < 3:
     return False
@@ -610,8 +465,6 @@ def fit(rows, relative: bool = True) -> Params:
     >>> round(q.alpha * 1e6, 3), round(q.beta * 1e9, 3), round(q.gamma * 1e9, 3)
     (10.0, 1.0, 0.5)
   """
-  import numpy as np
-
   rows = list(rows)
   if not rows:
     raise ValueError("fit needs at least one measured row.")
@@ -620,7 +473,8 @@ def fit(rows, relative: bool = True) -> Params:
   if np.any(t <= 0):
     raise ValueError("fit: measured times must be positive.")
   w = 1.0 / t if relative else np.ones_like(t)
-  from scipy.optimize import nnls
+  from scipy.optimize import nnls  # here: scipy.optimize takes longer to import than the
+  # whole package, and only a fit needs it
 
   cols = 3 if gamma_identifiable(rows) else 2  # else: no γ column, β absorbs it
   a = a[:, :cols]
@@ -638,8 +492,6 @@ def fit_all(rows, per_algorithm: bool = True, meta: dict | None = None) -> Fitte
   ``meta["gamma_identified"]`` says, for ``"shared"`` and each algorithm, whether
   its γ could be told from β (:func:`gamma_identifiable`); where not, γ is 0 and
   should be shown as unknown, not as 0."""
-  from allreduce_jax._api import ALGORITHMS
-
   rows = list(rows)
   ours = [r for r in rows if ALGORITHMS[r[0]].hand_written]  # XLA's is not our schedule
   shared = fit(ours or rows)
@@ -698,9 +550,9 @@ def choose(
       )
     candidates = kept
   if topology is not None:
-    from allreduce_jax import topology as replay  # lazy: it imports this module
-
-    candidates = tuple(a for a in candidates if a in replay.candidates(candidates))
+    candidates = tuple(
+      a for a in candidates if a in ALGORITHMS and ALGORITHMS[a].messages is not None
+    )
     if not candidates:
       raise ValueError("choose: no candidate has a message generator to replay.")
     times = [replay.predict_seconds(a, p, nbytes, params, topology) for a in candidates]
@@ -780,55 +632,91 @@ class TwoLevel:
 
 
 def predict_two_level_seconds(algorithm: str, p: int, n: float, machine: TwoLevel) -> float:
-  r"""Predicted time of ``algorithm`` on ``p`` devices of a two-level machine.
+  """Predicted time of ``algorithm`` on ``p`` devices of a two-level machine: the
+  ``two_level`` field of its registry record (the formulas are the ``*_two_level``
+  functions below).
 
   With a = ``per_node`` devices per node, b = p/a nodes, level 1 = inside a node,
-  level 2 = between nodes (each device has its own NIC when ``nics_per_node = a``):
-
-  - ``hierarchical``: ring reduce-scatter and all-gather inside the node, the 1/a
-    shard all-reduced by a ring across nodes (every device on its own NIC):
-    :math:`2(a-1)α_1 + 2rac{a-1}{a}nβ_1 + rac{a-1}{a}nγ + T_{ring}(b, n/a; α_2, β_2, γ)`.
-  - ``ring`` (NCCL's flat ring, ``src/graph/tuning.cc``): of its 2(p-1) steps,
-    2(b-1) cross a node boundary (α₂), the rest are NVLink hops (α₁); several rings
-    (channels) spread the bytes over every NIC, so each link carries
-    :math:`2rac{p-1}{p}n` at the slower of β₁ and β₂/NICs.
-  - ``halving_doubling`` / ``recursive_doubling`` / ``tree``: XOR/binomial partners
-    at distance ≥ a are in another node: those lg b steps pay α₂ and β₂ (each device
-    through its own NIC), the lg a steps at distance < a pay α₁, β₁.
-
-  Within one node (p ≤ a) every algorithm runs on the inner parameters.
+  level 2 = between nodes (each device has its own NIC when ``nics_per_node = a``).
+  Within one node (p ≤ a) every algorithm runs on the inner parameters; across nodes
+  an algorithm without a two-level model is a ``ValueError``.
   """
   a = machine.per_node
-  if p <= a:
-    return predict_seconds(
-      "ring" if algorithm == "hierarchical" else algorithm, p, n, machine.inner
-    )
-  if p % a:
+  if p > a and p % a:
     raise ValueError(f"p={p} must be a multiple of per_node={a} on a two-level machine.")
-  b = p // a
-  i, o = machine.inner, machine.outer
-  gamma = max(i.gamma, o.gamma)
-  if algorithm == "hierarchical":
-    t_in = 2 * (a - 1) * i.alpha + 2 * (a - 1) / a * n * i.beta + (a - 1) / a * n * gamma
-    return t_in + predict_seconds("ring", b, n / a, o)
-  if algorithm == "ring":
-    inter = 2 * (b - 1)
-    beta = max(i.beta, o.beta / max(1, machine.nics_per_node))
-    return (
-      (2 * (p - 1) - inter) * i.alpha
-      + inter * o.alpha
-      + 2 * (p - 1) / p * n * beta
-      + (p - 1) / p * n * gamma
-    )
-  la, lb = _lg(a), _lg(b)
-  if algorithm == "halving_doubling":  # masks ≥ a carry n(1 - a/p) in total, < a: n(a-1)/p
-    return (
-      2 * (la * i.alpha + lb * o.alpha)
-      + 2 * (n * (1 - a / p) * o.beta + n * (a - 1) / p * i.beta)
-      + (p - 1) / p * n * gamma
-    )
-  if algorithm == "recursive_doubling":
-    return (la * i.alpha + lb * o.alpha) + n * (la * i.beta + lb * o.beta) + n * (la + lb) * gamma
-  if algorithm == "tree":
-    return 2 * (la * (i.alpha + n * i.beta) + lb * (o.alpha + n * o.beta)) + (la + lb) * n * gamma
+  record = ALGORITHMS.get(algorithm)
+  if record is not None and record.two_level is not None:
+    return record.two_level(p, n, machine)
+  if p <= a:
+    return predict_seconds(algorithm, p, n, machine.inner)
   raise ValueError(f"algorithm={algorithm!r} has no two-level model.")
+
+
+def _levels(p: int, machine: TwoLevel) -> tuple[int, int, Params, Params, float]:
+  """(a, b, inner, outer, γ): a devices per node, b nodes, the slower γ of the two."""
+  i, o = machine.inner, machine.outer
+  return machine.per_node, p // machine.per_node, i, o, max(i.gamma, o.gamma)
+
+
+def hierarchical_two_level(p: int, n: float, machine: TwoLevel) -> float:
+  r"""Ring reduce-scatter and all-gather inside the node, the 1/a shard all-reduced by
+  a ring across nodes (every device on its own NIC):
+  :math:`2(a-1)α_1 + 2\frac{a-1}{a}nβ_1 + \frac{a-1}{a}nγ + T_{ring}(b, n/a; α_2, β_2, γ)`;
+  within one node, the ring."""
+  if p <= machine.per_node:
+    return predict_seconds("ring", p, n, machine.inner)
+  a, b, i, o, gamma = _levels(p, machine)
+  t_in = 2 * (a - 1) * i.alpha + 2 * (a - 1) / a * n * i.beta + (a - 1) / a * n * gamma
+  return t_in + predict_seconds("ring", b, n / a, o)
+
+
+def ring_two_level(p: int, n: float, machine: TwoLevel) -> float:
+  r"""NCCL's flat ring (``src/graph/tuning.cc``): of its 2(p-1) steps, 2(b-1) cross a
+  node boundary (α₂), the rest are NVLink hops (α₁); several rings (channels) spread
+  the bytes over every NIC, so each link carries :math:`2\frac{p-1}{p}n` at the slower
+  of β₁ and β₂/NICs."""
+  if p <= machine.per_node:
+    return predict_seconds("ring", p, n, machine.inner)
+  _, b, i, o, gamma = _levels(p, machine)
+  inter = 2 * (b - 1)
+  beta = max(i.beta, o.beta / max(1, machine.nics_per_node))
+  return (
+    (2 * (p - 1) - inter) * i.alpha
+    + inter * o.alpha
+    + 2 * (p - 1) / p * n * beta
+    + (p - 1) / p * n * gamma
+  )
+
+
+def halving_doubling_two_level(p: int, n: float, machine: TwoLevel) -> float:
+  """XOR partners at distance ≥ a are in another node: those lg b steps pay α₂ and β₂
+  (each device through its own NIC), the lg a steps at distance < a pay α₁, β₁; the
+  masks ≥ a carry n(1 - a/p) in total, those < a n(a-1)/p."""
+  if p <= machine.per_node:
+    return predict_seconds("halving_doubling", p, n, machine.inner)
+  a, b, i, o, gamma = _levels(p, machine)
+  la, lb = _lg(a), _lg(b)
+  return (
+    2 * (la * i.alpha + lb * o.alpha)
+    + 2 * (n * (1 - a / p) * o.beta + n * (a - 1) / p * i.beta)
+    + (p - 1) / p * n * gamma
+  )
+
+
+def recursive_doubling_two_level(p: int, n: float, machine: TwoLevel) -> float:
+  """lg a full-buffer exchanges inside the node (α₁, β₁), lg b across (α₂, β₂)."""
+  if p <= machine.per_node:
+    return predict_seconds("recursive_doubling", p, n, machine.inner)
+  a, b, i, o, gamma = _levels(p, machine)
+  la, lb = _lg(a), _lg(b)
+  return (la * i.alpha + lb * o.alpha) + n * (la * i.beta + lb * o.beta) + n * (la + lb) * gamma
+
+
+def tree_two_level(p: int, n: float, machine: TwoLevel) -> float:
+  """Binomial reduce and broadcast: the lg a levels inside the node pay α₁, β₁, the lg b
+  across nodes α₂, β₂, full buffers each way."""
+  if p <= machine.per_node:
+    return predict_seconds("tree", p, n, machine.inner)
+  a, b, i, o, gamma = _levels(p, machine)
+  la, lb = _lg(a), _lg(b)
+  return 2 * (la * (i.alpha + n * i.beta) + lb * (o.alpha + n * o.beta)) + (la + lb) * n * gamma

@@ -47,6 +47,7 @@ which process is stuck.
 
 from __future__ import annotations
 
+import atexit
 import errno
 import faulthandler
 import fcntl
@@ -59,6 +60,11 @@ import struct
 import sys
 import traceback
 from collections.abc import Mapping, Sequence
+
+import jax
+from jax._src import distributed as jax_distributed
+from jax._src import xla_bridge
+from jax._src.lib import _jax
 
 ENV_COORDINATOR = "ALLREDUCE_JAX_COORDINATOR"
 ENV_COORDINATOR_BIND = "ALLREDUCE_JAX_COORDINATOR_BIND"
@@ -212,9 +218,6 @@ def _use_gloo_address(interface: str | None, hostname: str | None) -> None:
   """Makes JAX's CPU client use gloo collectives on ``interface`` / ``hostname``
   (JAX itself passes neither). Call after ``jax.distributed.initialize`` and before
   the CPU backend starts."""
-  from jax._src import distributed as jax_distributed
-  from jax._src import xla_bridge
-  from jax._src.lib import _jax
 
   collectives = _jax.make_gloo_tcp_collectives(
     distributed_client=jax_distributed.global_state.client,
@@ -300,8 +303,6 @@ def exit_fast_on_error() -> None:
   blocks have run (an ``atexit`` handler that runs before JAX's); ``sys.exit(0)``
   still shuts down normally.
   """
-  import atexit
-
   global _failing_exit
   _failing_exit = None
   if not getattr(sys.exit, "_allreduce_jax", False):
@@ -394,7 +395,6 @@ def initialize(
       or ``gloo_interface`` / ``gloo_hostname`` is not this host's.
     RuntimeError: called after the JAX backend started.
   """
-  import jax
 
   if jax.distributed.is_initialized():
     return

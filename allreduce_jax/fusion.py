@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from allreduce_jax import _comm, cost_model
-from allreduce_jax._api import _check_algorithm, _check_axis_name, all_reduce, keyword_only
+from allreduce_jax._api import all_reduce, check_axis_name, keyword_only
 from allreduce_jax._comm import AxisName
 from allreduce_jax._invariant import typed, varying_axes
+from allreduce_jax.registry import check_algorithm
 
 
 def plan_buckets(leaves: Sequence[Any], bucket_bytes: int | None) -> list[list[int]]:
@@ -139,8 +140,8 @@ def all_reduce_tree(
       return all_reduce_tree(
         tree, axis_name, op=op, algorithm=algorithm, bucket_bytes=bucket_bytes, wire=wire
       )
-  _check_algorithm(algorithm)
-  _check_axis_name(axis_name, algorithm)  # the same errors as all_reduce's, first
+  check_algorithm(algorithm)
+  check_axis_name(axis_name, algorithm)  # the same errors as all_reduce's, first
   leaves, treedef = jax.tree.flatten(tree)
   leaves = [jnp.asarray(leaf) for leaf in leaves]
   if leaves:

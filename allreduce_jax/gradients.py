@@ -16,11 +16,12 @@ import jax.numpy as jnp
 import optax
 
 from allreduce_jax import _comm, _wire
-from allreduce_jax._api import _check_algorithm, _check_axis_name, keyword_only
+from allreduce_jax._api import check_axis_name, keyword_only
 from allreduce_jax._comm import AxisName
 from allreduce_jax._invariant import varying_axes
 from allreduce_jax._ops import OPS
 from allreduce_jax.fusion import all_reduce_tree, invariant_leaves, plan_buckets
+from allreduce_jax.registry import check_algorithm
 
 
 class ErrorFeedbackState(NamedTuple):
@@ -147,7 +148,7 @@ def all_reduce_gradients(
   """
   if op not in OPS:
     raise ValueError(f"op={op!r} is not supported; expected one of {OPS}.")
-  _check_algorithm(algorithm)
+  check_algorithm(algorithm)
   fmt = _wire.get(wire)
   if fmt.lossy and op not in ("sum", "mean"):
     raise ValueError(f"op={op!r} with wire={wire!r}: a lossy wire format is for sum/mean.")
@@ -176,7 +177,7 @@ def all_reduce_gradients(
 
   def update_fn(updates: Any, state, params: Any = None):
     del params
-    _check_axis_name(axis_name, algorithm)  # a mistyped axis: all_reduce's ValueError
+    check_axis_name(axis_name, algorithm)  # a mistyped axis: all_reduce's ValueError
     already = invariant_leaves(updates, axis_name)
     if already:
       if _inside_multisteps():

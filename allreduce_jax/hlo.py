@@ -8,7 +8,14 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from allreduce_jax._api import all_reduce
+from allreduce_jax.devices import mesh_for
 
 _DTYPE_BYTES = {
   "pred": 1,
@@ -114,20 +121,13 @@ def audit_all_reduce(
   algorithm: str, p: int, n: int, dtype="float32", wire: str | None = None
 ) -> CommAudit:
   """Compiles ``all_reduce`` of ``n`` elements on ``p`` of this process's devices
-  (on the mesh :func:`allreduce_jax._devices.mesh_for` gives it), sending in wire
+  (on the mesh :func:`allreduce_jax.devices.mesh_for` gives it), sending in wire
   format ``wire``, and audits its HLO.
 
   Example:
     >>> audit_all_reduce("ring", 4, 1024).max_sent_bytes  # 2·3/4·4096 bytes
     6144
   """
-  import jax
-  import jax.numpy as jnp
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
-
-  from allreduce_jax._api import all_reduce
-  from allreduce_jax._devices import mesh_for
 
   mesh, axis = mesh_for(algorithm, p)
   spec = P(axis)

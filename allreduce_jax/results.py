@@ -42,6 +42,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -51,6 +52,8 @@ import weakref
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+import jax
 
 #: The value of every row's ``"schema"`` field (bumped when the row layout changes).
 SCHEMA = "allreduce-jax/rows/1"
@@ -133,8 +136,6 @@ def fingerprint(obj: Any) -> str:
 
 def run_context() -> dict[str, Any]:
   """The configuration every key carries by default: JAX version, backend, processes."""
-  import jax
-
   return {
     "jax_version": jax.__version__,
     "backend": jax.default_backend(),
@@ -144,14 +145,10 @@ def run_context() -> dict[str, Any]:
 
 def environment() -> dict[str, Any]:
   """Versions, backend and device count, stored with every training row."""
-  import flax
-  import jax
-  import optax
-
   return {
     "jax": jax.__version__,
-    "flax": flax.__version__,
-    "optax": optax.__version__,
+    "flax": importlib.metadata.version("flax"),
+    "optax": importlib.metadata.version("optax"),
     "python": platform.python_version(),
     "backend": jax.default_backend(),
     "devices": len(jax.devices()),

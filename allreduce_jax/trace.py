@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import _comm, _devices
+from allreduce_jax import _comm, devices
 from allreduce_jax._api import all_reduce
 
 
@@ -75,7 +75,7 @@ def run_trace(algorithm: str, p: int, n: int | None = None) -> list[Frame]:
   n = p if n is None else n
   if n < 1 or (n * p) << p >= 2**31:
     raise ValueError(f"n={n} is too large to encode for p={p}.")
-  mesh, axis = _devices.mesh_for(algorithm, p)
+  mesh, axis = devices.mesh_for(algorithm, p)
   x = _encode(p, n)
 
   def body(block):
@@ -100,8 +100,8 @@ def run_trace(algorithm: str, p: int, n: int | None = None) -> list[Frame]:
   frames = [Frame(0, (), known.copy())]
   shape = mesh.devices.shape
   for step, ((sub_axis, pairs, _), payload) in enumerate(zip(schedule_log, received), 1):
-    payload = _devices.fetch(payload)  # int32[p, m]
-    global_pairs = _global_pairs(sub_axis, pairs, axis, shape)
+    payload = devices.fetch(payload)  # int32[p, m]
+    global_pairs = _comm.global_pairs(sub_axis, pairs, axis, shape)
     targets = {t for _, t in global_pairs}
     k, bits = _decode(payload, p)
     for t in targets:
@@ -112,27 +112,10 @@ def run_trace(algorithm: str, p: int, n: int | None = None) -> list[Frame]:
   return frames
 
 
-def _global_pairs(sub_axis, pairs, axis, mesh_shape) -> list[tuple[int, int]]:
-  """Maps pairs over ``sub_axis`` (one axis of a 2-D mesh) to flattened indices."""
-  if _comm.axes_tuple(sub_axis) == _comm.axes_tuple(axis):
-    return [tuple(pair) for pair in pairs]
-  names = _comm.axes_tuple(axis)
-  pos = names.index(sub_axis)
-  out = []
-  for index in np.ndindex(*mesh_shape):
-    for src, dst in pairs:
-      if index[pos] == src:
-        to = list(index)
-        to[pos] = dst
-        out.append((int(np.ravel_multi_index(index, mesh_shape)),
-                    int(np.ravel_multi_index(tuple(to), mesh_shape))))  # fmt: skip
-  return out
-
-
 def plot_trace(frames: list[Frame], title: str = "", max_cols: int = 8):
   """Small multiples: one panel per step, rows = participants, columns = elements,
   colour and number = contributions held. Arrows of the step listed in the title."""
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # here: only drawing needs matplotlib (~0.5 s to import)
 
   cols = min(max_cols, len(frames))
   rows = -(-len(frames) // cols)

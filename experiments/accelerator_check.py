@@ -27,7 +27,7 @@ from pathlib import Path
 
 import jax
 
-from allreduce_jax import _api, _devices, cli
+from allreduce_jax import cli, devices, names
 
 
 def _tag() -> str:
@@ -57,11 +57,11 @@ def main() -> int:
   parser.add_argument("--quick", action="store_true", help="small sizes and few steps")
   parser.add_argument("--out", default="docs/results/accelerators", help="parent folder")
   args = parser.parse_args()
-  p = _devices.use_cpu_devices(None)  # every visible accelerator; 8 emulated on CPU
+  p = devices.use_cpu_devices(None)  # every visible accelerator; 8 emulated on CPU
   out = Path(args.out) / _tag()
   out.mkdir(parents=True, exist_ok=True)
   accel = jax.default_backend() != "cpu"
-  single = ",".join(a for a in _api.names(axes=1) if a != "auto")
+  single = ",".join(a for a in names(axes=1) if a != "auto")
   max_bytes = ("64MiB" if args.quick else "1GiB") if accel else ("1MiB" if args.quick else "16MiB")
   shapes = ["--shapes", "13"] if args.quick else []
   status = {

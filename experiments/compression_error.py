@@ -52,9 +52,8 @@ def measured(cfg: Config) -> list[dict]:
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from allreduce_jax import all_reduce, wire_error
-  from allreduce_jax._api import names
-  from allreduce_jax._devices import mesh_for
+  from allreduce_jax import all_reduce, names, wire_error
+  from allreduce_jax.devices import mesh_for
 
   rows = []
   for alg in names(axes=1, hand_written=True, priced=True):
@@ -148,7 +147,7 @@ def main() -> int:
   cfg = Config(out=args.out)
   if args.smoke:
     cfg = Config(n=1024, measured_ps=(2, 4), replay_ps=(2, 4, 16), out=args.out)
-  from allreduce_jax._devices import use_cpu_devices
+  from allreduce_jax.devices import use_cpu_devices
 
   use_cpu_devices(max(cfg.measured_ps))
   rows = replayed(cfg) + measured(cfg)

@@ -64,10 +64,10 @@ def main(argv=None) -> None:
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from allreduce_jax import _devices, all_reduce
+  from allreduce_jax import all_reduce, devices
   from allreduce_jax.tools._timing import time_round_robin
 
-  mesh = _devices.submesh((cfg.devices,), ("i",))
+  mesh = devices.submesh((cfg.devices,), ("i",))
   variants = {
     "unrolled": lambda b: all_reduce(b, "i", algorithm="ring"),
     "fori_loop": lambda b: ring_fori_loop(b, "i", lax.add),

@@ -48,14 +48,14 @@ def main(argv=None) -> int:
   from jax.experimental import multihost_utils
   from jax.sharding import NamedSharding
 
-  from allreduce_jax import ALGORITHMS, _devices, gloo_model
+  from allreduce_jax import ALGORITHMS, devices, gloo_model
   from allreduce_jax.tools._args import parse_size
   from allreduce_jax.tools.bench import _programs, _verifiable_block
 
   p = jax.device_count()
   n = parse_size(args.bytes)
   names = args.algorithms.split(",") if args.algorithms else [
-    a for a, r in ALGORITHMS.items() if r.messages is not None and _devices.fits(a, p)
+    a for a, r in ALGORITHMS.items() if r.messages is not None and devices.fits(a, p)
   ]  # fmt: skip
   count = n // 4
   done = set()
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
   idle = counted(lambda: None)
   for alg in names:
     mesh, spec, timed, _ = _programs(alg, p, "sum")
-    x = _devices.put(
+    x = devices.put(
       (p, count), "float32", NamedSharding(mesh, spec), lambda idx: _verifiable_block(idx, p, count)
     )
     timed(x).block_until_ready()  # compile, connect

@@ -34,9 +34,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import display
 
-from allreduce_jax import ALGORITHMS, trace
-from allreduce_jax._api import names
-from allreduce_jax._devices import factor_axes
+from allreduce_jax import ALGORITHMS, names, trace
+from allreduce_jax.devices import factor_axes
 from allreduce_jax.tools import _plot, audit, verify
 
 # Every hand-written algorithm with a cost model, from the registry records.

@@ -41,8 +41,7 @@ jax.config.update("jax_num_cpu_devices", DEVICES)  # before the first JAX comput
 import pandas as pd
 from IPython.display import display
 
-from allreduce_jax import cost_model
-from allreduce_jax._api import names
+from allreduce_jax import cost_model, names
 from allreduce_jax.tools import _plot, bench, fusion_bench, report
 from allreduce_jax.units import format_bytes, parse_size
 

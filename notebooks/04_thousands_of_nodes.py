@@ -124,7 +124,7 @@ table.round(3)
 # %%
 ring16 = topology.torus((16,))
 first = {a: ALGORITHMS[a].messages((16,))[0] for a in rs_names}
-fig = topology.plot_step_loads(first, ring16, "first reduce-scatter step on a ring of 16 nodes")
+fig = _plot.step_loads(first, ring16, "first reduce-scatter step on a ring of 16 nodes")
 fig
 
 # %% [markdown]
@@ -152,7 +152,7 @@ fig
 # pay on the torus and across the tapered uplinks.
 
 # %%
-fig = topology.plot_over_flat(rows, SIZES[-1])
+fig = _plot.over_flat(rows, SIZES[-1])
 fig
 
 # %% [markdown]
@@ -163,7 +163,7 @@ fig
 # hierarchical (per-dimension / per-level rings) scheme.
 
 # %%
-fig = topology.plot_winners(rows)
+fig = _plot.winners(rows)
 fig
 
 # %%
@@ -178,7 +178,7 @@ for r in rows:
       and q["algorithm"] in four
     }
     sub.append({**r, "best": min(mine, key=mine.get)})
-fig = topology.plot_winners(sub)
+fig = _plot.winners(sub)
 fig
 
 # %%

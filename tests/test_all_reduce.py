@@ -12,9 +12,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import ALGORITHMS, Algorithm, all_reduce, register
-from allreduce_jax._api import names
-from allreduce_jax._devices import mesh_for, submesh
+from allreduce_jax import ALGORITHMS, Algorithm, all_reduce, names, register
+from allreduce_jax.devices import mesh_for, submesh
 from allreduce_jax.tools import verify
 
 PARTICIPANTS = (1, 2, 3, 4, 5, 8)

@@ -78,7 +78,9 @@ def test_scaling_smoke(tmp_path, monkeypatch):
   out = tmp_path / "scaling.jsonl"
   assert main(["scaling", "--smoke", "--out", str(out)]) == 0
   rows = _rows(out)
-  assert {r["algorithm"] for r in rows} == {"ring", "tree", "halving_doubling", "hierarchical"}
+  # every hand-written algorithm whose record has a two-level model (naive is not swept)
+  want = {"ring", "tree", "recursive_doubling", "halving_doubling", "hierarchical"}
+  assert {r["algorithm"] for r in rows} == want
   assert {r["p"] for r in rows} == {8, 16, 32, 64}
   assert all(r["predicted_us"] > 0 for r in rows)
   with pytest.raises(SystemExit, match="--inner"):

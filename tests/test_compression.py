@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import _wire, all_reduce_gradients, powersgd, topk
-from allreduce_jax._devices import submesh
+from allreduce_jax.devices import submesh
 
 PARTS = 4
 

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from allreduce_jax import distributed
-from allreduce_jax._api import ALGORITHMS
+from allreduce_jax import ALGORITHMS, distributed
 from allreduce_jax.tools import launch
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import ALGORITHMS, OPS, all_reduce, all_reduce_gradients, all_reduce_tree
-from allreduce_jax._devices import submesh
+from allreduce_jax.devices import submesh
 
 
 def _run(fn, dtype=jnp.float32, shape=(4, 3)):

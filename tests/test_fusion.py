@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import all_reduce_tree, plan_buckets
-from allreduce_jax._devices import submesh
+from allreduce_jax.devices import submesh
 from allreduce_jax.tools import verify
 
 

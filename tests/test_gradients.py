@@ -16,14 +16,14 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import _api, all_reduce, all_reduce_gradients, all_reduce_tree, hlo
-from allreduce_jax._devices import submesh
+from allreduce_jax import all_reduce, all_reduce_gradients, all_reduce_tree, hlo, names
+from allreduce_jax.devices import submesh
 from allreduce_jax.fusion import InvariantLeafWarning
 from allreduce_jax.gradients import AlreadyReducedError
 
 NP = 4
 REFERENCE = {"sum": lax.psum, "mean": lax.pmean}
-HAND_WRITTEN = _api.names(axes=1, hand_written=True)
+HAND_WRITTEN = names(axes=1, hand_written=True)
 
 
 def _mesh_and_inputs():

@@ -4,9 +4,8 @@ and the bytes they move match the closed-form schedule (`cost_model.schedule`)."
 import jax.numpy as jnp
 import pytest
 
-from allreduce_jax import cost_model, hlo
-from allreduce_jax._api import names
-from allreduce_jax._devices import inner_size
+from allreduce_jax import cost_model, hlo, names
+from allreduce_jax.devices import inner_size
 
 N = 16 * 3 * 5 * 7  # float32 elements: divisible by 2p for every p below, so no padding
 

@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import _devices, all_reduce, cost_model
+from allreduce_jax import all_reduce, cost_model, devices
 from allreduce_jax.cli import main
 
 # Start the 8-device backend now: a command's --devices 2 must not shrink it for later tests.
@@ -118,9 +118,9 @@ def test_train_refuses_a_foreign_rows_file(mode, content, message, capsys, tmp_p
 
 
 def test_op_must_be_a_string():
-  mesh = _devices.submesh((2,), ("i",))
+  mesh = devices.submesh((2,), ("i",))
   x = jnp.zeros((2, 3))
-  x = _devices.put(x.shape, x.dtype, NamedSharding(mesh, P("i")), lambda idx: x[idx])
+  x = devices.put(x.shape, x.dtype, NamedSharding(mesh, P("i")), lambda idx: x[idx])
   body = lambda b: all_reduce(b, "i", op=["sum"])  # noqa: E731
   with pytest.raises(TypeError, match=r"op=\['sum'\] must be a string"):
     jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i"))(x)

@@ -1,16 +1,143 @@
-"""The layout: the library never imports the tools wing, and an algorithm registered with
-one ``register(...)`` reaches verify, bench, audit and the report with no other change."""
+"""The layout: the library never imports the tools wing, no module imports another in a
+cycle or reaches for another module's private names, and an algorithm registered with one
+``register(...)`` reaches verify, bench, audit, scaling and the report with no other change."""
 
+import ast
 import json
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import allreduce_jax
-from allreduce_jax import ALGORITHMS, Algorithm, cli, cost_model, register
-from allreduce_jax.tools import audit, report
+from allreduce_jax import ALGORITHMS, Algorithm, cli, cost_model, register, topology
+from allreduce_jax.tools import audit, report, scaling
+
+PACKAGE = Path(allreduce_jax.__file__).parent
+
+
+def _modules() -> dict[str, Path]:
+  """Every module of the package (tools and training included): dotted name -> file."""
+  out = {}
+  for f in sorted(PACKAGE.rglob("*.py")):
+    parts = list(f.relative_to(PACKAGE.parent).with_suffix("").parts)
+    out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+  return out
+
+
+def _imports(tree: ast.AST, modules: dict[str, Path]):
+  """``(node, imported module, name or None)`` for every import statement anywhere in
+  ``tree`` (function-local ones too) and every ``importlib.import_module("...")`` of a
+  literal, resolved to the package's own modules."""
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for a in node.names:
+        yield node, a.name, None
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      for a in node.names:
+        full = f"{node.module}.{a.name}"
+        yield (node, full, None) if full in modules else (node, node.module, a.name)
+    elif (
+      isinstance(node, ast.Call)
+      and isinstance(node.func, ast.Attribute)
+      and node.func.attr == "import_module"
+      and node.args
+      and isinstance(node.args[0], ast.Constant)
+    ):
+      yield node, node.args[0].value, None
+
+
+def _import_graph() -> dict[str, set[str]]:
+  modules = _modules()
+  graph = {m: set() for m in modules}
+  for m, f in modules.items():
+    for _, target, _ in _imports(ast.parse(f.read_text()), modules):
+      if target in modules and target != m:
+        graph[m].add(target)
+  return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """The strongly connected components of more than one module (Tarjan)."""
+  index, low, stack, on, out = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on.add(v)
+    for w in sorted(graph[v]):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while not comp or comp[-1] != v:
+        comp.append(stack.pop())
+        on.discard(comp[-1])
+      if len(comp) > 1:
+        out.append(sorted(comp))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return out
+
+
+def test_the_cycle_finder_finds_a_cycle():
+  assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+  assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+  """Counting function-local imports too: a cycle hidden inside functions is still one."""
+  assert _cycles(_import_graph()) == []
+
+
+def _private_uses(source: str, modules: dict[str, Path]) -> list[str]:
+  """``module._name`` that ``source`` imports or reads from another module of the
+  package (private modules themselves may be imported: they are the package's own)."""
+  tree = ast.parse(source)
+  bound, found = {}, []
+  for node, target, name in _imports(tree, modules):
+    if not target.startswith("allreduce_jax"):
+      continue
+    if name is not None and name.startswith("_") and not name.startswith("__"):
+      found.append(f"{target}.{name}")
+    if isinstance(node, ast.ImportFrom) and name is None:
+      for a in node.names:
+        if f"{node.module}.{a.name}" == target:
+          bound[a.asname or a.name] = target
+    elif isinstance(node, ast.Import):
+      for a in node.names:
+        if a.asname and a.name == target:
+          bound[a.asname] = target
+  for node in ast.walk(tree):
+    if (
+      isinstance(node, ast.Attribute)
+      and isinstance(node.value, ast.Name)
+      and node.value.id in bound
+      and node.attr.startswith("_")
+      and not node.attr.startswith("__")
+      and f"{bound[node.value.id]}.{node.attr}" not in modules
+    ):
+      found.append(f"{bound[node.value.id]}.{node.attr}")
+  return sorted(set(found))
+
+
+def test_the_private_name_finder_finds_them():
+  modules = {"allreduce_jax.a": Path("a.py"), "allreduce_jax._b": Path("_b.py")}
+  src = "from allreduce_jax.a import _x, y\nfrom allreduce_jax import _b\n_b._z + _b.w\n"
+  assert _private_uses(src, modules) == ["allreduce_jax._b._z", "allreduce_jax.a._x"]
+
+
+def test_no_library_module_uses_a_private_name_of_another():
+  modules = _modules()
+  found = {m: _private_uses(f.read_text(), modules) for m, f in modules.items()}
+  assert {m: v for m, v in found.items() if v} == {}
 
 
 def _library_modules() -> list[str]:
@@ -52,7 +179,15 @@ def toy():
     return ring(flat, axis_name, combine)
 
   register(
-    Algorithm("toy_ring", toy_ring, auto=False, schedule=ring.schedule, summary="a test's ring")
+    Algorithm(
+      "toy_ring",
+      toy_ring,
+      auto=False,
+      schedule=ring.schedule,
+      messages=ring.messages,
+      two_level=ring.two_level,
+      summary="a test's ring",
+    )
   )
   yield "toy_ring"
   del ALGORITHMS["toy_ring"]
@@ -80,3 +215,12 @@ def test_a_registered_algorithm_reaches_every_tool(toy, tmp_path, monkeypatch, c
   assert toy in report.algorithms("bench")
   bench = next(s for s in report.plan(tmp_path, smoke=True, devices=8) if s.key == "bench")
   assert toy in bench.commands[0][bench.commands[0].index("--algorithms") + 1].split(",")
+  # scaling: both sweeps take it from its record (a two-level model, a message generator).
+  assert toy in scaling.two_level_algorithms() and toy in scaling.topology_algorithms()
+  machine = cost_model.TwoLevel(cost_model.PRESETS["nvlink4"], cost_model.PRESETS["ib_ndr"])
+  rows = scaling.sweep(machine, "gpu-cluster", ps=(16,), sizes=(1 << 20,))
+  got = {r["algorithm"]: r["predicted_us"] for r in rows}
+  assert got[toy] == got["ring"] > 0
+  rows = scaling.sweep_topology(topology.torus((16,)), machine.outer, (16,), (1 << 20,))
+  got = {r["algorithm"]: r["predicted_us"] for r in rows}
+  assert got[toy] == got["ring"] > 0

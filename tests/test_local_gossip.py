@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import _devices, hlo
+from allreduce_jax import devices, hlo
 from allreduce_jax.training import data, gossip, local, models, sync
 
 
@@ -37,7 +37,7 @@ def _max_diff(a, b) -> float:
 def test_local_sgd_h1_plain_sgd_is_sync(digits):
   p = 4
   graphdef, params, rest = _mlp()
-  mesh = _devices.submesh((p,), ("data",))
+  mesh = devices.submesh((p,), ("data",))
   tx = optax.sgd(0.1)
   idx = data.batch_indices(digits.n_train, p * 8, 12, seed=3)
   ref = sync.train_sync(graphdef, params, rest, tx, digits, idx, mesh=mesh, eval_every=6)
@@ -54,7 +54,7 @@ def test_diloco_outer_step_matches_a_host_replay(digits):
   the outer Nesterov step applied there."""
   p, H = 2, 3
   graphdef, params, rest = _mlp()
-  mesh = _devices.submesh((p,), ("data",))
+  mesh = devices.submesh((p,), ("data",))
   inner, outer = models.make_optimizer("adamw", 1e-2), local.diloco_outer()
   idx = data.batch_indices(digits.n_train, p * 8, 2 * H, seed=4)
   res = local.train_local(
@@ -87,7 +87,7 @@ def _inner_steps(graphdef, rest, tx, x_all, y_all, w, s, ib):
 
 def test_local_sgd_rejects_steps_not_a_multiple_of_h(digits):
   graphdef, params, rest = _mlp()
-  mesh = _devices.submesh((2,), ("data",))
+  mesh = devices.submesh((2,), ("data",))
   idx = data.batch_indices(digits.n_train, 16, 5, seed=0)
   with pytest.raises(ValueError, match="multiple of H"):
     local.train_local(graphdef, params, rest, optax.sgd(0.1), digits, idx, mesh=mesh, H=2)
@@ -104,7 +104,7 @@ def test_gossip_mixes_with_the_ring_matrix(digits, mixing):
   """With a zero learning rate a gossip step is θ <- W_t θ: compare with NumPy."""
   p, steps = 4, 2
   graphdef, params, rest = _mlp()
-  mesh = _devices.submesh((p,), ("data",))
+  mesh = devices.submesh((p,), ("data",))
   tx = optax.sgd(0.0)
   chunk = gossip.make_gossip_chunk(graphdef, rest, tx, mesh, mixing)
   rng = np.random.default_rng(0)
@@ -119,7 +119,7 @@ def test_gossip_mixes_with_the_ring_matrix(digits, mixing):
   np.testing.assert_allclose(mix.sum(axis=1), 1.0)
   for got, a in zip(jax.tree.leaves(w), jax.tree.leaves(stacked)):
     want = np.tensordot(mix, a.astype(np.float64), axes=1)
-    np.testing.assert_allclose(_devices.fetch(got), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(devices.fetch(got), want, rtol=1e-5, atol=1e-6)
 
 
 def test_gossip_sends_n_bytes_per_step_against_the_ring_allreduce(digits):
@@ -128,7 +128,7 @@ def test_gossip_sends_n_bytes_per_step_against_the_ring_allreduce(digits):
   p, steps = 4, 4
   graphdef, params, rest = _mlp()
   n = models.n_params(params) * 4
-  mesh = _devices.submesh((p,), ("data",))
+  mesh = devices.submesh((p,), ("data",))
   tx = optax.sgd(0.1)
   state = sync.replicate((params, tx.init(params)), mesh)
   for mixing, per_step in (("pairs", n), ("ring", 2 * n)):
@@ -149,7 +149,7 @@ def test_local_round_runs_one_allreduce_of_the_parameters(digits):
   p = 4
   graphdef, params, rest = _mlp()
   n = models.n_params(params) * 4
-  mesh = _devices.submesh((p,), ("data",))
+  mesh = devices.submesh((p,), ("data",))
   tx = optax.sgd(0.1)
   chunk = local.make_local_chunk(graphdef, rest, tx, mesh)
   state = local.init_state(params, tx, None, mesh)
@@ -169,7 +169,7 @@ def test_local_round_runs_one_allreduce_of_the_parameters(digits):
 def test_gossip_trains_and_reaches_consensus(digits):
   p = 4
   graphdef, params, rest = _mlp()
-  mesh = _devices.submesh((p,), ("data",))
+  mesh = devices.submesh((p,), ("data",))
   idx = data.batch_indices(digits.n_train, p * 16, 40, seed=1)
   res = gossip.train_gossip(
     graphdef, params, rest, optax.sgd(0.1, momentum=0.9), digits, idx, mesh=mesh, eval_every=20

@@ -14,12 +14,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import ALGORITHMS, _comm, _dbtree, all_reduce, cost_model, hlo, topology
-from allreduce_jax._devices import submesh
+from allreduce_jax._comm import global_pairs
 from allreduce_jax._hierarchical import hierarchical, hierarchical_messages
-from allreduce_jax._recursive import butterfly_tables, near_first_partners
+from allreduce_jax._near import near_first_partners
+from allreduce_jax._recursive import butterfly_tables
 from allreduce_jax._swing import rho, swing_partners
+from allreduce_jax.devices import submesh
 from allreduce_jax.tools import verify
-from allreduce_jax.trace import _global_pairs
 
 NEW = ("swing", "double_binary_tree", "halving_doubling_near")
 
@@ -98,8 +99,8 @@ def test_plan_is_partial_permutations_with_max_degree_steps(p, k):
 
 def test_double_tree_schedule_limits():
   n = 1 << 24
-  s1 = cost_model.double_binary_tree_schedule(8, n, chunks=1)
-  s32 = cost_model.double_binary_tree_schedule(8, n, chunks=32)
+  s1 = _dbtree.double_binary_tree_schedule(8, n, chunks=1)
+  s32 = _dbtree.double_binary_tree_schedule(8, n, chunks=32)
   assert (s1.steps, s32.steps) == (6, 37)  # k + 2*3 - 1
   assert s32.max_sent_bytes == 2 * n
   assert (s1.beta_bytes, s32.beta_bytes) == (6 * n / 2, 37 * n / 64)  # a chunk per round
@@ -158,7 +159,7 @@ def test_hierarchical_messages_on_three_axes_equal_the_traced_schedule():
       jax.ShapeDtypeStruct((8, n), jnp.float32, sharding=NamedSharding(mesh, spec)),
     )
   traced = [
-    (sorted(_global_pairs(sub, pairs, axis, (2, 2, 2))), received.shape[0] / n)
+    (sorted(global_pairs(sub, pairs, axis, (2, 2, 2))), received.shape[0] / n)
     for sub, pairs, received in log
   ]
   generated = hierarchical_messages((2, 2, 2))
@@ -180,7 +181,7 @@ def test_hlo_with_explicit_chunks_matches_the_schedule(p):
   f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
   x = jax.ShapeDtypeStruct((p * n,), jnp.float32, sharding=NamedSharding(mesh, spec))
   audit = hlo.audit(hlo.compiled_text(f, x))
-  want = cost_model.double_binary_tree_schedule(p, 4 * n, chunks=k)
+  want = _dbtree.double_binary_tree_schedule(p, 4 * n, chunks=k)
   assert set(audit.counts) == {"collective-permute"}
   assert audit.permutes == want.permutes
   assert audit.max_sent_bytes == want.max_sent_bytes

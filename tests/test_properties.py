@@ -9,7 +9,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import ALGORITHMS, all_reduce
-from allreduce_jax._devices import mesh_for
+from allreduce_jax.devices import mesh_for
 
 
 @st.composite

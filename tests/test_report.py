@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-from allreduce_jax import cli, cost_model
-from allreduce_jax._api import names
+from allreduce_jax import cli, cost_model, names
 from allreduce_jax.tools import report
 
 

@@ -1,6 +1,7 @@
 """Topology replay: generators equal the traced schedules, replay equals closed forms,
 the issue-12 table, the flat model on a switch and the two-level model on islands."""
 
+import itertools
 import math
 
 import numpy as np
@@ -24,7 +25,7 @@ def _canon(steps, flags: bool):
 
 def _generate(name, sizes):
   gen = ALGORITHMS[name].messages
-  return gen(sizes, n_bytes=None) if topology._takes_size(gen) else gen(sizes)
+  return gen(sizes, n_bytes=None) if topology.takes_size(gen) else gen(sizes)
 
 
 @pytest.mark.parametrize("name", REPLAYABLE)
@@ -285,3 +286,67 @@ def test_auto_inside_use_topology_picks_the_replayed_choice():
   want = hlo.audit_all_reduce(replayed, 8, n)
   assert (got.permutes, got.max_sent_bytes) == (want.permutes, want.max_sent_bytes)
   assert cost_model.current_topology() is None  # the block is closed
+
+
+# -- the declared networks: hosts, links with rates, routes (what an emulation builds) -----
+
+
+@pytest.mark.parametrize(
+  "spec",
+  [
+    "switch:1",
+    "switch:2",
+    "torus:8",
+    "torus:4x4",
+    "torus:4x4:nowrap",
+    "torus:2x3x2",
+    "fat_tree:4:2",
+  ],
+)
+def test_routes_and_rates_carry_the_replayed_loads(spec):
+  """Routing every message along ``route`` over ``links`` (each load divided by its link's
+  rate) gives the same directed-link loads as the vectorized ``link_loads`` the replay
+  uses, and on tori and fat trees ``hops`` is the route's length: two implementations of
+  one network agree."""
+  net = topology.parse(spec)
+  p = net.capacity() or 16
+  rng = np.random.default_rng(0)
+  src = rng.integers(0, p, 60)
+  dst = (src + rng.integers(1, p, 60)) % p
+  frac = rng.random(60)
+  assert net.hosts(p) == tuple(f"h{i}" for i in range(p))
+  rate = {}
+  for link in net.links(p):
+    rate[link.a, link.b] = rate[link.b, link.a] = link.rate
+  load: dict = {}
+  for s, d, f in zip(src.tolist(), dst.tolist(), frac.tolist()):
+    path = net.route(s, d, p)
+    assert (path[0], path[-1]) == (f"h{s}", f"h{d}")
+    for a, b in itertools.pairwise(path):
+      load[a, b] = load.get((a, b), 0.0) + f / rate[a, b]  # KeyError: a route off the links
+  model = net.fit(p).link_loads(src, dst, frac)
+  want = sorted(round(float(v), 9) for arr in model.values() for v in np.ravel(arr) if v > 1e-12)
+  assert sorted(round(v, 9) for v in load.values()) == want
+  if not spec.startswith("switch"):
+    hops = [len(net.route(s, d, p)) - 1 for s, d in zip(src.tolist(), dst.tolist())]
+    assert net.fit(p).hops(src, dst).tolist() == hops
+
+
+def test_a_registered_network_kind_reaches_scaling(tmp_path):
+  """Adding a network spec is one ``register_spec``: parse and ``scaling --topology`` take it."""
+  import json
+
+  from allreduce_jax.cli import main
+
+  topology.register_spec("ring", "ring:NODES", lambda rest: topology.torus((int(*rest),)))
+  try:
+    assert topology.parse("ring:16") == topology.torus((16,))
+    with pytest.raises(ValueError, match="ring:NODES"):
+      topology.parse("ring:x")
+    out = tmp_path / "scaling.jsonl"
+    argv = ["scaling", "--topology", "ring:16", "--max-p", "16", "--sizes", "1MiB"]
+    assert main([*argv, "--algorithms", "ring,halving_doubling", "--out", str(out)]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["scenario"] for r in rows} == {"torus:16"} and {r["p"] for r in rows} == {8, 16}
+  finally:
+    del topology.SPECS["ring"]

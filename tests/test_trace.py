@@ -6,9 +6,8 @@ import itertools
 import numpy as np
 import pytest
 
-from allreduce_jax import cost_model, trace
-from allreduce_jax._api import names
-from allreduce_jax._devices import inner_size
+from allreduce_jax import cost_model, names, trace
+from allreduce_jax.devices import inner_size
 
 CUSTOM = names(hand_written=True, priced=True)
 

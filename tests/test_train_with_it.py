@@ -20,7 +20,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from sklearn.datasets import load_digits
 
-from allreduce_jax import _api, all_reduce_gradients
+from allreduce_jax import all_reduce_gradients, names
 from allreduce_jax.gradients import AlreadyReducedError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -178,7 +178,7 @@ def test_nnx_native_step_matches_pmean_under_check_vma():
 
 # ---- issue 11: Flax NNX MLP on digits, optax.adam, check_vma=False, every algorithm ----
 
-HAND_WRITTEN_1D = _api.names(axes=1, hand_written=True, priced=True)
+HAND_WRITTEN_1D = names(axes=1, hand_written=True, priced=True)
 
 
 def _digits_run(transform, p=8, steps=10):

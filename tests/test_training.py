@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 
-from allreduce_jax import ALGORITHMS, _devices
+from allreduce_jax import ALGORITHMS, devices
 from allreduce_jax.cli import main as cli_main
 from allreduce_jax.training import async_sim, data, experiments, models, sync
 from allreduce_jax.training.results import Results
@@ -58,7 +58,7 @@ def test_batch_indices_are_epochs_without_replacement():
 def test_sync_ring_equals_psum_and_single_device(digits):
   graphdef, params, rest = _mlp()
   tx = models.make_optimizer("momentum", 0.05)
-  mesh = _devices.submesh((8,), ("data",))
+  mesh = devices.submesh((8,), ("data",))
   idx = data.batch_indices(digits.n_train, 8 * 8, 120, seed=1)
   ring = sync.train_sync(
     graphdef, params, rest, tx, digits, idx, mesh=mesh, algorithm="ring", eval_every=60
@@ -100,7 +100,7 @@ def test_every_algorithm_trains_like_single_device(digits, adam_reference, algor
 def test_backup_mask_averages_the_kept_gradients(digits):
   graphdef, params, rest = _mlp(2)
   tx = models.make_optimizer("sgd", 0.1)
-  mesh = _devices.submesh((8,), ("data",))
+  mesh = devices.submesh((8,), ("data",))
   steps, B = 6, 8
   sched = async_sim.sync_schedule("exponential", 8, steps, seed=0, backups=2)
   idx = data.batch_indices(digits.n_train, 8 * B, steps, seed=3)

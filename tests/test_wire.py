@@ -12,9 +12,8 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import ALGORITHMS, _wire, all_reduce, wire_error
-from allreduce_jax._api import names
-from allreduce_jax._devices import mesh_for
+from allreduce_jax import ALGORITHMS, _wire, all_reduce, names, wire_error
+from allreduce_jax.devices import mesh_for
 from allreduce_jax.hlo import audit_all_reduce
 
 LOSSY = tuple(w for w in _wire.WIRES if _wire.get(w).lossy)

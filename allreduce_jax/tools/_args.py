@@ -7,9 +7,20 @@ a list, a size or the device count is spelled and checked the same way everywher
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import stat
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+
+from allreduce_jax import cost_model, names
+from allreduce_jax._ops import OPS, get_op
+from allreduce_jax._wire import WIRES
+from allreduce_jax.results import RowsError, RowStore
 from allreduce_jax.units import parse_size
 
 
@@ -54,7 +65,7 @@ def size_list(text: str) -> list[int]:
 
 
 def add_devices(parser: argparse.ArgumentParser) -> None:
-  """``--devices N``: how many devices to run on (``_devices.use_cpu_devices`` resolves
+  """``--devices N``: how many devices to run on (``devices.use_cpu_devices`` resolves
   the default: every visible GPU/TPU, 8 emulated devices on CPU)."""
   parser.add_argument(
     "--devices",
@@ -83,8 +94,6 @@ def wire_list(text: str) -> tuple[str | None, ...]:
     >>> wire_list("none,int8")
     (None, 'int8')
   """
-  from allreduce_jax._wire import WIRES
-
   known = {("none" if w is None else w): w for w in WIRES}
   out = []
   for item in (t.strip() for t in text.split(",")):
@@ -138,8 +147,6 @@ def nonnegative_float(text: str) -> float:
     >>> nonnegative_float("0.5")
     0.5
   """
-  import math
-
   try:
     value = float(text)
   except ValueError:
@@ -198,14 +205,10 @@ def choice_list(choices, what: str = "names"):
 
 
 def _algorithm_names() -> tuple[str, ...]:
-  from allreduce_jax._api import names
-
   return names()
 
 
 def _op_names() -> tuple[str, ...]:
-  from allreduce_jax._ops import OPS
-
   return OPS
 
 
@@ -232,8 +235,6 @@ def dtype_choice(text: str) -> str:
     >>> dtype_choice("float32"), dtype_choice("bfloat16")
     ('float32', 'bfloat16')
   """
-  import jax
-  import jax.numpy as jnp
 
   try:
     dt = jnp.dtype(text)
@@ -270,8 +271,6 @@ def check_op_dtypes(
 ) -> None:
   """Before any work: every requested (op, dtype) pair is defined (``mean`` needs a
   float, ``max``/``min`` a real dtype); raises SystemExit naming both options."""
-  from allreduce_jax._ops import get_op
-
   for op in ops:
     for dtype in dtypes:
       try:
@@ -283,8 +282,6 @@ def check_op_dtypes(
 def output_path(path, arg: str = "--out"):
   """Before any work: ``path`` (a file to write, e.g. a figure or a fit) can be
   written: its folder exists or can be made, and it is not a folder. Returns a Path."""
-  import os
-  from pathlib import Path
 
   path = Path(path)
   if path.is_dir():
@@ -305,8 +302,6 @@ FIGURE_SUFFIXES = (".png", ".pdf", ".svg", ".svgz", ".jpg", ".jpeg", ".eps", ".p
 
 def figure_path(path, arg: str = "--plot"):
   """Before any work: ``path`` is a figure file to write (an image suffix, writable)."""
-  from pathlib import Path
-
   path = Path(path)
   if path.suffix.lower() not in FIGURE_SUFFIXES:
     raise SystemExit(
@@ -320,10 +315,6 @@ def params_file(path, arg: str = "--params"):
   """Before any work: the cost-parameter fit in ``path`` (written by ``bench --fit``),
   loaded; a missing file, a folder, a FIFO or a device (never opened, so nothing
   hangs) or a file that is not a fit is refused with one line."""
-  import stat
-  from pathlib import Path
-
-  from allreduce_jax import cost_model
 
   path = Path(path)
   try:
@@ -359,8 +350,6 @@ def available_memory() -> int | None:
 def check_memory(need: int, what: str, fix: str) -> None:
   """Before allocating: ``need`` bytes fit in the available host memory (CPU backend),
   else one line naming ``what`` needs how much and ``fix``."""
-  import jax
-
   have = available_memory()
   if have is None or jax.default_backend() != "cpu" or need <= have:
     return
@@ -372,8 +361,6 @@ def check_memory(need: int, what: str, fix: str) -> None:
 
 def output_dir(path, arg: str = "--log-dir"):
   """Before any work: ``path`` is (or can be made) a writable folder. Returns a Path."""
-  import os
-  from pathlib import Path
 
   path = Path(path)
   if path.exists() and not path.is_dir():
@@ -389,8 +376,6 @@ def output_dir(path, arg: str = "--log-dir"):
 
 def _main_process() -> bool:
   """Process 0 of a ``jax.distributed`` run, or a single process (no backend started)."""
-  import jax
-
   return not jax.distributed.is_initialized() or jax.process_index() == 0
 
 
@@ -400,8 +385,6 @@ def row_store(path, kind: str, *, fresh: bool = False, context=None, arg: str = 
   (process 0: a second command on the same file is refused with one line) and,
   with ``fresh``, emptied; a foreign file (``--out notes.csv``, another command's
   rows) is refused with one line."""
-  from allreduce_jax.results import RowsError, RowStore
-
   store = RowStore(path, kind, context=context)
   try:
     store.check()

@@ -14,16 +14,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from matplotlib import rcParams
+from matplotlib import colormaps, rcParams
 from matplotlib.figure import Figure
 
+from allreduce_jax import ALGORITHMS, cost_model, devices, names, replay
 from allreduce_jax.units import format_bytes
 
 
 def is_reference(algorithm: str) -> bool:
   """XLA's own collective (a registry record with ``hand_written=False``): drawn black."""
-  from allreduce_jax._api import ALGORITHMS
-
   record = ALGORITHMS.get(algorithm)
   return record is not None and not record.hand_written
 
@@ -80,8 +79,6 @@ def byte_ticks(ax, lo: float, hi: float) -> None:
 def _groups(algs: Sequence[str], p: int) -> list[tuple[str, list[str]]]:
   """Algorithms split by their step count at ``p``: O(p) steps (the ring family) and
   O(log p) steps (trees, doubling, halving); the reference goes in every group."""
-  from allreduce_jax import _devices, cost_model
-  from allreduce_jax._api import ALGORITHMS
 
   ref = [a for a in algs if is_reference(a)]
   linear, logarithmic = [], []
@@ -91,7 +88,7 @@ def _groups(algs: Sequence[str], p: int) -> list[tuple[str, list[str]]]:
     record = ALGORITHMS.get(a)
     steps = None
     if record is not None and record.schedule is not None:
-      steps = cost_model.schedule(a, p, 1024, inner=_devices.inner_size(a, p)).steps
+      steps = cost_model.schedule(a, p, 1024, inner=devices.inner_size(a, p)).steps
     (linear if steps is not None and steps >= p - 1 and p > 2 else logarithmic).append(a)
   groups = [("O(p) steps: the ring family", linear), ("O(log p) steps", logarithmic)]
   return [(name, [*g, *ref]) for name, g in groups if g] or [("", ref)]
@@ -104,8 +101,6 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
   The latency-bound region (below ring's α/β balance point) is shaded and the sizes
   where the model's argmin changes marked; a size whose element count is not a multiple
   of p is drawn as an unconnected hollow marker. None if no row has p > 1."""
-  from allreduce_jax import _devices, cost_model
-  from allreduce_jax._api import ALGORITHMS
 
   rows = [r for r in rows if r["n_devices"] > 1]
   if not rows:
@@ -144,7 +139,7 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
                 marker=st["marker"], mfc="none", color=st["color"], ms=6)  # fmt: skip
       record = ALGORITHMS.get(alg)
       if record is not None and record.schedule is not None:
-        inner = _devices.inner_size(alg, p)
+        inner = devices.inner_size(alg, p)
         pred = [cost_model.predict_us(alg, p, n, params, inner=inner) for n in sizes]
         ax.plot(sizes, pred, ls="--", color=st["color"], alpha=0.7, lw=1)
     if math.isfinite(n_star):
@@ -324,21 +319,19 @@ def model(
   """Predicted time vs size for ``algorithms`` (default: every priced hand-written
   one) at ``p`` participants, with the ring's latency-bound region shaded and the
   sizes where the cheapest algorithm changes marked."""
-  from allreduce_jax import _devices, cost_model
-  from allreduce_jax._api import names
 
   algorithms = list(algorithms or names(hand_written=True, priced=True))
   sizes = np.geomspace(lo, hi, 200)
   fig = Figure(figsize=(7, 4.5))
   ax = fig.subplots()
   for k, alg in enumerate(algorithms):
-    inner = _devices.inner_size(alg, p)
+    inner = devices.inner_size(alg, p)
     t = [cost_model.predict_us(alg, p, n, params, inner=inner) for n in sizes]
     ax.plot(sizes, t, label=alg, **{**style(alg, k), "marker": None})
   ring_star = cost_model.balance_bytes("ring", p, params)
   if math.isfinite(ring_star):
     ax.axvspan(lo, min(ring_star, hi), color="0.92", zorder=0, label="ring latency-bound")
-  one_axis = [a for a in algorithms if _devices.inner_size(a, p) is None]
+  one_axis = [a for a in algorithms if devices.inner_size(a, p) is None]
   top = max(ax.get_ylim()[1], 1.0)
   for k, (n, before, after) in enumerate(cost_model.switch_points(p, params, lo, hi, one_axis)):
     mark(ax, n, top / 6**k, f"{before}→{after}\n{format_bytes(n)}")  # labels staggered down
@@ -351,3 +344,90 @@ def model(
   ax.legend(fontsize=7, loc="lower right")
   fig.tight_layout()
   return fig
+
+
+# ------------------------------------------------------------------ the topology replay
+
+
+def step_loads(steps: dict, network, title: str = "") -> Figure:
+  """One panel per schedule: the load of every directed link in one step (bars, units
+  of n per capacity; link classes side by side). ``steps``: name -> one step. Returns
+  the Figure: where a step's messages pile up (the middle of a ring for far partners)."""
+  fig = Figure(figsize=(9, 1.0 + 1.3 * len(steps)))
+  axes = fig.subplots(len(steps), 1, squeeze=False, sharex=True)[:, 0]
+  for ax, (name, step) in zip(axes, steps.items()):
+    loads = replay.step_link_loads(step, network)
+    x0 = 0
+    for cls, v in loads.items():
+      v = np.ravel(v)
+      ax.bar(np.arange(x0, x0 + len(v)), v, width=0.9, label=cls)
+      x0 += len(v) + 1
+    peak = max(float(np.max(v)) for v in loads.values())
+    ax.set_title(f"{name}: busiest link carries {peak:.3g} n", fontsize=8, loc="left")
+    ax.set_ylabel("load (× n)", fontsize=7)
+    ax.grid(True, axis="y", alpha=0.3)
+  axes[0].legend(fontsize=6, ncol=4, loc="upper right")
+  axes[-1].set_xlabel("directed link (grouped by class)")
+  fig.suptitle(title or f"link loads of one step on {network.name}", fontsize=10)
+  fig.tight_layout()
+  return fig
+
+
+def winners(rows: Sequence[dict]) -> Figure:
+  """Where each algorithm wins: one panel per scenario (topology), participants on x,
+  size on y, the fastest algorithm's name in each cell (rows of
+  ``tools.scaling.sweep_topology``). Returns the Figure."""
+  scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+  algs = list(dict.fromkeys(r["algorithm"] for r in rows))
+  fig = Figure(figsize=(5.2 * len(scenarios), 3.2))
+  axes = fig.subplots(1, len(scenarios), squeeze=False)[0]
+  cmap = colormaps["tab10"]
+  for ax, sc in zip(axes, scenarios):
+    mine = [r for r in rows if r["scenario"] == sc]
+    ps = sorted({r["p"] for r in mine})
+    sizes = sorted({r["bytes"] for r in mine})
+    grid = np.full((len(sizes), len(ps)), np.nan)
+    for r in mine:
+      if r["algorithm"] == r["best"]:
+        i, j = sizes.index(r["bytes"]), ps.index(r["p"])
+        grid[i, j] = algs.index(r["best"])
+        short = r["best"].replace("halving_doubling", "hd").replace("double_binary_tree", "dbt")
+        ax.text(j, i, short.replace("_", "\n"), ha="center", va="center", fontsize=5.5)
+    ax.imshow(grid, cmap=cmap, vmin=0, vmax=9, aspect="auto", alpha=0.6, origin="lower")
+    ax.set_xticks(range(len(ps)), [str(p) for p in ps], fontsize=6, rotation=90)
+    ax.set_yticks(range(len(sizes)), [_binary_size(n) for n in sizes], fontsize=7)
+    ax.set_xlabel("participants p")
+    ax.set_title(f"fastest on {sc}", fontsize=9)
+  axes[0].set_ylabel("bytes per participant")
+  fig.tight_layout()
+  return fig
+
+
+def over_flat(rows: Sequence[dict], n_bytes: float) -> Figure:
+  """Replayed time / flat-model time per algorithm vs p, one panel per scenario, at one
+  size: how much each network slows each schedule down. Returns the Figure."""
+  scenarios = list(dict.fromkeys(r["scenario"] for r in rows))
+  fig = Figure(figsize=(4.6 * len(scenarios), 3.4))
+  axes = fig.subplots(1, len(scenarios), squeeze=False, sharey=True)[0]
+  for ax, sc in zip(axes, scenarios):
+    mine = [r for r in rows if r["scenario"] == sc and r["bytes"] == n_bytes]
+    for a in dict.fromkeys(r["algorithm"] for r in mine):
+      rs = sorted((r for r in mine if r["algorithm"] == a), key=lambda r: r["p"])
+      ax.plot([r["p"] for r in rs], [r["over_flat"] for r in rs], "o-", ms=3, label=a)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_title(f"{sc}, {_binary_size(n_bytes)} per participant", fontsize=9)
+    ax.set_xlabel("participants p")
+    ax.grid(True, which="both", alpha=0.3)
+  axes[0].set_ylabel("replayed time / flat α-β time")
+  axes[0].legend(fontsize=6)
+  fig.tight_layout()
+  return fig
+
+
+def _binary_size(n: float) -> str:
+  """1048576 -> '1 MiB' (the replay figures' axis labels)."""
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if n >= scale:
+      return f"{n / scale:g} {unit}"
+  return f"{n:g} B"

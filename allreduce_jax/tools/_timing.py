@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import jax
 import numpy as np
 
 
@@ -115,7 +116,6 @@ def time_round_robin(
     >>> len(a.times_s), a.median_s > 0, b.compile_s > 0
     (5, True, True)
   """
-  import jax
 
   if iters < 1 or warmup < 0 or trials < 1:
     raise ValueError(

@@ -20,29 +20,36 @@ import subprocess
 import sys
 from pathlib import Path
 
-from allreduce_jax.tools._args import positive_int, positive_int_list, text_table
+import jax
+
+from allreduce_jax import cost_model, devices, hlo, names
+from allreduce_jax.devices import fits
+from allreduce_jax.results import RowStore
+from allreduce_jax.tools import _plot
+from allreduce_jax.tools._args import (
+  output_path,
+  positive_int,
+  positive_int_list,
+  row_store,
+  text_table,
+)
 
 
 def audited() -> tuple[str, ...]:
   """Every hand-written algorithm with a cost model (from the registry)."""
-  from allreduce_jax._api import names
-
   return names(hand_written=True, priced=True)
 
 
 def audit_in_process(p: int, nbytes: int, algorithms=None) -> list[dict]:
   """Compiles every algorithm on this process's first ``p`` devices; one row each."""
-  import jax
-
-  from allreduce_jax import _devices, cost_model, hlo
 
   count = nbytes // 4
   rows = []
   for alg in algorithms or audited():
-    if not _devices.fits(alg, p):
+    if not devices.fits(alg, p):
       continue  # p has too few factors for a k-level mesh
     a = hlo.audit_all_reduce(alg, p, count)
-    s = cost_model.schedule(alg, p, nbytes, inner=_devices.inner_size(alg, p))
+    s = cost_model.schedule(alg, p, nbytes, inner=devices.inner_size(alg, p))
     rows.append(
       {
         "algorithm": alg,
@@ -101,9 +108,6 @@ def store(out, fresh: bool = False):
   """The audit's :class:`~allreduce_jax.results.RowStore`, checked (and emptied if
   ``fresh``): rows are keyed on (algorithm, p, bytes) and the JAX version (the
   subprocesses compile on CPU)."""
-  import jax
-
-  from allreduce_jax.tools._args import row_store
 
   return row_store(out, "audit", fresh=fresh, context={"jax_version": jax.__version__})
 
@@ -111,8 +115,6 @@ def store(out, fresh: bool = False):
 def sweep(ps, nbytes: int, out, algorithms=None, fresh: bool = False) -> list[dict]:
   """Audits every p (skipping the (algorithm, p, bytes) rows already in ``out``, a
   path or the :func:`store` of a running command)."""
-  from allreduce_jax.results import RowStore
-
   if isinstance(out, RowStore):
     return _sweep(ps, nbytes, out, algorithms)
   rows_store = store(out, fresh)
@@ -123,8 +125,6 @@ def sweep(ps, nbytes: int, out, algorithms=None, fresh: bool = False) -> list[di
 
 
 def _sweep(ps, nbytes: int, rows_store, algorithms=None) -> list[dict]:
-  from allreduce_jax._devices import fits
-
   done = rows_store.done()
   rows = []
   for p in ps:
@@ -162,8 +162,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-  from allreduce_jax.tools import _plot
-  from allreduce_jax.tools._args import output_path
 
   if args.bytes % 4:
     raise SystemExit(f"--bytes {args.bytes}: must be a multiple of 4 (float32 elements).")

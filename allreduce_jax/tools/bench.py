@@ -30,13 +30,22 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from tqdm import tqdm
 
-from allreduce_jax.results import run_context
+from allreduce_jax import ALGORITHMS, _wire, all_reduce, cost_model, devices, names
+from allreduce_jax._ops import get_op
+from allreduce_jax.results import fingerprint, run_context
 from allreduce_jax.tools import _plot
 from allreduce_jax.tools._args import (
   add_algorithms,
   add_devices,
+  available_memory,
   check_memory,
   check_op_dtypes,
   dtype_choice,
@@ -147,16 +156,8 @@ def _programs(algorithm: str, p: int, op: str, wire: str | None = None):
   from ``lax.psum``'s (``mean``: by more than 2 ulp; a lossy wire: by more than its
   stated bound), and the row's relative L2 error against it.
   """
-  import jax
-  import jax.numpy as jnp
-  from jax import lax
-  from jax.sharding import PartitionSpec as P
 
-  from allreduce_jax import _devices, _wire
-  from allreduce_jax._api import ALGORITHMS, all_reduce
-  from allreduce_jax._ops import get_op
-
-  mesh, axis = _devices.mesh_for(algorithm, p)
+  mesh, axis = devices.mesh_for(algorithm, p)
   spec = P(axis)
   fmt = _wire.get(wire)
 
@@ -169,7 +170,7 @@ def _programs(algorithm: str, p: int, op: str, wire: str | None = None):
     diff = jnp.abs(got.astype(jnp.float32) - ref.astype(jnp.float32))
     if fmt.lossy:
       record = ALGORITHMS[algorithm]
-      steps = record.schedule(p, 4.0 * b.shape[1], _devices.inner_size(algorithm, p)).steps
+      steps = record.schedule(p, 4.0 * b.shape[1], devices.inner_size(algorithm, p)).steps
       magnitude = jnp.max(lax.psum(jnp.abs(b[0].astype(jnp.float32)), axis))
       bad = diff > 1.01 * steps * fmt.unit_error * magnitude
     elif op == "mean" and jnp.issubdtype(got.dtype, jnp.floating):
@@ -202,12 +203,6 @@ def measure_size(
 ) -> list[dict]:
   """Measures every algorithm in every wire format at one size, side by side; returns
   one row each (XLA's ``psum`` only exact)."""
-  import jax
-  import jax.numpy as jnp
-  from jax.sharding import NamedSharding
-
-  from allreduce_jax import _devices, cost_model
-  from allreduce_jax._api import ALGORITHMS
 
   itemsize = jnp.dtype(dtype).itemsize
   count = nbytes // itemsize
@@ -220,7 +215,7 @@ def measure_size(
       mesh, spec, timed, checker = _programs(alg, p, op, wire)
       key = (mesh.axis_names, mesh.devices.shape)
       if key not in inputs:
-        inputs[key] = _devices.put(
+        inputs[key] = devices.put(
           (p, count), dtype, NamedSharding(mesh, spec), lambda idx: _verifiable_block(idx, p, count)
         )
       built.append((alg, wire, timed, inputs[key], checker))
@@ -230,10 +225,10 @@ def measure_size(
   rows = []
   for (alg, wire, _, x, checker), t in zip(built, timings):
     bad, rel = checker(x, t.compiled(x))
-    wrong = int(np.sum(_devices.fetch(bad)))
-    rel_error = float(np.max(_devices.fetch(rel)))
+    wrong = int(np.sum(devices.fetch(bad)))
+    rel_error = float(np.max(devices.fetch(rel)))
     algbw, busbw = bandwidths(nbytes, t.median_s, p)
-    inner = _devices.inner_size(alg, p)
+    inner = devices.inner_size(alg, p)
     chosen = cost_model.choose(p, nbytes, params) if alg == "auto" else None
     row = {
       "algorithm": alg,
@@ -265,8 +260,6 @@ def measure_size(
 
 def params_id(params) -> str:
   """A fingerprint of the cost parameters behind ``auto`` (its choice depends on them)."""
-  from allreduce_jax import cost_model
-  from allreduce_jax.results import fingerprint
 
   if isinstance(params, cost_model.FittedParams):
     return fingerprint(params.to_json())
@@ -327,8 +320,6 @@ def summary(rows: Sequence[dict]) -> str:
 def _fit_rows(rows: Sequence[dict]) -> list[tuple]:
   """``(algorithm, p, bytes, seconds)`` of the rows the α-β-γ fit can use: one-axis
   algorithms with a cost schedule (multi-axis ones need an inner size per row)."""
-  from allreduce_jax._api import names
-
   return [
     (r["algorithm"], r["n_devices"], r["bytes"], r["time_us"] * 1e-6)
     for r in rows
@@ -338,8 +329,6 @@ def _fit_rows(rows: Sequence[dict]) -> list[tuple]:
 
 def fit_report(rows: Sequence[dict], fitted) -> tuple[str, list[dict]]:
   """Per (algorithm, size): measured vs predicted (own fit and shared fit), rel. error."""
-  from allreduce_jax import cost_model
-
   table = []
   for alg, p, n, sec in _fit_rows(rows):
     own = cost_model.predict_seconds(alg, p, n, fitted.get(alg))
@@ -372,8 +361,6 @@ def fit_params_table(fitted) -> list[dict]:
   """One row per fit (shared, then each algorithm): α (µs), β (ns/B), bandwidth
   (GB/s) and γ (ns/B), γ None where the rows could not identify it
   (``cost_model.gamma_identifiable``)."""
-  from allreduce_jax import cost_model
-
   known = fitted.meta.get("gamma_identified", {})
   table = []
   for name, q in [("shared", fitted.shared), *fitted.per_algorithm.items()]:
@@ -386,8 +373,6 @@ def fit_params_table(fitted) -> list[dict]:
 
 def fit_and_save(rows: Sequence[dict], path) -> tuple:
   """Fits α, β, γ (shared and per algorithm) from bench rows and saves them."""
-  from allreduce_jax import cost_model
-
   fit_rows = _fit_rows(rows)
   if not fit_rows:
     raise ValueError("--fit: no measured rows with more than one device to fit.")
@@ -472,8 +457,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  from allreduce_jax import _devices, cost_model
-
   # Explicit options win over --smoke's preset, which wins over the defaults.
   preset = SMOKE if args.smoke else DEFAULTS
   for name, value in preset.items():
@@ -484,23 +467,19 @@ def run(args: argparse.Namespace) -> int:
     max_b = parse_size(args.max_bytes, "--max-bytes")
   except ValueError as e:
     raise SystemExit(str(e)) from None
-  from allreduce_jax._api import ALGORITHMS
 
   algorithms = args.algorithms or list(ALGORITHMS)
   check_op_dtypes([args.op], [args.dtype])
-  import jax.numpy as jnp
 
   itemsize = jnp.dtype(args.dtype).itemsize
   try:
-    args.devices = _devices.use_cpu_devices(args.devices)
+    args.devices = devices.use_cpu_devices(args.devices)
     sizes = sweep_sizes(min_b, max_b, args.factor, itemsize, args.devices, not args.no_uneven)
   except ValueError as e:
     raise SystemExit(str(e)) from None
-  import jax
-  from tqdm import tqdm
 
   p = len(jax.devices()) if jax.distributed.is_initialized() else args.devices
-  unfit = [a for a in algorithms if not _devices.fits(a, p)]
+  unfit = [a for a in algorithms if not devices.fits(a, p)]
   if unfit and args.algorithms:  # asked for by name: say so, measure nothing
     raise SystemExit(
       f"--algorithms {','.join(unfit)}: no mesh at p={p} ({_no_mesh(unfit)}); choose"
@@ -613,16 +592,12 @@ DEFAULTS = {"min_bytes": "1KiB", "max_bytes": "64MiB", "factor": 4, "iters": 10,
 SMOKE = {"min_bytes": "1KiB", "max_bytes": "4KiB", "factor": 4, "iters": 3, "warmup": 1}
 
 
-def _no_mesh(names) -> str:
-  from allreduce_jax._api import ALGORITHMS
-
-  return "; ".join(f"{a} needs {ALGORITHMS[a].axes} mesh axes of size ≥ 2" for a in names)
+def _no_mesh(unfit) -> str:
+  return "; ".join(f"{a} needs {ALGORITHMS[a].axes} mesh axes of size ≥ 2" for a in unfit)
 
 
 def _fits_bytes(p: int) -> int:
   """The largest power-of-two size per participant whose 4 buffers per device fit."""
-  from allreduce_jax.tools._args import available_memory
-
   have = available_memory() or 0
   if 4 * p > have:
     return 0

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from allreduce_jax import netns, units
 from allreduce_jax.tools import launch as launcher
+from allreduce_jax.tools._args import output_dir
 
 #: The coordinator's port on host 0 (its namespace is fresh, so the port is free).
 PORT = 29500
@@ -164,7 +165,7 @@ def cluster(
     raise ValueError(f"--devices-per-host must be at least 1, got {devices_per_host}.")
   rate = units.parse_rate(link, "--link")
   plan = netns.plan(network, hosts, rate)
-  launcher._command_argv(list(command))  # a missing command: before anything is built
+  launcher.command_argv(list(command))  # a missing command: before anything is built
   problem = netns.privilege_problem()
   if problem:
     raise netns.ClusterError(problem)
@@ -301,8 +302,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"{prog}: --hosts N is required (or 'cluster down').", file=sys.stderr)
     return 2
   if args.log_dir:
-    from allreduce_jax.tools._args import output_dir
-
     output_dir(args.log_dir, "--log-dir")
   try:
     return cluster(

@@ -22,8 +22,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
+from allreduce_jax import cost_model, devices, names
+from allreduce_jax.fusion import all_reduce_tree, plan_buckets
+from allreduce_jax.results import fingerprint, run_context
 from allreduce_jax.tools import _plot
 from allreduce_jax.tools._args import (
   add_devices,
@@ -34,6 +41,7 @@ from allreduce_jax.tools._args import (
   row_store,
   text_table,
 )
+from allreduce_jax.tools._timing import time_round_robin
 
 #: bucket label -> ``bucket_bytes`` of :func:`allreduce_jax.all_reduce_tree`.
 BUCKETS: dict[str, int | None] = {
@@ -112,20 +120,12 @@ def measure_model(
 ) -> list[dict]:
   """Times ``all_reduce_tree`` of a float32 gradient pytree at every bucket size,
   side by side; checks each result against per-leaf ``lax.psum``."""
-  import jax
-  import jax.numpy as jnp
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
 
-  from allreduce_jax import _devices, cost_model
-  from allreduce_jax.fusion import all_reduce_tree, plan_buckets
-  from allreduce_jax.tools._timing import time_round_robin
-
-  mesh = _devices.submesh((p,), ("i",))
+  mesh = devices.submesh((p,), ("i",))
   sharding = NamedSharding(mesh, P("i"))
   host = {name: _leaf_values(p, s, seed) for seed, (name, s) in enumerate(shapes.items())}
   tree = {
-    name: _devices.put(v.shape, v.dtype, sharding, lambda idx, v=v: v[idx])
+    name: devices.put(v.shape, v.dtype, sharding, lambda idx, v=v: v[idx])
     for name, v in host.items()
   }
   leaves = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes.values()]
@@ -154,7 +154,7 @@ def measure_model(
   per_leaf = None
   for (label, bucket_bytes, _, sizes), t in zip(programs, timings):
     out = t.compiled(tree)
-    wrong = sum(int(np.sum(_devices.fetch(out[k]) != _devices.fetch(ref[k]))) for k in shapes)
+    wrong = sum(int(np.sum(devices.fetch(out[k]) != devices.fetch(ref[k]))) for k in shapes)
     if bucket_bytes == 0:
       per_leaf = t.median_s
     rows.append(
@@ -209,8 +209,6 @@ MODELS: tuple[str, ...] = ("cnn", "transformer")
 
 
 def _single_axis() -> tuple[str, ...]:
-  from allreduce_jax._api import names
-
   return names(axes=1)
 
 
@@ -244,8 +242,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  from allreduce_jax import _devices, cost_model
-  from allreduce_jax.results import fingerprint, run_context
 
   if "per-leaf" not in args.buckets:
     args.buckets = ["per-leaf", *args.buckets]
@@ -256,10 +252,9 @@ def run(args: argparse.Namespace) -> int:
     "transformer": transformer_shapes(args.layers, args.d_model),
   }
   try:
-    args.devices = _devices.use_cpu_devices(args.devices)
+    args.devices = devices.use_cpu_devices(args.devices)
   except ValueError as e:
     raise SystemExit(str(e)) from None
-  import jax
 
   p = jax.device_count() if jax.distributed.is_initialized() else args.devices
   main = jax.process_index() == 0

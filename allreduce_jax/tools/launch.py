@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from allreduce_jax import distributed
+from allreduce_jax.tools import COMMANDS
+from allreduce_jax.tools._args import output_dir
 
 POLL_S = 0.05
 
@@ -119,7 +121,7 @@ class _Child:
   shown: bool = field(default=False)
 
 
-def _command_argv(command: list[str]) -> list[str]:
+def command_argv(command: list[str]) -> list[str]:
   if command and command[0] == "--":
     command = command[1:]
   if not command:
@@ -128,7 +130,6 @@ def _command_argv(command: list[str]) -> list[str]:
     )
   if command[0] == "launch":
     raise LaunchError("'launch -- launch' is not supported: give a subcommand such as verify.")
-  from allreduce_jax.tools import COMMANDS
 
   if command[0] in COMMANDS:
     return [sys.executable, "-m", "allreduce_jax", *command]
@@ -376,7 +377,7 @@ def launch(
     raise LaunchError(
       f"--output must be all, none or a rank in 0..{num_processes - 1}, got {output!r}."
     )
-  argv = _command_argv(list(command))
+  argv = command_argv(list(command))
   if coordinator is None:
     host = "127.0.0.1"
     port = free_port(host)
@@ -679,8 +680,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
   if args.log_dir:  # an unwritable --log-dir: one line, before any process starts
-    from allreduce_jax.tools._args import output_dir
-
     output_dir(args.log_dir, "--log-dir")
   try:
     return launch(

@@ -25,7 +25,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from allreduce_jax.results import upgrade
+import jax
+from tqdm import tqdm
+
+from allreduce_jax import ALGORITHMS, cli, cost_model, gloo_model, names, netns, units
+from allreduce_jax.devices import inner_size, use_cpu_devices
+from allreduce_jax.results import load_json, save_json, upgrade
+from allreduce_jax.tools._args import add_devices, csv_list, output_dir
+from allreduce_jax.tools.bench import fit_params_table
+from allreduce_jax.tools.scaling import crossovers
 from allreduce_jax.units import format_bytes
 
 
@@ -160,8 +168,6 @@ def algorithms(experiment: str) -> list[str]:
     >>> algorithms("auto")[0], "psum" in algorithms("bench")
     ('auto', True)
   """
-  from allreduce_jax._api import names
-
   reference = list(names(hand_written=False, axes=1))
   if experiment == "bench":
     return list(names(priced=True))
@@ -228,20 +234,14 @@ NETWORK_ALGORITHMS = "ring,halving_doubling,recursive_doubling,tree,naive,psum"
 
 def _network_skip() -> str | None:
   """Why the network section cannot run here (None if it can)."""
-  from allreduce_jax import netns
-
   return netns.privilege_problem()
 
 
 def _run_command(argv: list[str]) -> int:
-  from allreduce_jax import cli
-
   return cli.main(argv)
 
 
 def environment() -> dict:
-  import jax
-
   versions = {}
   for name in ("jax", "jaxlib", "flax", "optax", "numpy"):
     try:
@@ -330,8 +330,6 @@ def _details(summary: str, body: str) -> list[str]:
 
 
 def _fit(out: Path):
-  from allreduce_jax import cost_model
-
   path = out / "cost_params.json"
   try:
     return cost_model.load_params(path) if path.exists() else None
@@ -405,8 +403,6 @@ def _render_audit(out: Path) -> list[str]:
 def _bench_table(rows: list[dict], fitted) -> list[dict]:
   """One line per bench row, keyed by column header; with a fit, the fitted model's
   prediction (never the documented defaults the row was measured next to)."""
-  from allreduce_jax import _devices, cost_model
-  from allreduce_jax._api import ALGORITHMS
 
   reference = {a for a in ALGORITHMS if not ALGORITHMS[a].hand_written}
   psum = {r["bytes"]: r["busbw_GBps"] for r in rows if r["algorithm"] in reference}
@@ -425,7 +421,7 @@ def _bench_table(rows: list[dict], fitted) -> list[dict]:
     }
     if fitted is not None:
       priced = record is not None and record.schedule is not None
-      inner = _devices.inner_size(r["algorithm"], r["n_devices"]) if priced else None
+      inner = inner_size(r["algorithm"], r["n_devices"]) if priced else None
       line["fitted model (µs)"] = (
         cost_model.predict_us(r["algorithm"], r["n_devices"], r["bytes"], fitted, inner=inner)
         if priced
@@ -436,8 +432,6 @@ def _bench_table(rows: list[dict], fitted) -> list[dict]:
 
 
 def _render_bench(out: Path) -> list[str]:
-  from allreduce_jax.tools.bench import fit_params_table
-
   rows = _rows(out / "bench.jsonl")
   if not rows:
     return []
@@ -475,8 +469,6 @@ def _render_bench(out: Path) -> list[str]:
 
 
 def _render_network(out: Path) -> list[str]:
-  from allreduce_jax import gloo_model, units
-
   skipped = out / "network" / "skipped.txt"
   if skipped.exists():
     return [f"*Skipped on this machine: {skipped.read_text().strip()}*", ""]
@@ -515,7 +507,6 @@ def _render_auto(out: Path) -> list[str]:
   rows = _rows(out / "bench_auto.jsonl")
   if not rows:
     return []
-  from allreduce_jax._api import ALGORITHMS
 
   table = []
   for n in sorted({r["bytes"] for r in rows}):
@@ -591,8 +582,6 @@ def replay_winners(rows: list[dict]) -> list[dict]:
 
 
 def _render_scaling(out: Path) -> list[str]:
-  from allreduce_jax.tools.scaling import crossovers
-
   md: list[str] = []
   replayed = _rows(out / "scaling_topology.jsonl")
   if replayed:
@@ -690,7 +679,6 @@ def claims(out: Path) -> list[dict]:
     found.append(_claim(
       "The fitted α-β-γ model predicts the ring's time at ≥ 1 MiB",
       f"worst error {errs['ring']:.0%}", "≤ 25 %", errs["ring"] <= 0.25))  # fmt: skip
-  from allreduce_jax._api import ALGORITHMS
 
   ratios = []
   rows = _rows(out / "bench_auto.jsonl")
@@ -820,13 +808,11 @@ def write_markdown(out: Path, sections: list[Section], env: dict, smoke: bool) -
 def run_report(
   out: Path, smoke: bool = False, devices: int | None = None, only=None, fresh=False
 ) -> int:
-  from allreduce_jax import _devices
-
   if fresh and out.exists():
     shutil.rmtree(out)
   out.mkdir(parents=True, exist_ok=True)
   try:
-    devices = _devices.use_cpu_devices(devices)
+    devices = use_cpu_devices(devices)
   except ValueError as e:
     raise SystemExit(str(e)) from None
   env = environment()
@@ -839,7 +825,6 @@ def run_report(
       )
   os.environ["ALLREDUCE_JAX_COST_PARAMS"] = str(out / "cost_params.json")
   state_path = out / "sections.json"
-  from allreduce_jax.results import load_json, save_json
 
   state = load_json(state_path, {})  # a truncated file: a warning, and start over
   state = state if isinstance(state, dict) else {}
@@ -853,7 +838,6 @@ def run_report(
         old["status"],
       )
   failures = 0
-  from tqdm import tqdm
 
   # The sections done so far, their rate and an ETA, on stderr (only on a terminal).
   bar = tqdm(sections, desc="report", unit="section", file=sys.stderr, disable=None)
@@ -913,7 +897,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--out", default=None, help="folder (default results/report, or results/report.smoke)"
   )
-  from allreduce_jax.tools._args import add_devices, csv_list
 
   add_devices(parser)
   parser.add_argument(
@@ -931,8 +914,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-  from allreduce_jax.tools._args import output_dir
-
   out = Path(args.out or ("results/report.smoke" if args.smoke else "results/report"))
   output_dir(out, "--out")  # a regular file or an unwritable path: one line, before any work
   return run_report(out, smoke=args.smoke, devices=args.devices, only=args.only, fresh=args.fresh)

@@ -18,8 +18,13 @@ stops being the best choice, per message size, and by how much it loses at the e
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
+from allreduce_jax import cost_model, names, topology
+from allreduce_jax.cost_model import params_to_dict
+from allreduce_jax.results import fingerprint
+from allreduce_jax.tools import _plot
 from allreduce_jax.tools._args import (
   figure_path,
   nonempty,
@@ -31,25 +36,30 @@ from allreduce_jax.tools._args import (
 )
 from allreduce_jax.units import format_bytes, parse_size
 
-ALGORITHMS: tuple[str, ...] = ("ring", "tree", "halving_doubling", "hierarchical")
 SIZES: tuple[int, ...] = (1 << 20, 100 << 20, 1 << 30)
 PS: tuple[int, ...] = tuple(8 << k for k in range(12))  # 8 ... 16384
 
 
 def _link(text: str, name: str):
   """``--inner/--outer/--link``: a preset or ``latency_us,bandwidth`` (cost_model.parse_link)."""
-  from allreduce_jax import cost_model
-
   try:
     return cost_model.parse_link(text, name)
   except ValueError as e:
     raise SystemExit(str(e)) from None
 
 
-def sweep(machine, scenario: str, ps=PS, sizes=SIZES, algorithms=ALGORITHMS) -> list[dict]:
+def two_level_algorithms() -> tuple[str, ...]:
+  """The hand-written algorithms whose registry record has a two-level model (its
+  ``two_level`` field) and is meant for scale (``at_scale``), in registry order: the
+  default of :func:`sweep`."""
+  return names(hand_written=True, two_level=True, at_scale=True)
+
+
+def sweep(machine, scenario: str, ps=PS, sizes=SIZES, algorithms=None) -> list[dict]:
   """One row per (size, p, algorithm) with the predicted time, the best algorithm at
-  that point and how much slower than it the flat ring is."""
-  from allreduce_jax import cost_model
+  that point and how much slower than it the flat ring is. ``algorithms``: default
+  :func:`two_level_algorithms`."""
+  algorithms = two_level_algorithms() if algorithms is None else tuple(algorithms)
 
   rows = []
   for n in sizes:
@@ -197,9 +207,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
   if args.topology:
     return run_topology(args)
-  from allreduce_jax import cost_model
-  from allreduce_jax.cost_model import params_to_dict
-  from allreduce_jax.results import fingerprint
 
   sizes = args.sizes
   max_p = 64 if args.smoke else args.max_p
@@ -231,7 +238,8 @@ def run(args: argparse.Namespace) -> int:
   extra = {"local-fit": {"local_params": fingerprint(params_to_dict(local))}} if local else {}
   _append_new(store, rows, extra)
   print(f"# scaling by model: inner {args.inner}, outer {args.outer}, {args.per_node}/node")
-  print(f"{'scenario':>12} {'size':>7} {'p':>6} " + " ".join(f"{a:>16}" for a in ALGORITHMS))
+  algorithms = two_level_algorithms()
+  print(f"{'scenario':>12} {'size':>7} {'p':>6} " + " ".join(f"{a:>16}" for a in algorithms))
   for sc in dict.fromkeys(r["scenario"] for r in rows):
     for n in sizes:
       for p in ps:
@@ -242,12 +250,11 @@ def run(args: argparse.Namespace) -> int:
         }
         print(
           f"{sc:>12} {format_bytes(n):>7} {p:>6} "
-          + " ".join(f"{t[a]:>14.1f}us" for a in ALGORITHMS)
+          + " ".join(f"{t[a]:>14.1f}us" for a in algorithms)
         )
   print("# where the flat ring stops being the best choice:")
   for c in crossovers(rows):
     print(f"#   {c['scenario']:>12} {format_bytes(c['bytes']):>7}: {_crossover_text(c)}")
-  from allreduce_jax.tools import _plot
 
   _plot.save(_plot.scaling(rows, crossovers(rows)), fig, dpi=110)
   print(f"# rows: {out}  figure: {fig}")
@@ -258,26 +265,13 @@ def run(args: argparse.Namespace) -> int:
 # --topology: replay each algorithm's message steps on a network (allreduce_jax.topology).
 # ----------------------------------------------------------------------------------------
 
-#: Algorithms priced with ``--topology`` (those registered with a message generator).
-TOPOLOGY_ALGORITHMS: tuple[str, ...] = (
-  "ring",
-  "bidirectional_ring",
-  "tree",
-  "double_binary_tree",
-  "halving_doubling",
-  "halving_doubling_near",
-  "swing",
-  "hierarchical",
-)
 
-
-def topology_algorithms(names=None) -> tuple[str, ...]:
-  """``names`` (default :data:`TOPOLOGY_ALGORITHMS`) that are registered with a message
-  generator."""
-  from allreduce_jax import ALGORITHMS
-
-  names = TOPOLOGY_ALGORITHMS if names is None else tuple(names)
-  return tuple(a for a in names if a in ALGORITHMS and ALGORITHMS[a].messages is not None)
+def topology_algorithms(wanted=None) -> tuple[str, ...]:
+  """``wanted`` (default: every hand-written algorithm meant for scale, in registry
+  order) that are registered with a message generator: the ones ``--topology`` replays."""
+  replayable = names(replayable=True)
+  wanted = names(hand_written=True, at_scale=True) if wanted is None else tuple(wanted)
+  return tuple(a for a in wanted if a in replayable)
 
 
 def sweep_topology(top, params, ps=PS, sizes=SIZES, algorithms=None) -> list[dict]:
@@ -285,8 +279,6 @@ def sweep_topology(top, params, ps=PS, sizes=SIZES, algorithms=None) -> list[dic
   topology or a list), the flat model's (the same steps on ``topology.switch()``), the
   bandwidth term in units of n·β, the best algorithm there and the ring's slowdown
   against it. ``params``: one link's α, β, γ (islands use their own α, β per level)."""
-  from allreduce_jax import topology
-
   algorithms = topology_algorithms(algorithms)
   tops = list(top) if isinstance(top, (list, tuple)) else [top]
   flat = topology.switch()
@@ -325,10 +317,6 @@ def sweep_topology(top, params, ps=PS, sizes=SIZES, algorithms=None) -> list[dic
 
 def run_topology(args: argparse.Namespace) -> int:
   """``scaling --topology ...``: the replayed sweep, its JSONL rows and figure."""
-  import dataclasses
-
-  from allreduce_jax import topology
-  from allreduce_jax.tools._args import row_store
 
   tops = []
   for text in args.topology:
@@ -346,12 +334,12 @@ def run_topology(args: argparse.Namespace) -> int:
       sizes = [parse_size(s, "--sizes") for s in sizes.split(",") if s.strip()]
     except ValueError as e:
       raise SystemExit(str(e)) from None
-  names = [a.strip() for a in args.algorithms.split(",")] if args.algorithms else None
-  algorithms = topology_algorithms(names)
-  if names and set(names) - set(algorithms):
+  wanted = [a.strip() for a in args.algorithms.split(",")] if args.algorithms else None
+  algorithms = topology_algorithms(wanted)
+  if wanted and set(wanted) - set(algorithms):
     raise SystemExit(
-      f"--algorithms: {', '.join(sorted(set(names) - set(algorithms)))} cannot be replayed;"
-      f" choose from {', '.join(topology_algorithms(tuple(_registered())))}."
+      f"--algorithms: {', '.join(sorted(set(wanted) - set(algorithms)))} cannot be replayed;"
+      f" choose from {', '.join(topology_algorithms())}."
     )
   if "ring" not in algorithms:
     raise SystemExit("--algorithms must include ring (the figure marks where it loses).")
@@ -412,14 +400,7 @@ def run_topology(args: argparse.Namespace) -> int:
         else "ring never within 5% of the best"
       )
     )
-  from allreduce_jax.tools import _plot
 
   _plot.save(_plot.scaling(rows, crossovers(rows)), fig, dpi=110)
   print(f"# rows: {args.out}  figure: {fig}")
   return 0
-
-
-def _registered():
-  from allreduce_jax import ALGORITHMS
-
-  return ALGORITHMS

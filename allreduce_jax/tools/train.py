@@ -23,13 +23,17 @@ import types
 import typing
 from pathlib import Path
 
-from allreduce_jax import units
+import jax
+
+from allreduce_jax import devices, units
+from allreduce_jax.results import RowsError
 from allreduce_jax.tools import _args
+from allreduce_jax.training import arms, configs
+from allreduce_jax.training import experiments as ex
+from allreduce_jax.training.results import Results
 
 
 def _modes() -> dict[str, tuple[type, str]]:
-  from allreduce_jax.training import configs
-
   return {
     "sync": (configs.SyncConfig, "one synchronous data-parallel run (replicas checked identical)"),
     "staleness": (
@@ -178,8 +182,6 @@ def config_from_arguments(cls: type, args: argparse.Namespace, smoke: bool = Fal
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-  from allreduce_jax.training import arms
-
   sub = parser.add_subparsers(dest="mode", metavar="MODE", required=True)
   for mode, (cls, help_text) in _modes().items():
     desc = help_text
@@ -197,9 +199,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_sync(cfg, args, out: Path, store) -> bool:
-  import jax
-
-  from allreduce_jax.training import experiments as ex
 
   # Resume: a seed already trained with this exact config is not trained again.
   config = json.loads(json.dumps(dataclasses.asdict(cfg)))
@@ -224,8 +223,6 @@ def _run_sync(cfg, args, out: Path, store) -> bool:
 
 
 def _run_sweep(mode: str, cfg, args, out: Path) -> bool:
-  from allreduce_jax.training import experiments as ex
-
   if mode == "staleness":
     rows = ex.run_staleness_sweep(cfg, out, max_runs=args.max_runs)
     paths = ex.write_staleness_outputs(rows, out)
@@ -254,18 +251,12 @@ ROWS_FILE = {
 
 
 def run(args: argparse.Namespace) -> int:
-  import jax
-
-  from allreduce_jax import _devices
-  from allreduce_jax.results import RowsError
-  from allreduce_jax.training import arms
-  from allreduce_jax.training.results import Results
 
   cls = _modes()[args.mode][0]
   out = Path(args.out or f"results/train{'.smoke' if args.smoke else ''}/{args.mode}")
   store = Results(out / ROWS_FILE[args.mode])
   try:
-    args.devices = _devices.use_cpu_devices(args.devices)
+    args.devices = devices.use_cpu_devices(args.devices)
     arms.load_arm_modules()
     cfg = config_from_arguments(cls, args, smoke=args.smoke)
     workers = getattr(cfg, "workers", 0)

@@ -40,13 +40,14 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import _devices, _wire
-from allreduce_jax._api import ALGORITHMS, all_reduce
+from allreduce_jax import ALGORITHMS, _wire, all_reduce, devices
 from allreduce_jax._ops import OPS, get_op, oracle
 from allreduce_jax._ring import ring_all_gather, ring_reduce_scatter
 from allreduce_jax.tools._args import (
   add_algorithms,
   add_devices,
+  available_memory,
+  check_memory,
   csv_list,
   row_store,
 )
@@ -359,14 +360,14 @@ def _mesh_and_axis(algorithm: str, p: int):
       raise ValueError(
         f"across processes {algorithm} needs all {jax.device_count()} devices, got p={p}."
       )
-    return _devices.process_mesh(("outer", "inner")), ("outer", "inner")
-  return _devices.mesh_for(algorithm, p)
+    return devices.process_mesh(("outer", "inner")), ("outer", "inner")
+  return devices.mesh_for(algorithm, p)
 
 
 def _place(inputs: dict, mesh, spec) -> dict:
   sharding = NamedSharding(mesh, spec)
   return {
-    k: _devices.put(v.shape, v.dtype, sharding, lambda index, v=v: v[index])
+    k: devices.put(v.shape, v.dtype, sharding, lambda index, v=v: v[index])
     for k, v in inputs.items()
   }
 
@@ -381,7 +382,7 @@ def lossy_tolerance(algorithm: str, x: np.ndarray, op: str, wire: str | None, p:
     return 0.0
   record = ALGORITHMS[algorithm]
   n = max(1, int(np.prod(x.shape[1:])))
-  steps = record.schedule(p, 4.0 * n, _devices.inner_size(algorithm, p)).steps
+  steps = record.schedule(p, 4.0 * n, devices.inner_size(algorithm, p)).steps
   bound = float(np.max(np.sum(np.abs(x.astype(np.float64)), axis=0), initial=0.0))
   return 1.01 * steps * fmt.unit_error * bound / (p if op == "mean" else 1)
 
@@ -432,7 +433,7 @@ def run_case(
   hand_written = getattr(ALGORITHMS[algorithm], "hand_written", True)
   rows = []
   for (kind, dtype, shape, op), (got, ref) in results.items():
-    got, ref = _devices.fetch(got), _devices.fetch(ref)
+    got, ref = devices.fetch(got), devices.fetch(ref)
     x = inputs[(kind, dtype, shape)]
     want = oracle(op, x)
     tol = _tolerance(x, want, op, kind, p)
@@ -683,7 +684,7 @@ def run(args: argparse.Namespace) -> int:
   # A foreign, unwritable or busy --out: refused now (the lock is held until the end).
   store = row_store(args.out, "verify", fresh=args.fresh, context={}) if args.out else None
   try:
-    args.devices = _devices.use_cpu_devices(args.devices)
+    args.devices = devices.use_cpu_devices(args.devices)
   except ValueError as e:
     raise SystemExit(str(e)) from None
   try:
@@ -757,7 +758,6 @@ def _check_memory(args: argparse.Namespace, ps: list[int], shapes) -> None:
       per_element += copies * p * (jnp.dtype(d).itemsize * (1 + 2 * len(ops)) + 16)
   biggest = max(int(np.prod(s, dtype=np.int64)) for s in shapes)
   elements = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
-  from allreduce_jax.tools._args import available_memory, check_memory
 
   have = available_memory() or 0
   fits = have // max(per_element, 1)
@@ -837,7 +837,7 @@ def backend_case(
   (``ring_reduce_scatter``); ``all_gather`` stacks the blocks (``ring_all_gather``).
   Returns one record per (collective, dtype, kind, shape, repetition).
   """
-  mesh, axis = _devices.submesh((p,), ("i",)), "i"
+  mesh, axis = devices.submesh((p,), ("i",)), "i"
   spec = P(axis)
   inputs = {}
   for kind in kinds:
@@ -874,7 +874,7 @@ def backend_case(
     for key, (xla, hand) in results.items():
       name, kind, dtype, shape = key
       x = inputs[key]
-      xla, hand = _devices.fetch(xla), _devices.fetch(hand)  # T[p, m]: per participant
+      xla, hand = devices.fetch(xla), devices.fetch(hand)  # T[p, m]: per participant
       records.append(_backend_record(name, kind, dtype, shape, x, xla, hand, p, rep))
   return records
 

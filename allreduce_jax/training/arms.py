@@ -147,23 +147,23 @@ def speeds(setup: Setup) -> np.ndarray:
 
 def allreduce_seconds(setup: Setup, p: int | None = None) -> float:
   """One all-reduce of the parameters over ``p`` (default N) workers, in seconds."""
-  from allreduce_jax import _devices
+  from allreduce_jax import devices
 
   p = setup.workers if p is None else p
   if p <= 1:
     return 0.0
-  inner = _devices.inner_size(setup.algorithm, p)
+  inner = devices.inner_size(setup.algorithm, p)
   return cost_model.predict_seconds(setup.algorithm, p, model_bytes(setup), link(setup), inner)
 
 
 def allreduce_bytes(setup: Setup, p: int | None = None) -> float:
   """Bytes all ``p`` participants send in one all-reduce (p × the busiest sender's)."""
-  from allreduce_jax import _devices
+  from allreduce_jax import devices
 
   p = setup.workers if p is None else p
   if p <= 1:
     return 0.0
-  inner = _devices.inner_size(setup.algorithm, p)
+  inner = devices.inner_size(setup.algorithm, p)
   return p * cost_model.schedule(setup.algorithm, p, model_bytes(setup), inner).max_sent_bytes
 
 
@@ -313,6 +313,12 @@ def load_arm_modules() -> None:
         mod.register_arms()
 
 
+def register_family(prefix: str, make: Callable[[int], Arm]) -> None:
+  """Arms named ``{prefix}{k}`` (k an int) are built on demand by ``make(k)``
+  (:func:`get_arm`); the first family registered for a prefix is kept."""
+  _FAMILIES.setdefault(prefix, make)
+
+
 def get_arm(name: str) -> Arm:
   """The registered arm ``name``; ``ssp{s}`` and ``sync_b{b}`` are built on demand."""
   if name not in ARMS:
@@ -340,7 +346,9 @@ def sync_rounds(setup: Setup) -> int:
   return max(1, setup.gradients // setup.workers)
 
 
-def _times(setup: Setup, seed: int, work: np.ndarray | None = None) -> async_sim.ComputeTimes:
+def compute_times(
+  setup: Setup, seed: int, work: np.ndarray | None = None
+) -> async_sim.ComputeTimes:
   scale = setup.compute_s / speeds(setup)
   if work is not None:
     scale = scale * work
@@ -351,7 +359,13 @@ def _sync_timeline(setup: Setup, seed: int, backups: int = 0, work=None) -> Time
   n, S = setup.workers, sync_rounds(setup)
   ar = allreduce_seconds(setup)
   s = async_sim.sync_schedule(
-    setup.compute, n, S, seed, backups=backups, allreduce_time=ar, times=_times(setup, seed, work)
+    setup.compute,
+    n,
+    S,
+    seed,
+    backups=backups,
+    allreduce_time=ar,
+    times=compute_times(setup, seed, work),
   )
   kept = int(n - backups)
   return Timeline(
@@ -397,7 +411,7 @@ def _isolate_timeline(setup: Setup, seed: int, threshold: float, window: int = 1
   workers' is removed; the global batch is redistributed over the others (each
   takes N/n_active as many samples, and as much longer), at most N/2 removed."""
   n, S = setup.workers, sync_rounds(setup)
-  rows = _times(setup, seed).rows(S)  # f64[S, N], per-worker time at batch B
+  rows = compute_times(setup, seed).rows(S)  # f64[S, N], per-worker time at batch B
   active = np.ones(n, bool)
   step = np.empty(S)
   removed_at: dict[int, int] = {}
@@ -432,7 +446,7 @@ def _ps_timeline(setup: Setup, seed: int, staleness_bound: int | None) -> Timeli
   msg = ps_message_seconds(setup)
   U = setup.gradients
   s = async_sim.ps_schedule(
-    _times(setup, seed),
+    compute_times(setup, seed),
     U,
     staleness_bound=staleness_bound,
     max_staleness=setup.max_staleness,
@@ -492,7 +506,7 @@ def periodic_curve(res, workload: Workload, tail: int, **info) -> Curve:
 def run_sync_curve(setup: Setup, workload: Workload, timeline: Timeline, seed: int) -> Curve:
   """Synchronous data-parallel training on the emulated devices along ``timeline.plan``
   (an f32[S, N] mask of the gradients kept), with the workload's sync learning rate."""
-  from allreduce_jax import _devices
+  from allreduce_jax import devices
   from allreduce_jax.training import data as data_mod
   from allreduce_jax.training import models, sync
 
@@ -502,7 +516,7 @@ def run_sync_curve(setup: Setup, workload: Workload, timeline: Timeline, seed: i
   lr = workload.sync_lr(n)
   key = ("sync", workload.name, n, setup.algorithm, lr)
   if key not in _compiled:
-    mesh, axis = _devices.mesh_for(setup.algorithm, n)
+    mesh, axis = devices.mesh_for(setup.algorithm, n)
     tx = workload.tx(lr)
     chunk = sync.make_sync_chunk(graphdef, rest, tx, mesh, setup.algorithm, axis=axis, masked=True)
     _compiled[key] = (mesh, axis, tx, chunk, sync.make_evaluator(graphdef, rest, workload.metric))

@@ -64,7 +64,7 @@ def allreduce_time_us(algorithm: str, p: int, nbytes: int) -> tuple[float, str]:
     from allreduce_jax.cost_model import predict_us
   except ImportError:
     return FALLBACK_ALLREDUCE_US, "constant"
-  from allreduce_jax._devices import inner_size
+  from allreduce_jax.devices import inner_size
 
   inner = inner_size(algorithm, p) if algorithm in ALGORITHMS else None
   try:
@@ -74,12 +74,12 @@ def allreduce_time_us(algorithm: str, p: int, nbytes: int) -> tuple[float, str]:
 
 
 def _mesh(n: int, algorithm: str = "ring"):
-  """``(mesh, axis)`` of ``n`` participants for ``algorithm`` (``_devices.mesh_for``)."""
-  from allreduce_jax import _devices
+  """``(mesh, axis)`` of ``n`` participants for ``algorithm`` (``devices.mesh_for``)."""
+  from allreduce_jax import devices
 
   if n > len(jax.devices()):
     raise ValueError(f"workers={n} is invalid: only {len(jax.devices())} devices are available.")
-  return _devices.mesh_for(algorithm, n)
+  return devices.mesh_for(algorithm, n)
 
 
 def run_sync(cfg: SyncConfig, seed: int = 0) -> dict[str, Any]:

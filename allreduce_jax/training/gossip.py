@@ -40,7 +40,7 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import _devices
+from allreduce_jax import devices
 from allreduce_jax.training import models
 from allreduce_jax.training.local import PeriodicResult, make_metrics
 from allreduce_jax.training.sync import concat_losses, participants, put_train_set, replicate
@@ -221,10 +221,10 @@ def train_gossip(
   avg = params
   for start in range(0, steps, eval_every):
     stop = min(start + eval_every, steps)
-    ib = _devices.put_host(idx[start:stop], col)
+    ib = devices.put_host(idx[start:stop], col)
     state, chunk_losses = chunk(state, x_all, y_all, ib)
-    losses.append(_devices.fetch(chunk_losses).mean(axis=0))
-    stacked = jax.tree.map(_devices.fetch, state[0])
+    losses.append(devices.fetch(chunk_losses).mean(axis=0))
+    stacked = jax.tree.map(devices.fetch, state[0])
     avg = jax.tree.map(lambda a: a.mean(axis=0), stacked)
     consensus.append(
       float(
@@ -276,7 +276,7 @@ def gossip_timeline(setup, seed: int, mixing: str = "pairs"):
   else:
     exchanges_per_step(mixing)
   e = exchange_seconds(setup) if n > 1 else 0.0
-  c = arms._times(setup, seed).rows(U)  # f64[U, N]
+  c = arms.compute_times(setup, seed).rows(U)  # f64[U, N]
   t = np.zeros(n)
   done = np.empty(U)
   idx = np.arange(n)
@@ -323,7 +323,7 @@ def run_gossip_curve(setup, workload, timeline, seed: int):
   lr = workload.sync_lr(n)
   key = (workload.name, n, mixing, lr)
   if key not in _compiled:
-    mesh = _devices.submesh((n,), ("data",))
+    mesh = devices.submesh((n,), ("data",))
     tx = workload.tx(lr)
     chunk = make_gossip_chunk(graphdef, rest, tx, mesh, mixing)
     _compiled[key] = (mesh, tx, chunk, make_metrics(graphdef, rest))
@@ -393,7 +393,7 @@ def audit_step_bytes(
   """
   from allreduce_jax import hlo
 
-  mesh = _devices.submesh((p,), ("data",))
+  mesh = devices.submesh((p,), ("data",))
   tx = optax.sgd(0.0)
   chunk = make_gossip_chunk(graphdef, rest, tx, mesh, mixing)
   state = replicate((params, tx.init(params)), mesh)

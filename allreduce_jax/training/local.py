@@ -36,7 +36,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import ALGORITHMS, _comm, _devices, all_reduce_tree
+from allreduce_jax import ALGORITHMS, _comm, all_reduce_tree, devices
 from allreduce_jax.training import models
 from allreduce_jax.training.sync import (
   concat_losses,
@@ -255,9 +255,9 @@ def train_local(
   idx3 = idx.reshape(rounds, H, idx.shape[1])
   for start in range(0, rounds, rounds_per_eval):
     stop = min(start + rounds_per_eval, rounds)
-    ib = _devices.put_host(idx3[start:stop], col)
+    ib = devices.put_host(idx3[start:stop], col)
     state, chunk_losses = chunk(state, x_all, y_all, ib)
-    losses.append(_devices.fetch(chunk_losses).mean(axis=0))
+    losses.append(devices.fetch(chunk_losses).mean(axis=0))
     eval_steps.append(stop * H)
     global_w = first_replica(state[2])
     loss, acc = metrics(global_w, data.x_test, data.y_test)
@@ -277,7 +277,7 @@ def train_local(
 
 def _rows_identical(stacked: Any) -> bool:
   for leaf in jax.tree.leaves(stacked):
-    a = _devices.fetch(leaf)
+    a = devices.fetch(leaf)
     if not all(np.array_equal(a[k], a[0]) for k in range(1, a.shape[0])):
       return False
   return True
@@ -332,7 +332,7 @@ def local_timeline(setup, seed: int, H: int, comm_s: float, bytes_per_round: flo
       f"H={H} local steps do not fit the budget of {arms.sync_rounds(setup)} steps per worker."
     )
   U = rounds * H
-  c = arms._times(setup, seed).rows(U).reshape(rounds, H, setup.workers)  # f64[R, H, N]
+  c = arms.compute_times(setup, seed).rows(U).reshape(rounds, H, setup.workers)  # f64[R, H, N]
   within = np.cumsum(c, axis=1).max(axis=2)  # f64[R, H]: all N done with local step k
   round_s = within[:, -1] + comm_s
   start = np.concatenate([[0.0], np.cumsum(round_s)[:-1]])
@@ -368,7 +368,7 @@ def run_local_curve(setup, workload, timeline, seed: int, outer: bool):
     lr, inner_name = workload.sync_lr(n), workload.optimizer
   key = ("local", workload.name, n, setup.algorithm, H, outer, inner_name, lr)
   if key not in _compiled:
-    mesh, axis = _devices.mesh_for(setup.algorithm, n)
+    mesh, axis = devices.mesh_for(setup.algorithm, n)
     inner = models.make_optimizer(inner_name, lr, workload.momentum)
     outer_tx = diloco_outer() if outer else None
     chunk = make_local_chunk(graphdef, rest, inner, mesh, outer_tx, setup.algorithm, axis)
@@ -439,8 +439,8 @@ def register_arms() -> None:
   ``arms.get_arm``) and the defaults ``local_sgd_h8``, ``diloco_h50``."""
   from allreduce_jax.training import arms
 
-  arms._FAMILIES.setdefault("local_sgd_h", local_arm)
-  arms._FAMILIES.setdefault("diloco_h", diloco_arm)
+  arms.register_family("local_sgd_h", local_arm)
+  arms.register_family("diloco_h", diloco_arm)
   for arm in (local_arm(8), diloco_arm(50)):
     arms.register(arm)
 

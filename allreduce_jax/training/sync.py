@@ -30,7 +30,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import ALGORITHMS, _devices, all_reduce_tree
+from allreduce_jax import ALGORITHMS, all_reduce_tree, devices
 from allreduce_jax.training import models
 
 
@@ -54,7 +54,7 @@ def make_sync_chunk(
     graphdef: the model's graph definition (from :func:`models.split`).
     rest: the model's non-parameter state.
     tx: the optax optimizer.
-    mesh: a mesh with axis ``axis`` (e.g. from ``_devices.submesh``).
+    mesh: a mesh with axis ``axis`` (e.g. from ``devices.submesh``).
     algorithm: a key of ``allreduce_jax.ALGORITHMS``.
     axis: the data-parallel mesh axis, or a tuple of axes (their product; e.g.
       ``("outer", "inner")`` for ``algorithm="hierarchical"``).
@@ -132,7 +132,7 @@ def replicate(tree: Any, mesh: jax.sharding.Mesh, axis: str | tuple[str, ...] = 
 
   def one(a):
     a = np.asarray(a)
-    return _devices.put(
+    return devices.put(
       (p, *a.shape), a.dtype, sharding, lambda index: np.broadcast_to(a, (p, *a.shape))[index]
     )
 
@@ -143,7 +143,7 @@ def put_train_set(data, mesh: jax.sharding.Mesh) -> tuple[jax.Array, jax.Array]:
   """``data``'s whole training set, replicated on every device of ``mesh`` (the
   compiled chunks gather their batches from it on device)."""
   rep = NamedSharding(mesh, P())
-  return _devices.put_host(data.x_train, rep), _devices.put_host(data.y_train, rep)
+  return devices.put_host(data.x_train, rep), devices.put_host(data.y_train, rep)
 
 
 def concat_losses(chunks: list[np.ndarray]) -> np.ndarray:
@@ -154,7 +154,7 @@ def concat_losses(chunks: list[np.ndarray]) -> np.ndarray:
 def replicas_identical(stacked: Any) -> bool:
   """Whether every participant's copy (row of the leading axis) is bitwise identical."""
   for leaf in jax.tree.leaves(stacked):
-    a = _devices.fetch(leaf)
+    a = devices.fetch(leaf)
     if not all(np.array_equal(a[k], a[0]) for k in range(1, a.shape[0])):
       return False
   return True
@@ -162,7 +162,7 @@ def replicas_identical(stacked: Any) -> bool:
 
 def first_replica(stacked: Any) -> Any:
   """Participant 0's copy as host arrays: ``T[p, ...]`` -> ``T[...]``."""
-  return jax.tree.map(lambda a: _devices.fetch(a)[0], stacked)
+  return jax.tree.map(lambda a: devices.fetch(a)[0], stacked)
 
 
 @dataclass(frozen=True)
@@ -254,10 +254,10 @@ def train_sync(
   identical = True
   for start in range(0, steps, eval_every):
     stop = min(start + eval_every, steps)
-    ib = _devices.put_host(idx[start:stop], col)
-    mb = _devices.put_host(mask[start:stop], col)
+    ib = devices.put_host(idx[start:stop], col)
+    mb = devices.put_host(mask[start:stop], col)
     w, s, chunk_losses = chunk(w, s, x_all, y_all, ib, mb)
-    losses.append(_devices.fetch(chunk_losses)[0])
+    losses.append(devices.fetch(chunk_losses)[0])
     identical = replicas_identical(w)
     if not identical:
       raise RuntimeError(f"participants' parameters differ after step {stop} ({algorithm=}).")

@@ -1,4 +1,9 @@
-"""Device set-up shared by the subcommands: emulated CPU devices and sub-meshes."""
+"""Devices and meshes: emulated CPU devices, sub-meshes, the mesh a registry record's
+``axes`` asks for (:func:`mesh_for`), and host <-> device transfers that work in one
+process or across ``jax.distributed`` processes (:func:`put`, :func:`fetch`).
+
+Public: the tools, the training experiments, the notebooks and user code use it.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,10 @@ import sys
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh
+
+from allreduce_jax.registry import ALGORITHMS
 
 #: The most emulated CPU devices :func:`use_cpu_devices` asks for.
 MAX_CPU_DEVICES = 512
@@ -132,8 +140,6 @@ def fetch(x: jax.Array) -> np.ndarray:
   """The whole value of ``x`` on this host (gathered across processes if needed)."""
   if x.is_fully_addressable:
     return np.asarray(jax.device_get(x))
-  from jax.experimental import multihost_utils
-
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
@@ -146,8 +152,6 @@ def mesh_for(algorithm: str, p: int) -> tuple[Mesh, str | tuple[str, ...]]:
   of its names. Returns ``(mesh, axis_name)``; the per-device spec is
   ``P(axis_name)`` either way.
   """
-  from allreduce_jax._api import ALGORITHMS
-
   if algorithm not in ALGORITHMS:
     raise ValueError(f"algorithm={algorithm!r} is not one of {sorted(ALGORITHMS)}.")
   k = ALGORITHMS[algorithm].axes
@@ -161,8 +165,6 @@ def mesh_for(algorithm: str, p: int) -> tuple[Mesh, str | tuple[str, ...]]:
 def fits(algorithm: str, p: int) -> bool:
   """Whether ``mesh_for(algorithm, p)`` gives every level more than one participant: a
   k-axis algorithm needs p to split into k factors > 1 (a prime p has no 2-D mesh)."""
-  from allreduce_jax._api import ALGORITHMS
-
   k = ALGORITHMS[algorithm].axes
   return k == 1 or 1 not in factor_axes(p, k)
 
@@ -170,8 +172,6 @@ def fits(algorithm: str, p: int) -> bool:
 def inner_size(algorithm: str, p: int) -> int | None:
   """The inner (last) axis size of :func:`mesh_for`'s mesh for a multi-axis algorithm,
   the ``inner`` that ``cost_model.schedule`` prices it with; None for one axis."""
-  from allreduce_jax._api import ALGORITHMS
-
   k = ALGORITHMS[algorithm].axes
   return factor_axes(p, k)[-1] if k > 1 else None
 

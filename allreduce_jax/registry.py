@@ -1,0 +1,169 @@
+"""The algorithm registry: the :class:`Algorithm` record, :data:`ALGORITHMS`, :func:`register`
+and :func:`names`.
+
+The bottom floor of the package: it imports no other module of it but the wire
+formats (:mod:`allreduce_jax._wire`, itself on the floor). Each algorithm
+module (``_ring.py``, ``_tree.py``, ...) registers its own complete record when it is
+imported; ``_api`` imports them in the registry's order. Everything that needs to know
+about an algorithm (dispatch, the cost model, the topology replay, bench, verify,
+audit, scaling, the report, the notebooks) reads these records; nothing special-cases
+a name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from allreduce_jax import _wire
+
+#: A per-shard all-reduce: ``fn(flat: T[n], axis_name, combine) -> T[n]``.
+ShardFn = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Algorithm:
+  """One registry record: everything a consumer needs to know about an algorithm.
+
+  Tools, tests, the report and the notebooks derive every subset of algorithms
+  from these fields; nothing outside the algorithm's own module special-cases a name.
+  New fields get a default, so every existing record stays valid.
+
+  Attributes:
+    name: the registry key (``all_reduce(..., algorithm=name)``).
+    fn: the per-shard function ``fn(flat: T[n], axis_name, combine) -> T[n]``.
+    axes: how many mesh axes it takes: 1 means one axis name (or a tuple of names
+      treated as their product, like ``lax.psum``); k > 1 means a tuple of at least
+      k names, one per level, outer first (``hierarchical``: ``(outer, inner)``);
+      ``devices.mesh_for`` builds a k-axis mesh for it.
+    hand_written: False for XLA's own collective (the reference).
+    auto: a candidate for ``algorithm="auto"`` (needs ``axes == 1`` and ``schedule``).
+    schedule: the closed-form cost, ``schedule(p, n_bytes, inner) -> cost_model.Schedule``
+      (``inner`` = the inner axis size for multi-axis algorithms); None: not priced.
+    messages: the step generator for topology replay, ``messages(sizes) -> steps``:
+      ``sizes`` are the mesh axis sizes (``(p,)`` for one axis), each step is a list of
+      ``(src, dst, fraction_of_n[, combined])`` with participants numbered in mesh
+      (row-major) order; it must equal the schedule traced from ``fn``. None: not
+      replayable.
+    two_level: the time on a two-level machine (nodes of fast links joined by slow
+      ones), ``two_level(p, n_bytes, machine: cost_model.TwoLevel) -> seconds``; None:
+      no two-level model (``cost_model.predict_two_level_seconds`` then prices it on
+      the inner links within one node and refuses it across nodes).
+    at_scale: swept to thousands of participants by ``allreduce-jax scaling`` (both
+      its two-level and its ``--topology`` sweep); False for a baseline whose schedule
+      is not meant for that (``naive``: 2(p-1) distinct steps through one root).
+    summary: one line for ``--help`` and tables.
+    lossy: True if the result is not exact even with ``wire=None`` (then verify
+      checks it against an error bound, and ``auto`` never picks it).
+    wires: the wire formats (``all_reduce(..., wire=...)``) it can send in; every
+      hand-written algorithm sends through ``_comm.send``, so all of ``_wire.WIRES``.
+  """
+
+  name: str
+  fn: ShardFn
+  axes: int = 1
+  hand_written: bool = True
+  auto: bool = True
+  schedule: Callable[..., Any] | None = None
+  messages: Callable[..., list] | None = None
+  two_level: Callable[..., float] | None = None
+  at_scale: bool = True
+  summary: str = ""
+  lossy: bool = False
+  wires: tuple[str | None, ...] = _wire.WIRES
+
+  def __call__(self, flat, axis_name, combine):
+    return self.fn(flat, axis_name, combine)
+
+  def wire_bytes(self, p: int, wire: str | None = None, n: int = 1 << 20, itemsize: int = 4):
+    """Bytes the busiest participant puts on the wire per input element, for an
+    ``n``-element float input of ``itemsize`` bytes sent in format ``wire`` (scales
+    included); None if the record has no schedule or cannot send in ``wire``.
+
+    Example:
+      >>> round(ALGORITHMS["ring"].wire_bytes(8, "int8") / ALGORITHMS["ring"].wire_bytes(8), 3)
+      0.254
+    """
+    if self.schedule is None or wire not in self.wires:
+      return None
+    per_element = _wire.get(wire).bytes_per_element(max(1, n // max(p, 1)), itemsize)
+    return self.schedule(p, n * per_element, None).max_sent_bytes / n
+
+
+#: name -> :class:`Algorithm` record, in registration order. :func:`register` adds one.
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register(record: Algorithm, *, replace: bool = False) -> Algorithm:
+  """Adds ``record`` to :data:`ALGORITHMS`; verify, bench, audit, scaling and the
+  report pick it up from there with no other change.
+
+  Example:
+    >>> from allreduce_jax import ALGORITHMS, Algorithm, register
+    >>> def via_psum(flat, axis_name, combine):  # flat: T[n]
+    ...   return ALGORITHMS["psum"](flat, axis_name, combine)
+    >>> _ = register(Algorithm("my_psum", via_psum, auto=False, summary="a toy"))
+    >>> "my_psum" in ALGORITHMS
+    True
+    >>> del ALGORITHMS["my_psum"]
+  """
+  if not isinstance(record, Algorithm):
+    raise TypeError(f"register expects an Algorithm record, got {type(record).__name__}.")
+  if not record.name or not isinstance(record.name, str):
+    raise ValueError(f"Algorithm.name must be a non-empty str, got {record.name!r}.")
+  if record.name in ALGORITHMS and not replace:
+    raise ValueError(f"algorithm {record.name!r} is already registered (pass replace=True).")
+  if record.axes < 1:
+    raise ValueError(f"Algorithm.axes must be at least 1, got {record.axes}.")
+  if record.auto and (record.axes != 1 or record.schedule is None):
+    raise ValueError(
+      f"algorithm {record.name!r}: auto=True needs axes=1 and a schedule (the cost model)."
+    )
+  if record.auto and record.lossy:
+    raise ValueError(f"algorithm {record.name!r}: a lossy algorithm cannot be an auto candidate.")
+  ALGORITHMS[record.name] = record
+  return record
+
+
+def names(
+  *,
+  axes: int | None = None,
+  hand_written: bool | None = None,
+  auto: bool | None = None,
+  priced: bool | None = None,
+  replayable: bool | None = None,
+  two_level: bool | None = None,
+  at_scale: bool | None = None,
+) -> tuple[str, ...]:
+  """Registry keys filtered by record fields, in registration order.
+
+  ``priced``: has a ``schedule``; ``replayable``: has a ``messages`` generator;
+  ``two_level``: has a two-level model; the others: the fields of those names.
+
+  Example:
+    >>> names(axes=1, hand_written=True)[:3]
+    ('ring', 'bidirectional_ring', 'tree')
+  """
+  return tuple(
+    r.name
+    for r in ALGORITHMS.values()
+    if (axes is None or r.axes == axes)
+    and (hand_written is None or r.hand_written == hand_written)
+    and (auto is None or r.auto == auto)
+    and (priced is None or (r.schedule is not None) == priced)
+    and (replayable is None or (r.messages is not None) == replayable)
+    and (two_level is None or (r.two_level is not None) == two_level)
+    and (at_scale is None or r.at_scale == at_scale)
+  )
+
+
+def check_algorithm(algorithm: str) -> None:
+  """``ValueError`` naming the argument and the choices unless ``algorithm`` is a key."""
+  if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+    raise ValueError(
+      f"algorithm={algorithm!r} is not supported; expected one of {sorted(ALGORITHMS)}."
+    )
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "ShardFn", "check_algorithm", "names", "register"]
