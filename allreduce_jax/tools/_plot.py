@@ -273,7 +273,8 @@ def scaling(rows: Sequence[dict], crossovers: Sequence[dict] = ()) -> Figure:
       ax.set_xlabel("participants p")
       ax.set_ylabel("predicted time (µs)")
       ax.grid(True, which="both", alpha=0.3)
-      ax.legend(fontsize=7)
+      # Times grow with p: the lower right is free, the crossover note sits at the top.
+      ax.legend(fontsize=7, loc="lower right")
   fig.tight_layout()
   return fig
 
