@@ -210,6 +210,33 @@ def targets(root: Path, summary: list[dict]) -> list[str]:
   return [*lines, ""]
 
 
+def torus_lesson(summary: list[dict]) -> list[str]:
+  """Far-first vs near-first halving-doubling vs Swing vs the ring on the 8-host ring."""
+  mine = [s for s in summary if s["network"] == "torus:8" and s["algorithm"] in LESSON]
+  if not mine:
+    return []
+  sizes = sorted({s["bytes"] for s in mine})
+  t = {(s["algorithm"], s["bytes"]): s for s in mine}
+  lines = [
+    "### The ring of 8 hosts (torus:8): far-first vs near-first halving-doubling, Swing, ring",
+    "",
+    "Measured seconds; in brackets the half-duplex model's seconds (α fitted).",
+    "",
+    "| algorithm | " + " | ".join(_mib(n) for n in sizes) + " |",
+    "|---|" + "---|" * len(sizes),
+  ]
+  for a in LESSON:
+    cells = [
+      f"{t[(a, n)]['measured_s']:.3g} s [{t[(a, n)]['model_half_s']:.3g}]" if (a, n) in t else "—"
+      for n in sizes
+    ]
+    lines.append(f"| {a} | " + " | ".join(cells) + " |")
+  return [*lines, ""]
+
+
+LESSON = ("ring", "halving_doubling", "halving_doubling_near", "swing")
+
+
 def figure(summary: list[dict], path: Path) -> None:
   from matplotlib.figure import Figure
 
@@ -241,7 +268,8 @@ def main(argv=None) -> int:
   root = Path(args[0] if args else "docs/results/network")
   bench, summary = bench_tables(root)
   text = ["# Measured on an emulated network (tables from the committed rows)", ""]
-  text += targets(root, summary) + half_duplex_table(root) + wire_table(root) + bench
+  text += targets(root, summary) + half_duplex_table(root) + wire_table(root)
+  text += torus_lesson(summary) + bench
   (root / "tables.md").write_text("\n".join(text) + "\n")
   (root / "summary.jsonl").write_text("".join(json.dumps(s) + "\n" for s in summary))
   figure(summary, root / "time_vs_model.png")
