@@ -164,3 +164,11 @@ def test_verify_checks_a_lossy_wire_against_its_bound():
   assert {(r.op, r.dtype) for r in rows} == {("sum", "float32"), ("mean", "float32")}
   assert all(r.passed and r.replicas_identical and r.wire == "int8" for r in rows)
   assert any(not r.bit_exact for r in rows) and all(r.tolerance > 0 for r in rows)
+
+
+def test_audit_tool_checks_the_narrow_payload():
+  from allreduce_jax.tools.audit import audit_in_process
+
+  (row,) = audit_in_process(4, 4096, ("two_shot",), wire="int8")
+  assert row["match"] and row["payload_dtypes"] == ["s8"]
+  assert row["sent_over_n"] == pytest.approx(0.254 * 2 * 3 / 4, rel=0.02)

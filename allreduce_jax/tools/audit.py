@@ -22,7 +22,7 @@ from pathlib import Path
 
 import jax
 
-from allreduce_jax import cost_model, devices, hlo, names
+from allreduce_jax import _wire, cost_model, devices, hlo, names
 from allreduce_jax.devices import fits
 from allreduce_jax.results import RowStore
 from allreduce_jax.tools import _plot
@@ -40,16 +40,28 @@ def audited() -> tuple[str, ...]:
   return names(hand_written=True, priced=True)
 
 
-def audit_in_process(p: int, nbytes: int, algorithms=None) -> list[dict]:
-  """Compiles every algorithm on this process's first ``p`` devices; one row each."""
+#: The payload element type each wire format must keep in the compiled HLO.
+NARROW = {None: "f32", "bf16": "u16", "int8": "s8", "fp8": "s8"}
 
+
+def audit_in_process(p: int, nbytes: int, algorithms=None, wire: str | None = None) -> list[dict]:
+  """Compiles every algorithm on this process's first ``p`` devices, sending in wire
+  format ``wire``; one row each. A lossy format's row matches when every permute's
+  payload has the format's narrow type and the bytes sent are the record's
+  ``wire_bytes`` (scales included)."""
   count = nbytes // 4
   rows = []
   for alg in algorithms or audited():
     if not devices.fits(alg, p):
       continue  # p has too few factors for a k-level mesh
-    a = hlo.audit_all_reduce(alg, p, count)
+    a = hlo.audit_all_reduce(alg, p, count, wire=wire)
     s = cost_model.schedule(alg, p, nbytes, inner=devices.inner_size(alg, p))
+    if wire is not None:  # the same steps; each message narrowed (blocks: + its scales)
+      per_element = _wire.get(wire).bytes_per_element(max(1, count // p)) / 4
+      s = cost_model.Schedule(
+        s.steps, s.beta_bytes, s.gamma_bytes, s.permutes, s.max_sent_bytes * per_element
+      )
+    narrow = set(a.permute_dtypes) <= {NARROW[wire]}
     rows.append(
       {
         "algorithm": alg,
@@ -64,7 +76,11 @@ def audit_in_process(p: int, nbytes: int, algorithms=None) -> list[dict]:
         # The formula is for unpadded n; the program pads the buffer to whole chunks
         # (a bidirectional ring pads each half to p chunks: < 2p float32 elements in all,
         # sent about twice), so allow 16·p bytes.
-        "match": a.permutes == s.permutes and abs(a.max_sent_bytes - s.max_sent_bytes) <= 16 * p,
+        "match": a.permutes == s.permutes
+        and abs(a.max_sent_bytes - s.max_sent_bytes) <= 16 * p + 4 * s.permutes
+        and narrow,
+        "wire": wire,
+        "payload_dtypes": sorted(set(a.permute_dtypes)),
         "compile_s": a.compile_s,
         "jax_version": jax.__version__,
       }
@@ -72,12 +88,15 @@ def audit_in_process(p: int, nbytes: int, algorithms=None) -> list[dict]:
   return rows
 
 
-def audit_subprocess(p: int, nbytes: int, algorithms=None, timeout: float = 600) -> list:
+def audit_subprocess(
+  p: int, nbytes: int, algorithms=None, timeout: float = 600, wire: str | None = None
+) -> list:
   """Runs :func:`audit_in_process` in a fresh Python with ``p`` CPU devices."""
   code = (
     f"import json, jax; jax.config.update('jax_num_cpu_devices', {p});"
     "from allreduce_jax.tools.audit import audit_in_process;"
-    f"print(json.dumps(audit_in_process({p}, {nbytes}, {tuple(algorithms or audited())!r})))"
+    f"print(json.dumps(audit_in_process({p}, {nbytes}, {tuple(algorithms or audited())!r},"
+    f" wire={wire!r})))"
   )
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   res = subprocess.run(
@@ -112,30 +131,32 @@ def store(out, fresh: bool = False):
   return row_store(out, "audit", fresh=fresh, context={"jax_version": jax.__version__})
 
 
-def sweep(ps, nbytes: int, out, algorithms=None, fresh: bool = False) -> list[dict]:
+def sweep(
+  ps, nbytes: int, out, algorithms=None, fresh: bool = False, wire: str | None = None
+) -> list[dict]:
   """Audits every p (skipping the (algorithm, p, bytes) rows already in ``out``, a
   path or the :func:`store` of a running command)."""
   if isinstance(out, RowStore):
-    return _sweep(ps, nbytes, out, algorithms)
+    return _sweep(ps, nbytes, out, algorithms, wire)
   rows_store = store(out, fresh)
   try:
-    return _sweep(ps, nbytes, rows_store, algorithms)
+    return _sweep(ps, nbytes, rows_store, algorithms, wire)
   finally:
     rows_store.unlock()
 
 
-def _sweep(ps, nbytes: int, rows_store, algorithms=None) -> list[dict]:
+def _sweep(ps, nbytes: int, rows_store, algorithms=None, wire: str | None = None) -> list[dict]:
   done = rows_store.done()
   rows = []
   for p in ps:
     keys = {
-      a: rows_store.key(algorithm=a, p=p, bytes=nbytes)
+      a: rows_store.key(algorithm=a, p=p, bytes=nbytes, **({"wire": wire} if wire else {}))
       for a in algorithms or audited()
       if fits(a, p)
     }
     todo = [a for a, k in keys.items() if k not in done]
     if todo:
-      new = audit_subprocess(p, nbytes, todo)
+      new = audit_subprocess(p, nbytes, todo, wire=wire)
       stored = rows_store.extend(new, [keys[r["algorithm"]] for r in new])
       done.update((r["key"], r) for r in stored)
     rows += [done[k] for k in keys.values() if k in done]
@@ -159,6 +180,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     "--out", default="results/hlo_audit.jsonl", help="rows (default: %(default)s)"
   )
   parser.add_argument("--fresh", action="store_true", help="discard earlier rows first")
+  parser.add_argument(
+    "--wire",
+    default="none",
+    choices=list(("none" if w is None else w) for w in NARROW),
+    help="wire format to compile with; a lossy one also checks each permute's payload"
+    " type (bf16: u16, int8/fp8: s8) and bytes with the scales",
+  )
 
 
 def run(args) -> int:
@@ -167,7 +195,7 @@ def run(args) -> int:
     raise SystemExit(f"--bytes {args.bytes}: must be a multiple of 4 (float32 elements).")
   rows_store = store(args.out, args.fresh)  # refuses a foreign, unwritable or busy --out now
   fig = output_path(Path(args.out).with_suffix(".png"), "--out")
-  rows = sweep(args.ps, args.bytes, rows_store)
+  rows = sweep(args.ps, args.bytes, rows_store, wire=None if args.wire == "none" else args.wire)
   print(format_rows(sorted(rows, key=lambda r: (r["algorithm"], r["p"]))))
   _plot.save(_plot.audit(rows), fig, dpi=110)
   return 0 if all(r["match"] and r["all_reduce_ops"] == 0 for r in rows) else 1
