@@ -1,7 +1,7 @@
 """Verify, bench and a training run on whatever devices this machine has, rows beside the CPU ones.
 
     python experiments/accelerator_check.py            # every visible GPU/TPU (CPU: 8 emulated)
-    python experiments/accelerator_check.py --quick    # a minute-long version (CI, a first look)
+    python experiments/accelerator_check.py --quick    # smaller sizes and fewer steps, a first look
 
 Writes ``docs/results/accelerators/<backend>_<device kind>_p<N>/``: ``verify.jsonl`` (every
 algorithm against the NumPy oracle), ``bench.jsonl``/``bench.txt`` (nccl-tests-style sweep of
