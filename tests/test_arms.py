@@ -16,7 +16,7 @@ import pytest
 
 from allreduce_jax import cost_model
 from allreduce_jax.cli import main as cli_main
-from allreduce_jax.training import arms, async_sim, configs, experiments, tables
+from allreduce_jax.training import arms, async_sim, configs, experiments, families, tables
 from allreduce_jax.training.results import Results
 
 MODELS = ("exponential", "lognormal:1.0", "pareto:1.5", "slow:4", "constant")
@@ -134,7 +134,7 @@ def test_mitigations_beat_plain_sync_under_a_slow_node():
     assert t[mitigation] < 0.5 * t["sync"], t
   isolated = arms.get_arm("sync_isolate").make_schedule(setup, 0).info["isolated"]
   assert list(isolated) == ["3"]  # the slow worker, and only it
-  assert arms.balanced_batches(64, np.array([1.0, 1.0, 1.0, 0.25])).sum() == 64
+  assert families.balanced_batches(64, np.array([1.0, 1.0, 1.0, 0.25])).sum() == 64
 
 
 def test_ssp_arm_names_build_on_demand():

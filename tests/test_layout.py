@@ -224,3 +224,31 @@ def test_a_registered_algorithm_reaches_every_tool(toy, tmp_path, monkeypatch, c
   rows = scaling.sweep_topology(topology.torus((16,)), machine.outer, (16,), (1 << 20,))
   got = {r["algorithm"]: r["predicted_us"] for r in rows}
   assert got[toy] == got["ring"] > 0
+
+
+def test_a_registered_arm_and_workload_reach_table_c(tmp_path):
+  """Adding a training arm or a workload is one ``register`` / ``register_workload``: the
+  configs accept them and Table C runs them (the toy arm's curve is synthetic, so no
+  training runs; its timeline is the sync family's)."""
+  from allreduce_jax.training import arms, catalogue, configs, experiments, families
+
+  sync = families.sync_arm(0)
+
+  def toy_run(setup, workload, timeline, seed):
+    return arms.Curve(eval_updates=[0, len(timeline.time)], metric=[0.1, 0.99], diverged=False,
+                      final_loss=0.5)  # fmt: skip
+
+  arms.register(arms.Arm("toy_arm", "sync", sync.make_schedule, sync.comm_seconds,
+                         sync.bytes_per_sample, toy_run, "a test's arm"))  # fmt: skip
+  arms.register_workload("toy_workload", catalogue.digits_workload("mlp", 0.5))
+  try:
+    cfg = configs.TableCConfig.smoke(arms=("toy_arm",), workloads=("toy_workload",))
+    (row,) = experiments.run_table_c(cfg, tmp_path, smoke=True, log=lambda line: None)
+    assert (row["arm"], row["workload"], row["test_metric"]) == (
+      "toy_arm",
+      "digits_mlp",
+      [0.1, 0.99],
+    )
+    assert row["time_to_target"] == row["total_time"] > 0
+  finally:
+    del arms.ARMS["toy_arm"], arms.WORKLOADS["toy_workload"]

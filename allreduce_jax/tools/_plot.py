@@ -396,7 +396,7 @@ def winners(rows: Sequence[dict]) -> Figure:
         ax.text(j, i, short.replace("_", "\n"), ha="center", va="center", fontsize=5.5)
     ax.imshow(grid, cmap=cmap, vmin=0, vmax=9, aspect="auto", alpha=0.6, origin="lower")
     ax.set_xticks(range(len(ps)), [str(p) for p in ps], fontsize=6, rotation=90)
-    ax.set_yticks(range(len(sizes)), [_binary_size(n) for n in sizes], fontsize=7)
+    ax.set_yticks(range(len(sizes)), [format_bytes(n) for n in sizes], fontsize=7)
     ax.set_xlabel("participants p")
     ax.set_title(f"fastest on {sc}", fontsize=9)
   axes[0].set_ylabel("bytes per participant")
@@ -417,18 +417,10 @@ def over_flat(rows: Sequence[dict], n_bytes: float) -> Figure:
       ax.plot([r["p"] for r in rs], [r["over_flat"] for r in rs], "o-", ms=3, label=a)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_title(f"{sc}, {_binary_size(n_bytes)} per participant", fontsize=9)
+    ax.set_title(f"{sc}, {format_bytes(n_bytes)} per participant", fontsize=9)
     ax.set_xlabel("participants p")
     ax.grid(True, which="both", alpha=0.3)
   axes[0].set_ylabel("replayed time / flat α-β time")
   axes[0].legend(fontsize=6)
   fig.tight_layout()
   return fig
-
-
-def _binary_size(n: float) -> str:
-  """1048576 -> '1 MiB' (the replay figures' axis labels)."""
-  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-    if n >= scale:
-      return f"{n / scale:g} {unit}"
-  return f"{n:g} B"

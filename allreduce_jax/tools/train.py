@@ -186,7 +186,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
   for mode, (cls, help_text) in _modes().items():
     desc = help_text
     if mode in ("table-c", "phase"):
-      arms.load_arm_modules()
       desc += ". Arms: " + "; ".join(f"{a.name} ({a.summary})" for a in arms.ARMS.values())
       desc += ". Workloads: " + ", ".join(arms.WORKLOADS) + "."
     p = sub.add_parser(mode, help=help_text, description=desc)
@@ -257,7 +256,6 @@ def run(args: argparse.Namespace) -> int:
   store = Results(out / ROWS_FILE[args.mode])
   try:
     args.devices = devices.use_cpu_devices(args.devices)
-    arms.load_arm_modules()
     cfg = config_from_arguments(cls, args, smoke=args.smoke)
     workers = getattr(cfg, "workers", 0)
     if workers > jax.device_count():

@@ -169,6 +169,18 @@ class Row:
   wire: str | None = None
 
 
+def rank_coded(i, k, seed: int = 0):
+  """The verifiable value of participant ``i`` at position ``k`` (arrays broadcast):
+  ``(13 i + 7 k + seed) mod 31 - 15``, an integer in [-15, 15]. The one formula of
+  every verifiable input (``verify``, ``bench``, ``fusion``).
+
+  Example:
+    >>> int(rank_coded(1, 2))
+    12
+  """
+  return (13 * i + 7 * k + seed) % 31 - 15
+
+
 def verifiable_input(p: int, shape: tuple[int, ...], dtype, seed: int = 0) -> np.ndarray:
   """Rank-coded integers in [-15, 15]: ``x[i, k] = (13 i + 7 k + seed) mod 31 - 15``.
 
@@ -179,8 +191,7 @@ def verifiable_input(p: int, shape: tuple[int, ...], dtype, seed: int = 0) -> np
   n = int(np.prod(shape, dtype=np.int64))
   i = np.arange(p)[:, None]
   k = np.arange(n)[None, :]
-  values = (13 * i + 7 * k + seed) % 31 - 15
-  return values.reshape((p, *shape)).astype(jnp.dtype(dtype))
+  return rank_coded(i, k, seed).reshape((p, *shape)).astype(jnp.dtype(dtype))
 
 
 def random_input(p: int, shape: tuple[int, ...], dtype, seed: int = 0) -> np.ndarray:

@@ -1,8 +1,10 @@
 """Data-parallel training on the hand-written all-reduce: sync vs simulated async SGD.
 
+Importing the package fills the arm and workload registries (:mod:`.catalogue`).
 Nothing here touches a device at import time.
 """
 
+from allreduce_jax.training import catalogue  # noqa: F401 (registers every arm and workload)
 from allreduce_jax.training.arms import (
   ARMS,
   WORKLOADS,

@@ -26,26 +26,29 @@ real size or a larger *virtual* one:
   server's link, one message at a time (a FIFO queue; :func:`.async_sim.ps_schedule`),
   ``α + β·bytes/S`` each with S server shards;
 * gossip: one neighbour exchange per step; Local SGD / DiLoCo: one all-reduce every
-  H steps (those arms live in their own modules and register here).
+  H steps.
 
-Arms defined here: ``sync`` (equal batches), ``sync_b{b}`` (backup workers: the
-slowest b gradients dropped), ``sync_balanced`` (batch ∝ speed), ``sync_isolate``
-(slow-node isolation), ``async``, ``async_eta_tau``, ``dcasgd`` and ``ssp{s}`` on a
-parameter server. :func:`register` adds one.
+This module is the interface: the setup, the records (:class:`Timeline`,
+:class:`Curve`, :class:`Workload`, :class:`Arm`), the registries and :func:`run_arm`.
+The families are :mod:`.families` (sync, backups, balanced, isolation, parameter
+server), :mod:`.local` (Local SGD, DiLoCo) and :mod:`.gossip`; :mod:`.catalogue`
+registers them all. :func:`register` adds one arm.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 import numpy as np
 
-from allreduce_jax import cost_model
-from allreduce_jax.training import async_sim
+from allreduce_jax import ALGORITHMS, cost_model, devices
+from allreduce_jax.training import async_sim, models
 
 # ------------------------------------------------------------------ the setup every arm reads
 
@@ -93,7 +96,6 @@ class Setup:
 
   def check(self) -> None:
     """Raises ``ValueError`` naming the first bad field."""
-    from allreduce_jax import ALGORITHMS
 
     def need(ok: bool, name: str, expected: str) -> None:
       if not ok:
@@ -147,8 +149,6 @@ def speeds(setup: Setup) -> np.ndarray:
 
 def allreduce_seconds(setup: Setup, p: int | None = None) -> float:
   """One all-reduce of the parameters over ``p`` (default N) workers, in seconds."""
-  from allreduce_jax import devices
-
   p = setup.workers if p is None else p
   if p <= 1:
     return 0.0
@@ -158,8 +158,6 @@ def allreduce_seconds(setup: Setup, p: int | None = None) -> float:
 
 def allreduce_bytes(setup: Setup, p: int | None = None) -> float:
   """Bytes all ``p`` participants send in one all-reduce (p × the busiest sender's)."""
-  from allreduce_jax import devices
-
   p = setup.workers if p is None else p
   if p <= 1:
     return 0.0
@@ -253,8 +251,6 @@ class Workload:
     return self.lr * n if self.sync_lr_scale == "linear" else self.lr
 
   def tx(self, lr: float):
-    from allreduce_jax.training import models
-
     return models.make_optimizer(self.optimizer, lr, self.momentum)
 
 
@@ -292,25 +288,13 @@ def register(arm: Arm) -> Arm:
 
 
 def register_workload(name: str, build: Callable[[bool], Workload]) -> None:
-  """Adds a workload builder ``build(smoke) -> Workload`` to :data:`WORKLOADS`."""
+  """Adds a workload builder ``build(smoke) -> Workload`` (a function object) to
+  :data:`WORKLOADS`."""
   WORKLOADS[name] = build
 
 
-#: Modules that register more arms when imported (Local SGD / DiLoCo, gossip).
-ARM_MODULES = ("allreduce_jax.training.local", "allreduce_jax.training.gossip")
-
-
-def load_arm_modules() -> None:
-  """Imports :data:`ARM_MODULES` that exist and calls their ``register_arms()``, so
-  their arms are in :data:`ARMS`."""
-  import importlib
-  import importlib.util
-
-  for module in ARM_MODULES:
-    if importlib.util.find_spec(module) is not None:
-      mod = importlib.import_module(module)
-      if hasattr(mod, "register_arms"):
-        mod.register_arms()
+#: prefix -> ``make(k)``: the arm families :func:`get_arm` builds on demand.
+_FAMILIES: dict[str, Callable[[int], Arm]] = {}
 
 
 def register_family(prefix: str, make: Callable[[int], Arm]) -> None:
@@ -321,8 +305,6 @@ def register_family(prefix: str, make: Callable[[int], Arm]) -> None:
 
 def get_arm(name: str) -> Arm:
   """The registered arm ``name``; ``ssp{s}`` and ``sync_b{b}`` are built on demand."""
-  if name not in ARMS:
-    load_arm_modules()
   if name not in ARMS:
     for prefix, make in _FAMILIES.items():
       rest = name[len(prefix) :]
@@ -355,132 +337,11 @@ def compute_times(
   return async_sim.ComputeTimes(setup.compute, setup.workers, 2000 + seed, scale=scale)
 
 
-def _sync_timeline(setup: Setup, seed: int, backups: int = 0, work=None) -> Timeline:
-  n, S = setup.workers, sync_rounds(setup)
-  ar = allreduce_seconds(setup)
-  s = async_sim.sync_schedule(
-    setup.compute,
-    n,
-    S,
-    seed,
-    backups=backups,
-    allreduce_time=ar,
-    times=compute_times(setup, seed, work),
-  )
-  kept = int(n - backups)
-  return Timeline(
-    time=s.time,
-    gradients=np.arange(1, S + 1) * n,
-    samples=float(kept * setup.batch_per_worker),
-    bytes_sent=S * allreduce_bytes(setup),
-    comm_s=S * ar,
-    plan=s.mask,
-    info={"dropped": backups * S, "allreduce_s": ar},
-  )
-
-
-def balanced_batches(total: int, speed: np.ndarray) -> np.ndarray:
-  """i64[N] batch sizes ∝ speed summing to ``total`` (largest remainders, each >= 1).
-
-  Example:
-    >>> balanced_batches(64, np.array([1.0, 1.0, 1.0, 0.25])).tolist()
-    [20, 20, 19, 5]
-  """
-  want = total * speed / speed.sum()
-  b = np.maximum(np.floor(want).astype(np.int64), 1)
-  order = np.argsort(-(want - np.floor(want)), kind="stable")
-  k = 0
-  while b.sum() < total:
-    b[order[k % len(b)]] += 1
-    k += 1
-  while b.sum() > total:
-    b[np.argmax(b)] -= 1
-  return b
-
-
-def _balanced_timeline(setup: Setup, seed: int) -> Timeline:
-  B = setup.batch_per_worker
-  batches = balanced_batches(setup.workers * B, speeds(setup))
-  tl = _sync_timeline(setup, seed, work=batches / B)
-  return dataclasses.replace(tl, info={**tl.info, "batches": batches.tolist()})
-
-
-def _isolate_timeline(setup: Setup, seed: int, threshold: float, window: int = 10) -> Timeline:
-  """Slow-node isolation: after ``window`` steps, a worker whose mean compute time
-  over the last ``window`` steps exceeds ``threshold ×`` the median of the active
-  workers' is removed; the global batch is redistributed over the others (each
-  takes N/n_active as many samples, and as much longer), at most N/2 removed."""
-  n, S = setup.workers, sync_rounds(setup)
-  rows = compute_times(setup, seed).rows(S)  # f64[S, N], per-worker time at batch B
-  active = np.ones(n, bool)
-  step = np.empty(S)
-  removed_at: dict[int, int] = {}
-  comm = 0.0
-  sent = 0.0
-  ar = {p: (allreduce_seconds(setup, p), allreduce_bytes(setup, p)) for p in range(1, n + 1)}
-  for k in range(S):
-    p = int(active.sum())
-    step[k] = (rows[k, active] * (n / p)).max() + ar[p][0]
-    comm += ar[p][0]
-    sent += ar[p][1]
-    if k + 1 >= window and p > n // 2:
-      recent = rows[k + 1 - window : k + 1].mean(axis=0)
-      med = np.median(recent[active])
-      slow = np.flatnonzero(active & (recent > threshold * med))
-      if slow.size:
-        worst = int(slow[np.argmax(recent[slow])])
-        active[worst] = False
-        removed_at[worst] = k + 1
-  return Timeline(
-    time=np.cumsum(step),
-    gradients=np.arange(1, S + 1) * n,
-    samples=float(n * setup.batch_per_worker),
-    bytes_sent=sent,
-    comm_s=comm,
-    plan=np.ones((S, n), np.float32),  # the whole global batch is used every step
-    info={"isolated": {str(w): k for w, k in removed_at.items()}},
-  )
-
-
-def _ps_timeline(setup: Setup, seed: int, staleness_bound: int | None) -> Timeline:
-  msg = ps_message_seconds(setup)
-  U = setup.gradients
-  s = async_sim.ps_schedule(
-    compute_times(setup, seed),
-    U,
-    staleness_bound=staleness_bound,
-    max_staleness=setup.max_staleness,
-    push_s=msg,
-    pull_s=msg,
-    duplex=setup.duplex,
-  )
-  return Timeline(
-    time=s.time,
-    gradients=np.arange(1, U + 1),
-    samples=float(setup.batch_per_worker),
-    bytes_sent=2.0 * model_bytes(setup) * (U + s.dropped),
-    comm_s=(2.0 if not setup.duplex else 1.0) * msg * (U + s.dropped),
-    plan=s,
-    info={
-      "staleness_mean": float(s.staleness.mean()),
-      "staleness_p95": float(np.percentile(s.staleness, 95)),
-      "staleness_max": int(s.staleness.max()),
-      "dropped": int(s.dropped),
-      "message_s": msg,
-    },
-  )
-
-
 # ------------------------------------------------------------------ training along a timeline
 
 
 def param_count(params: Any) -> int:
-  import jax
-
   return int(sum(np.size(a) for a in jax.tree.leaves(params)))
-
-
-_compiled: dict[Any, Any] = {}
 
 
 def final_loss(losses) -> float:
@@ -503,228 +364,12 @@ def periodic_curve(res, workload: Workload, tail: int, **info) -> Curve:
   )
 
 
-def run_sync_curve(setup: Setup, workload: Workload, timeline: Timeline, seed: int) -> Curve:
-  """Synchronous data-parallel training on the emulated devices along ``timeline.plan``
-  (an f32[S, N] mask of the gradients kept), with the workload's sync learning rate."""
-  from allreduce_jax import devices
-  from allreduce_jax.training import data as data_mod
-  from allreduce_jax.training import models, sync
-
-  n, d = setup.workers, workload.data
-  mask = np.asarray(timeline.plan, np.float32)
-  graphdef, params, rest = models.split(workload.make_model(seed))
-  lr = workload.sync_lr(n)
-  key = ("sync", workload.name, n, setup.algorithm, lr)
-  if key not in _compiled:
-    mesh, axis = devices.mesh_for(setup.algorithm, n)
-    tx = workload.tx(lr)
-    chunk = sync.make_sync_chunk(graphdef, rest, tx, mesh, setup.algorithm, axis=axis, masked=True)
-    _compiled[key] = (mesh, axis, tx, chunk, sync.make_evaluator(graphdef, rest, workload.metric))
-  mesh, axis, tx, chunk, evaluate = _compiled[key]
-  idx = data_mod.batch_indices(d.n_train, n * setup.batch_per_worker, mask.shape[0], 1000 + seed)
-  res = sync.train_sync(
-    graphdef,
-    params,
-    rest,
-    tx,
-    d,
-    idx,
-    mesh=mesh,
-    axis=axis,
-    algorithm=setup.algorithm,
-    mask=mask,
-    eval_every=setup.eval_every,
-    chunk_fn=chunk,
-    evaluate=evaluate,
-  )
-  return Curve(
-    eval_updates=res.eval_steps,
-    metric=res.test_acc,
-    diverged=bool(not np.isfinite(res.losses).all()),
-    final_loss=final_loss(res.losses[-setup.eval_every :]),
-    info={"replicas_identical": res.replicas_identical},
-  )
-
-
-def run_ps_curve(
-  setup: Setup, workload: Workload, timeline: Timeline, seed: int, method: str = "async"
-) -> Curve:
-  """Replays the parameter-server schedule ``timeline.plan`` (stale gradients from a
-  ring buffer of snapshots, :func:`.async_sim.make_replay`) with ``method``."""
-  from allreduce_jax.training import data as data_mod
-  from allreduce_jax.training import models, sync
-
-  d = workload.data
-  sched = timeline.plan
-  K = setup.max_staleness + 1
-  graphdef, params, rest = models.split(workload.make_model(seed))
-  key = ("ps", workload.name, K, workload.lr)
-  if key not in _compiled:
-    tx = workload.tx(workload.lr)
-    _compiled[key] = (
-      tx,
-      async_sim.make_replay(graphdef, rest, tx, K),
-      sync.make_evaluator(graphdef, rest, workload.metric),
-    )
-  tx, replay, evaluate = _compiled[key]
-  T = len(sched.staleness)
-  idx = data_mod.batch_indices(d.n_train, setup.batch_per_worker, T, 1000 + seed)
-  res = async_sim.run_async(
-    replay,
-    params,
-    tx,
-    d,
-    sched,
-    idx,
-    buffer_size=K,
-    method=method,
-    chunk=setup.eval_every * setup.workers,
-    evaluate=evaluate,
-  )
-  return Curve(
-    eval_updates=res.eval_updates,
-    metric=res.test_acc,
-    diverged=res.diverged,
-    final_loss=final_loss(res.losses[-setup.eval_every * setup.workers :]),
-  )
-
-
-# ------------------------------------------------------------------ the arms
-
-
-def _sync_bytes(setup: Setup, backups: int = 0) -> float:
-  return allreduce_bytes(setup) / ((setup.workers - backups) * setup.batch_per_worker)
-
-
-def _ps_bytes(setup: Setup) -> float:
-  return 2.0 * model_bytes(setup) / setup.batch_per_worker
-
-
-def sync_arm(backups: int = 0) -> Arm:
-  """Synchronous all-reduce SGD with ``backups`` backup workers (Chen et al. 2016:
-  each step keeps the fastest N - b gradients of a fixed pool of N)."""
-  name = "sync" if backups == 0 else f"sync_b{backups}"
-
-  def schedule(setup: Setup, seed: int) -> Timeline:
-    if not 0 <= backups < setup.workers:
-      raise ValueError(f"arm {name}: backups must be in 0..{setup.workers - 1}.")
-    return _sync_timeline(setup, seed, backups)
-
-  return Arm(
-    name,
-    "sync",
-    schedule,
-    allreduce_seconds,
-    lambda setup: _sync_bytes(setup, backups),
-    run_sync_curve,
-    "all-reduce SGD" + (f", {backups} backup worker(s)" if backups else ", equal batches"),
-  )
-
-
-def balanced_arm() -> Arm:
-  """Sync with batch sizes ∝ worker speed (the global batch, hence the training, is
-  the same as ``sync``'s; only the step time changes)."""
-  return Arm(
-    "sync_balanced",
-    "sync",
-    _balanced_timeline,
-    allreduce_seconds,
-    _sync_bytes,
-    run_sync_curve,
-    "all-reduce SGD, batch per worker ∝ its speed",
-  )
-
-
-def isolate_arm(threshold: float = 2.0) -> Arm:
-  """Sync with slow-node isolation (``threshold ×`` the median running mean)."""
-  return Arm(
-    "sync_isolate",
-    "sync",
-    lambda setup, seed: _isolate_timeline(setup, seed, threshold),
-    allreduce_seconds,
-    _sync_bytes,
-    run_sync_curve,
-    f"all-reduce SGD, a worker > {threshold:g}× the median is isolated, its data redistributed",
-  )
-
-
-def ps_arm(method: str = "async", staleness_bound: int | None = None, name: str = "") -> Arm:
-  """A parameter-server arm: ``method`` in ``async_sim.ASYNC_METHODS`` on the SSP
-  schedule with ``staleness_bound`` (``None``: fully asynchronous)."""
-  name = name or (method if staleness_bound is None else f"ssp{staleness_bound}")
-  bound = "" if staleness_bound is None else f", SSP s={staleness_bound}"
-  return Arm(
-    name,
-    "ps",
-    lambda setup, seed: _ps_timeline(setup, seed, staleness_bound),
-    ps_message_seconds,
-    _ps_bytes,
-    lambda setup, wl, tl, seed: run_ps_curve(setup, wl, tl, seed, method),
-    f"parameter server, {method}{bound}",
-  )
-
-
-_FAMILIES: dict[str, Callable[[int], Arm]] = {
-  "sync_b": sync_arm,
-  "ssp": lambda s: ps_arm("async", s),
-}
-
-for _arm in (
-  sync_arm(0),
-  sync_arm(1),
-  sync_arm(2),
-  balanced_arm(),
-  isolate_arm(),
-  ps_arm("async"),
-  ps_arm("async_eta_tau"),
-  ps_arm("dcasgd"),
-  ps_arm("async", 1),
-  ps_arm("async", 4),
-):
-  register(_arm)
-
-
-# ------------------------------------------------------------------ workloads
-
-
-def _digits(model: str, target: float) -> Callable[[bool], Workload]:
-  def build(smoke: bool) -> Workload:
-    from allreduce_jax.training import data, models
-
-    return Workload(
-      name=f"digits_{model}",
-      data=data.load_digits(),
-      make_model=lambda seed: models.make_model(model, seed),
-      metric="accuracy",
-      target=0.9 if smoke else target,
-    )
-
-  return build
-
-
-def _from_module(module: str, builder: str) -> Callable[[bool], Workload]:
-  def build(smoke: bool) -> Workload:
-    import importlib
-
-    return getattr(importlib.import_module(module), builder)(smoke)
-
-  return build
-
-
-register_workload("digits_mlp", _digits("mlp", 0.95))
-# The workloads that do not saturate: the CNN held to 98 %, the byte-level transformer LM.
-register_workload("digits_cnn98", _from_module("allreduce_jax.training.lm", "cnn_strict_workload"))
-register_workload("lm", _from_module("allreduce_jax.training.lm", "lm_workload"))
-
-
 # ------------------------------------------------------------------ one run -> one row
 
 
 def plan_digest(plan: Any) -> str:
   """A digest of what training replays (arrays and fields of ``plan``, without the
   event times), so two timelines that train identically share one curve."""
-  import hashlib
-
   h = hashlib.sha256()
 
   def feed(x: Any) -> None:
@@ -745,8 +390,6 @@ def plan_digest(plan: Any) -> str:
 
 def with_real_size(setup: Setup, workload: Workload, seed: int = 0) -> Setup:
   """``setup`` with ``model_params`` set to the workload model's count if it is 0."""
-  from allreduce_jax.training import models
-
   if setup.model_params:
     return setup
   _, params, _ = models.split(workload.make_model(seed))
@@ -805,8 +448,3 @@ def run_arm(
     **{k: v for k, v in tl.info.items()},
     **curve.info,
   }
-
-
-# The arms that live in their own modules (Local SGD, DiLoCo, gossip) register here, so
-# every consumer of ARMS sees them.
-load_arm_modules()

@@ -15,7 +15,10 @@ and ``n_train``, so every trainer takes either.
 from __future__ import annotations
 
 import functools
+import hashlib
+import sysconfig
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -55,6 +58,7 @@ def load_digits(test_fraction: float = 0.25, seed: int = 0) -> Digits:
   """
   if not 0.0 < test_fraction < 1.0:
     raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}.")
+  # here: scikit-learn takes about a second to import and only this loader needs it
   from sklearn.datasets import load_digits as _sk_load
   from sklearn.model_selection import train_test_split
 
@@ -152,13 +156,10 @@ def corpus_text(source: str = "topics", max_bytes: int | None = None) -> bytes:
     b'The "assert" statement\\n*'
   """
   if source == "topics":
-    from pydoc_data.topics import topics
+    from pydoc_data.topics import topics  # here: a 700 KB text, read only for the corpus
 
     raw = "".join(topics[k] for k in sorted(topics)).encode("utf-8")
   elif source == "stdlib":
-    import sysconfig
-    from pathlib import Path
-
     root = Path(sysconfig.get_paths()["stdlib"])
     parts, total = [], 0
     for path in sorted(root.glob("*.py"), key=lambda p: p.name):
@@ -211,8 +212,6 @@ def load_text(
     >>> bool((c.x_train[:, 1:] == c.y_train[:, :-1]).all())
     True
   """
-  import hashlib
-
   if context < 1:
     raise ValueError(f"context must be >= 1, got {context}.")
   if val_every < 2:

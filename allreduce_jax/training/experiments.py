@@ -22,6 +22,7 @@ communication priced by the cost model for every arm (:mod:`.arms`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -32,8 +33,10 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from allreduce_jax import ALGORITHMS
-from allreduce_jax.training import arms, async_sim, data, models, sync
+from allreduce_jax import devices
+from allreduce_jax.cost_model import predict_us
+from allreduce_jax.devices import inner_size
+from allreduce_jax.training import arms, async_sim, data, figures, models, sync, tables
 from allreduce_jax.training.configs import (
   PhaseConfig,
   StalenessConfig,
@@ -44,39 +47,24 @@ from allreduce_jax.training.configs import (
 )
 from allreduce_jax.training.results import Results, environment
 
-#: All-reduce time (µs) used when ``allreduce_jax.cost_model`` is not available:
-#: a latency-bound all-reduce of ~40 KB across 8 accelerators (order of magnitude).
-FALLBACK_ALLREDUCE_US = 50.0
-
 
 def allreduce_time_us(algorithm: str, p: int, nbytes: int) -> tuple[float, str]:
   """Modelled time of one all-reduce, and where it came from.
 
-  Uses ``allreduce_jax.cost_model.predict_us`` when that module exists, else
-  :data:`FALLBACK_ALLREDUCE_US`. One participant needs no all-reduce (0 µs).
+  ``cost_model.predict_us`` with the documented defaults, the inner size of the
+  algorithm's mesh for multi-axis ones; one participant needs no all-reduce (0 µs).
+  An algorithm without a cost model is a ``ValueError`` naming it.
 
   Returns:
-    ``(microseconds, "cost_model" | "constant" | "none")``.
+    ``(microseconds, "cost_model" | "none")``.
   """
   if p <= 1:
     return 0.0, "none"
-  try:
-    from allreduce_jax.cost_model import predict_us
-  except ImportError:
-    return FALLBACK_ALLREDUCE_US, "constant"
-  from allreduce_jax.devices import inner_size
-
-  inner = inner_size(algorithm, p) if algorithm in ALGORITHMS else None
-  try:
-    return float(predict_us(algorithm, p, nbytes, inner=inner)), "cost_model"
-  except (TypeError, ValueError):  # an algorithm (or signature) the model does not know
-    return FALLBACK_ALLREDUCE_US, "constant"
+  return float(predict_us(algorithm, p, nbytes, inner=inner_size(algorithm, p))), "cost_model"
 
 
 def _mesh(n: int, algorithm: str = "ring"):
   """``(mesh, axis)`` of ``n`` participants for ``algorithm`` (``devices.mesh_for``)."""
-  from allreduce_jax import devices
-
   if n > len(jax.devices()):
     raise ValueError(f"workers={n} is invalid: only {len(jax.devices())} devices are available.")
   return devices.mesh_for(algorithm, n)
@@ -245,6 +233,106 @@ def _param_bytes(params) -> int:
   return int(sum(np.asarray(a).nbytes for a in jax.tree.leaves(params)))
 
 
+def _straggler_sync(cfg, d, compiled, model, seed: int, n: int, compute: str, backups: int):
+  """One Table B run of ``sync`` (``backups=0``) or ``sync_b{b}``: the masked sync schedule
+  in units of one mean gradient, the all-reduce priced by the cost model. Returns
+  ``(eval times, row fields)``."""
+  graphdef, params, rest = model
+  B, b = cfg.batch_per_worker, backups
+  steps = max(1, cfg.sync_steps * cfg.workers // n)  # equal gradients at every N
+  ar_us, ar_source = allreduce_time_us(cfg.algorithm, n, _param_bytes(params))
+  sched = async_sim.sync_schedule(
+    compute, n, steps, 2000 + seed, backups=b, allreduce_time=ar_us / cfg.compute_us
+  )
+  sync_lr = cfg.sync_lr or n * cfg.async_lr
+  sync_tx = models.make_optimizer(cfg.optimizer, sync_lr, cfg.momentum)
+  if ("sync", n) not in compiled:
+    mesh, axis = _mesh(n, cfg.algorithm)
+    chunk_fn = sync.make_sync_chunk(
+      graphdef, rest, sync_tx, mesh, cfg.algorithm, axis=axis, masked=True
+    )
+    compiled["sync", n] = (mesh, axis, chunk_fn, sync_tx)
+  mesh, axis, chunk_fn, sync_tx = compiled["sync", n]
+  idx = data.batch_indices(d.n_train, n * B, steps, 1000 + seed)
+  res = sync.train_sync(
+    graphdef,
+    params,
+    rest,
+    sync_tx,
+    d,
+    idx,
+    mesh=mesh,
+    axis=axis,
+    algorithm=cfg.algorithm,
+    mask=sched.mask,
+    eval_every=cfg.eval_every,
+    chunk_fn=chunk_fn,
+  )
+  times = [0.0, *[float(sched.time[k - 1]) for k in res.eval_steps[1:]]]
+  return times, {
+    "sync_lr": sync_lr,
+    "updates": steps,
+    "eval_updates": res.eval_steps,
+    "gradients_per_update": n,
+    "time_per_update": float(sched.step_time.mean()),
+    "allreduce_us": ar_us,
+    "allreduce_source": ar_source,
+    "staleness_mean": 0.0,
+    "staleness_p95": 0.0,
+    "staleness_hist": [steps],
+    "dropped": b * steps,
+    "replicas_identical": res.replicas_identical,
+    "final_test_acc": res.final_test_acc,
+    "test_acc": res.test_acc,
+    "diverged": bool(not np.isfinite(res.losses).all()),
+  }
+
+
+def _straggler_async(cfg, d, compiled, model, seed: int, n: int, compute: str, arm: str):
+  """One Table B run of the asynchronous method ``arm``: the event schedule (no
+  communication charged), replayed on stale snapshots. Returns ``(eval times, row fields)``."""
+  graphdef, params, rest = model
+  B, K = cfg.batch_per_worker, cfg.max_staleness + 1
+  steps = max(1, cfg.sync_steps * cfg.workers // n)  # equal gradients at every N
+  async_tx = compiled.setdefault(
+    "async_tx", models.make_optimizer(cfg.optimizer, cfg.async_lr, cfg.momentum)
+  )
+  evaluate = compiled["evaluate"]
+  T = steps * n
+  sched = async_sim.event_schedule(compute, n, T, 2000 + seed, max_staleness=cfg.max_staleness)
+  if "replay" not in compiled:
+    compiled["replay"] = async_sim.make_replay(graphdef, rest, async_tx, K)
+  idx = data.batch_indices(d.n_train, B, T, 1000 + seed)
+  res = async_sim.run_async(
+    compiled["replay"],
+    params,
+    async_tx,
+    d,
+    sched,
+    idx,
+    buffer_size=K,
+    method=arm,
+    chunk=cfg.eval_every * n,
+    evaluate=evaluate,
+  )
+  times = [0.0, *[float(sched.time[k - 1]) for k in res.eval_updates[1:]]]
+  return times, {
+    "updates": T,
+    "eval_updates": res.eval_updates,
+    "gradients_per_update": 1,
+    "time_per_update": float(sched.time[-1] / T),
+    "allreduce_us": 0.0,
+    "allreduce_source": "none",
+    "staleness_mean": float(sched.staleness.mean()),
+    "staleness_p95": float(np.percentile(sched.staleness, 95)),
+    "staleness_hist": np.bincount(sched.staleness, minlength=K).tolist(),
+    "dropped": sched.dropped,
+    "final_test_acc": res.final_test_acc,
+    "test_acc": res.test_acc,
+    "diverged": res.diverged,
+  }
+
+
 def run_straggler_sweep(
   cfg: StragglerConfig,
   out_dir: str | Path,
@@ -259,103 +347,22 @@ def run_straggler_sweep(
   log = log or _print
   sweep = _Resume(Path(out_dir) / "stragglers.jsonl", max_runs, len(cfg.runs()), "stragglers")
   d = data.load_digits()
-  B = cfg.batch_per_worker
-  async_tx = models.make_optimizer(cfg.optimizer, cfg.async_lr, cfg.momentum)
-  K = cfg.max_staleness + 1
   compiled: dict[Any, Any] = {}
   for n, compute, arm, seed in cfg.runs():
     key = sweep.pending(cfg.run_fields(n, compute, arm, seed))
     if key is None:
       continue
-    graphdef, params, rest = models.split(models.make_model(cfg.model, seed))
+    model = models.split(models.make_model(cfg.model, seed))
     if "evaluate" not in compiled:
-      compiled["evaluate"] = sync.make_evaluator(graphdef, rest)
-    evaluate = compiled["evaluate"]
-    steps = max(1, cfg.sync_steps * cfg.workers // n)  # equal gradients at every N
+      compiled["evaluate"] = sync.make_evaluator(model[0], model[2])
     t0 = time.perf_counter()
     row: dict[str, Any] = {"key": key, **cfg.run_fields(n, compute, arm, seed)}
-    if arm.startswith("sync"):
+    if arm.startswith("sync"):  # "sync" or "sync_b{b}" (StragglerConfig.runs names them)
       b = int(arm[len("sync_b") :]) if arm != "sync" else 0
-      ar_us, ar_source = allreduce_time_us(cfg.algorithm, n, _param_bytes(params))
-      sched = async_sim.sync_schedule(
-        compute, n, steps, 2000 + seed, backups=b, allreduce_time=ar_us / cfg.compute_us
-      )
-      sync_lr = cfg.sync_lr or n * cfg.async_lr
-      sync_tx = models.make_optimizer(cfg.optimizer, sync_lr, cfg.momentum)
-      if ("sync", n) not in compiled:
-        mesh, axis = _mesh(n, cfg.algorithm)
-        chunk_fn = sync.make_sync_chunk(
-          graphdef, rest, sync_tx, mesh, cfg.algorithm, axis=axis, masked=True
-        )
-        compiled["sync", n] = (mesh, axis, chunk_fn, sync_tx)
-      mesh, axis, chunk_fn, sync_tx = compiled["sync", n]
-      idx = data.batch_indices(d.n_train, n * B, steps, 1000 + seed)
-      res = sync.train_sync(
-        graphdef,
-        params,
-        rest,
-        sync_tx,
-        d,
-        idx,
-        mesh=mesh,
-        axis=axis,
-        algorithm=cfg.algorithm,
-        mask=sched.mask,
-        eval_every=cfg.eval_every,
-        chunk_fn=chunk_fn,
-      )
-      times = [0.0, *[float(sched.time[k - 1]) for k in res.eval_steps[1:]]]
-      row |= {
-        "sync_lr": sync_lr,
-        "updates": steps,
-        "eval_updates": res.eval_steps,
-        "gradients_per_update": n,
-        "time_per_update": float(sched.step_time.mean()),
-        "allreduce_us": ar_us,
-        "allreduce_source": ar_source,
-        "staleness_mean": 0.0,
-        "staleness_p95": 0.0,
-        "staleness_hist": [steps],
-        "dropped": b * steps,
-        "replicas_identical": res.replicas_identical,
-        "final_test_acc": res.final_test_acc,
-        "test_acc": res.test_acc,
-        "diverged": bool(not np.isfinite(res.losses).all()),
-      }
+      times, fields = _straggler_sync(cfg, d, compiled, model, seed, n, compute, b)
     else:
-      T = steps * n
-      sched = async_sim.event_schedule(compute, n, T, 2000 + seed, max_staleness=cfg.max_staleness)
-      if "replay" not in compiled:
-        compiled["replay"] = async_sim.make_replay(graphdef, rest, async_tx, K)
-      idx = data.batch_indices(d.n_train, B, T, 1000 + seed)
-      res = async_sim.run_async(
-        compiled["replay"],
-        params,
-        async_tx,
-        d,
-        sched,
-        idx,
-        buffer_size=K,
-        method=arm,
-        chunk=cfg.eval_every * n,
-        evaluate=evaluate,
-      )
-      times = [0.0, *[float(sched.time[k - 1]) for k in res.eval_updates[1:]]]
-      row |= {
-        "updates": T,
-        "eval_updates": res.eval_updates,
-        "gradients_per_update": 1,
-        "time_per_update": float(sched.time[-1] / T),
-        "allreduce_us": 0.0,
-        "allreduce_source": "none",
-        "staleness_mean": float(sched.staleness.mean()),
-        "staleness_p95": float(np.percentile(sched.staleness, 95)),
-        "staleness_hist": np.bincount(sched.staleness, minlength=K).tolist(),
-        "dropped": sched.dropped,
-        "final_test_acc": res.final_test_acc,
-        "test_acc": res.test_acc,
-        "diverged": res.diverged,
-      }
+      times, fields = _straggler_async(cfg, d, compiled, model, seed, n, compute, arm)
+    row |= fields
     row |= {
       "eval_time": times,
       "time_to_target": _first_reaching(times, row["test_acc"], cfg.target),
@@ -541,8 +548,6 @@ def _write_outputs(
 ) -> list[Path]:
   """Writes ``md_name`` (``parts`` separated by blank lines) and each figure as
   ``<name>.png`` under ``out_dir`` (created); returns the paths written."""
-  from allreduce_jax.training import figures
-
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   md = out_dir / md_name
@@ -552,8 +557,6 @@ def _write_outputs(
 
 def write_staleness_outputs(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
   """Writes ``table_a.md`` and ``staleness_curves.png`` from Table A's rows."""
-  from allreduce_jax.training import figures, tables
-
   return _write_outputs(
     out_dir,
     "table_a.md",
@@ -564,8 +567,6 @@ def write_staleness_outputs(rows: list[dict[str, Any]], out_dir: str | Path) -> 
 
 def write_straggler_outputs(rows: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
   """Writes ``table_b.md`` and the straggler figures from Table B's rows."""
-  from allreduce_jax.training import figures, tables
-
   parts = ["# Table B: straggler sweep", tables.straggler_table(rows)]
   parts += ["## Time to target vs N", tables.time_to_target_vs_n_table(rows)]
   return _write_outputs(out_dir, "table_b.md", parts, figures.straggler_figures(rows))
@@ -575,8 +576,6 @@ def write_table_c_outputs(
   rows: list[dict[str, Any]], cfg: TableCConfig, out_dir: str | Path
 ) -> list[Path]:
   """Writes ``table_c.md`` and ``table_c_curves.png`` from Table C's rows."""
-  from allreduce_jax.training import figures, tables
-
   title = "# Table C: every arm × workload on one time model"
   return _write_outputs(
     out_dir,
@@ -590,9 +589,6 @@ def write_phase_outputs(
   cells: list[dict[str, Any]], cfg: PhaseConfig, out_dir: str | Path
 ) -> list[Path]:
   """Writes ``phase_cells.jsonl`` (derived, overwritten), ``phase.md`` and ``phase.png``."""
-  import json
-
-  from allreduce_jax.training import figures, tables
 
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)

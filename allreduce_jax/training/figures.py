@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.colors import ListedColormap
+
+from allreduce_jax import cost_model
 
 
 def _plt():
-  import matplotlib.pyplot as plt
+  import matplotlib.pyplot as plt  # here: pyplot picks a backend when imported
 
   return plt
 
@@ -163,9 +166,6 @@ def table_c_figure(rows: list[dict[str, Any]]):
 def phase_figure(cells: list[dict[str, Any]]):
   """The phase diagram: fastest arm to the target by straggler heaviness (σ, x) and
   link bandwidth (y, log), coloured by arm; dashed lines mark the network presets."""
-  from matplotlib.colors import ListedColormap
-
-  from allreduce_jax import cost_model
 
   plt = _plt()
   sigmas = sorted({c["sigma"] for c in cells})

@@ -40,8 +40,10 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import devices
-from allreduce_jax.training import models
+from allreduce_jax import devices, hlo
+from allreduce_jax.training import arms, models
+from allreduce_jax.training import data as data_mod
+from allreduce_jax.training.data import load_digits
 from allreduce_jax.training.local import PeriodicResult, make_metrics
 from allreduce_jax.training.sync import concat_losses, participants, put_train_set, replicate
 
@@ -265,8 +267,6 @@ def gossip_timeline(setup, seed: int, mixing: str = "pairs"):
   Returns:
     A :class:`~allreduce_jax.training.arms.Timeline` (plan: ``mixing``).
   """
-  from allreduce_jax.training import arms
-
   n = setup.workers
   U = arms.sync_rounds(setup)
   if mixing == "pairs":
@@ -301,8 +301,6 @@ def gossip_timeline(setup, seed: int, mixing: str = "pairs"):
 
 def exchange_seconds(setup) -> float:
   """One neighbour exchange of the parameters: ``α + β·model_bytes``."""
-  from allreduce_jax.training import arms
-
   q = arms.link(setup)
   return q.alpha + q.beta * arms.model_bytes(setup)
 
@@ -314,8 +312,6 @@ def run_gossip_curve(setup, workload, timeline, seed: int):
   """Trains D-PSGD along ``timeline`` (plan = mixing) on the emulated devices, each
   worker with the workload's optimizer at its sync learning rate (the workers'
   average follows SGD on the N·B batch); evaluates the workers' average."""
-  from allreduce_jax.training import arms
-  from allreduce_jax.training import data as data_mod
 
   n, d, mixing = setup.workers, workload.data, timeline.plan
   U = len(timeline.time)
@@ -349,8 +345,6 @@ def run_gossip_curve(setup, workload, timeline, seed: int):
 def gossip_arm(mixing: str = "pairs"):
   """D-PSGD on a ring: ``gossip`` (one neighbour exchange per step) or ``gossip_ring``
   (both neighbours)."""
-  from allreduce_jax.training import arms
-
   name = "gossip" if mixing == "pairs" else f"gossip_{mixing}"
   return arms.Arm(
     name,
@@ -362,14 +356,6 @@ def gossip_arm(mixing: str = "pairs"):
     "D-PSGD on a ring: "
     + ("one neighbour exchange per step" if mixing == "pairs" else "both neighbours every step"),
   )
-
-
-def register_arms() -> None:
-  """Registers ``gossip`` (pairs) and ``gossip_ring``."""
-  from allreduce_jax.training import arms
-
-  for mixing in MIXINGS:
-    arms.register(gossip_arm(mixing))
 
 
 def audit_step_bytes(
@@ -391,8 +377,6 @@ def audit_step_bytes(
     >>> a["sent_bytes_per_step"] == a["param_bytes"], a["ring_allreduce_bytes"] / a["param_bytes"]
     (True, 1.5)
   """
-  from allreduce_jax import hlo
-
   mesh = devices.submesh((p,), ("data",))
   tx = optax.sgd(0.0)
   chunk = make_gossip_chunk(graphdef, rest, tx, mesh, mixing)
@@ -400,8 +384,6 @@ def audit_step_bytes(
   leaves = jax.tree.leaves(params)
   n = int(sum(np.asarray(a).nbytes for a in leaves))
   if data is None:
-    from allreduce_jax.training.data import load_digits
-
     data = load_digits()
   rep = NamedSharding(mesh, P())
   x = jax.ShapeDtypeStruct((2, *data.x_train.shape[1:]), data.x_train.dtype, sharding=rep)

@@ -14,6 +14,12 @@ Workload`` for ``arms.register_workload``:
 
 from __future__ import annotations
 
+import numpy as np
+import optax
+from flax import nnx
+
+from allreduce_jax.training import arms, data, models
+
 #: Validation loss (nats per byte) that counts as trained. The untrained model scores
 #: ~6.1; synchronous Adam on 8 × 16 windows reaches ~2.0 after 200 steps and ~1.6
 #: after ~400 steps of 64 windows (single device), so 2.2 is met by sync within a
@@ -29,8 +35,6 @@ CNN_STRICT_TARGET = 0.98
 
 def lm_workload(smoke: bool = False):
   """The byte-level LM workload (``smoke``: a 1-layer d_model-32 model, context 32)."""
-  from allreduce_jax.training import arms, data, models
-
   shape = {**models.LM_DEFAULTS, **(LM_SMOKE if smoke else {})}
   corpus = data.load_text("topics", context=shape["context"])
   return arms.Workload(
@@ -47,8 +51,6 @@ def lm_workload(smoke: bool = False):
 
 def cnn_strict_workload(smoke: bool = False):
   """The digits CNN with the 98 % target (``smoke``: 90 %)."""
-  from allreduce_jax.training import arms, data, models
-
   return arms.Workload(
     name="digits_cnn98",
     data=data.load_digits(),
@@ -66,11 +68,6 @@ def train_single(model, corpus, steps: int, batch: int = 16, lr: float = LM_LR, 
   The data-parallel arms use the same model through ``models.split``/``nnx.merge``
   instead, so that parameters can carry a leading participant axis.
   """
-  import numpy as np
-  import optax
-  from flax import nnx
-
-  from allreduce_jax.training import data, models
 
   optimizer = nnx.Optimizer(model, models.make_optimizer("adam", lr), wrt=nnx.Param)
 

@@ -36,8 +36,10 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import ALGORITHMS, _comm, all_reduce_tree, devices
-from allreduce_jax.training import models
+from allreduce_jax import ALGORITHMS, _comm, all_reduce_tree, cost_model, devices
+from allreduce_jax.training import arms, models
+from allreduce_jax.training import data as data_mod
+from allreduce_jax.training.figures import workload_panels
 from allreduce_jax.training.sync import (
   concat_losses,
   first_replica,
@@ -293,7 +295,6 @@ def allreduce_bytes_per_participant(algorithm: str, p: int, nbytes: int) -> floa
   """
   if p <= 1:
     return 0.0
-  from allreduce_jax import cost_model
 
   return float(cost_model.schedule(algorithm, p, float(nbytes)).max_sent_bytes)
 
@@ -324,8 +325,6 @@ def local_timeline(setup, seed: int, H: int, comm_s: float, bytes_per_round: flo
   Returns:
     A :class:`~allreduce_jax.training.arms.Timeline` (plan: ``H``).
   """
-  from allreduce_jax.training import arms
-
   rounds = arms.sync_rounds(setup) // H
   if rounds < 1:
     raise ValueError(
@@ -355,8 +354,6 @@ _compiled: dict[Any, Any] = {}
 def run_local_curve(setup, workload, timeline, seed: int, outer: bool):
   """Trains Local SGD (``outer=False``) or DiLoCo along ``timeline`` (plan = H) on the
   emulated devices; the global model is evaluated every ``max(1, eval_every // H)`` rounds."""
-  from allreduce_jax.training import arms
-  from allreduce_jax.training import data as data_mod
 
   n, d, H = setup.workers, workload.data, int(timeline.plan)
   U = len(timeline.time)
@@ -396,8 +393,6 @@ def run_local_curve(setup, workload, timeline, seed: int, outer: bool):
 
 def _periodic_arm(name: str, H: int, outer: bool, summary: str):
   """An arm that all-reduces the parameters once every ``H`` steps (Local SGD or DiLoCo)."""
-  from allreduce_jax.training import arms
-
   return arms.Arm(
     name,
     "local",
@@ -434,17 +429,6 @@ def diloco_arm(H: int):
   )
 
 
-def register_arms() -> None:
-  """Registers ``local_sgd_h{H}`` and ``diloco_h{H}`` (any H, built on demand by
-  ``arms.get_arm``) and the defaults ``local_sgd_h8``, ``diloco_h50``."""
-  from allreduce_jax.training import arms
-
-  arms.register_family("local_sgd_h", local_arm)
-  arms.register_family("diloco_h", diloco_arm)
-  for arm in (local_arm(8), diloco_arm(50)):
-    arms.register(arm)
-
-
 # ------------------------------------------------------------------ figure
 
 
@@ -452,8 +436,6 @@ def bytes_figure(rows: list[dict[str, Any]]):
   """Final test metric vs bytes communicated per training sample (log x), one panel per
   workload, one point per arm: the median over seeds, bars from the lowest to the
   highest seed. Rows are :func:`arms.run_arm` rows (Table C's)."""
-  from allreduce_jax.training.figures import workload_panels
-
   markers = {"sync": "o", "ps": "s", "local": "^", "gossip": "D"}
   fig, panels = workload_panels(rows)
   for ax, rs_w, by_arm in panels:

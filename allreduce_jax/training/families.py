@@ -1,0 +1,314 @@
+"""The sync and parameter-server families of training arms (:class:`~.arms.Arm` records).
+
+``sync`` (equal batches), ``sync_b{b}`` (backup workers: the slowest b gradients
+dropped), ``sync_balanced`` (batch ∝ speed), ``sync_isolate`` (slow-node isolation),
+and ``async``, ``async_eta_tau``, ``dcasgd`` and ``ssp{s}`` on a parameter server: each
+constructor returns one record; :mod:`.catalogue` registers them. Local SGD / DiLoCo
+(:mod:`.local`) and gossip (:mod:`.gossip`) are the other families.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from allreduce_jax import devices
+from allreduce_jax.training import async_sim, models, sync
+from allreduce_jax.training import data as data_mod
+from allreduce_jax.training.arms import (
+  Arm,
+  Curve,
+  Setup,
+  Timeline,
+  Workload,
+  allreduce_bytes,
+  allreduce_seconds,
+  compute_times,
+  final_loss,
+  model_bytes,
+  ps_message_seconds,
+  speeds,
+  sync_rounds,
+)
+
+# ------------------------------------------------------------------ schedules
+
+
+def _sync_timeline(setup: Setup, seed: int, backups: int = 0, work=None) -> Timeline:
+  n, S = setup.workers, sync_rounds(setup)
+  ar = allreduce_seconds(setup)
+  s = async_sim.sync_schedule(
+    setup.compute,
+    n,
+    S,
+    seed,
+    backups=backups,
+    allreduce_time=ar,
+    times=compute_times(setup, seed, work),
+  )
+  kept = int(n - backups)
+  return Timeline(
+    time=s.time,
+    gradients=np.arange(1, S + 1) * n,
+    samples=float(kept * setup.batch_per_worker),
+    bytes_sent=S * allreduce_bytes(setup),
+    comm_s=S * ar,
+    plan=s.mask,
+    info={"dropped": backups * S, "allreduce_s": ar},
+  )
+
+
+def balanced_batches(total: int, speed: np.ndarray) -> np.ndarray:
+  """i64[N] batch sizes ∝ speed summing to ``total`` (largest remainders, each >= 1).
+
+  Example:
+    >>> balanced_batches(64, np.array([1.0, 1.0, 1.0, 0.25])).tolist()
+    [20, 20, 19, 5]
+  """
+  want = total * speed / speed.sum()
+  b = np.maximum(np.floor(want).astype(np.int64), 1)
+  order = np.argsort(-(want - np.floor(want)), kind="stable")
+  k = 0
+  while b.sum() < total:
+    b[order[k % len(b)]] += 1
+    k += 1
+  while b.sum() > total:
+    b[np.argmax(b)] -= 1
+  return b
+
+
+def _balanced_timeline(setup: Setup, seed: int) -> Timeline:
+  B = setup.batch_per_worker
+  batches = balanced_batches(setup.workers * B, speeds(setup))
+  tl = _sync_timeline(setup, seed, work=batches / B)
+  return dataclasses.replace(tl, info={**tl.info, "batches": batches.tolist()})
+
+
+def _isolate_timeline(setup: Setup, seed: int, threshold: float, window: int = 10) -> Timeline:
+  """Slow-node isolation: after ``window`` steps, a worker whose mean compute time
+  over the last ``window`` steps exceeds ``threshold ×`` the median of the active
+  workers' is removed; the global batch is redistributed over the others (each
+  takes N/n_active as many samples, and as much longer), at most N/2 removed."""
+  n, S = setup.workers, sync_rounds(setup)
+  rows = compute_times(setup, seed).rows(S)  # f64[S, N], per-worker time at batch B
+  active = np.ones(n, bool)
+  step = np.empty(S)
+  removed_at: dict[int, int] = {}
+  comm = 0.0
+  sent = 0.0
+  ar = {p: (allreduce_seconds(setup, p), allreduce_bytes(setup, p)) for p in range(1, n + 1)}
+  for k in range(S):
+    p = int(active.sum())
+    step[k] = (rows[k, active] * (n / p)).max() + ar[p][0]
+    comm += ar[p][0]
+    sent += ar[p][1]
+    if k + 1 >= window and p > n // 2:
+      recent = rows[k + 1 - window : k + 1].mean(axis=0)
+      med = np.median(recent[active])
+      slow = np.flatnonzero(active & (recent > threshold * med))
+      if slow.size:
+        worst = int(slow[np.argmax(recent[slow])])
+        active[worst] = False
+        removed_at[worst] = k + 1
+  return Timeline(
+    time=np.cumsum(step),
+    gradients=np.arange(1, S + 1) * n,
+    samples=float(n * setup.batch_per_worker),
+    bytes_sent=sent,
+    comm_s=comm,
+    plan=np.ones((S, n), np.float32),  # the whole global batch is used every step
+    info={"isolated": {str(w): k for w, k in removed_at.items()}},
+  )
+
+
+def _ps_timeline(setup: Setup, seed: int, staleness_bound: int | None) -> Timeline:
+  msg = ps_message_seconds(setup)
+  U = setup.gradients
+  s = async_sim.ps_schedule(
+    compute_times(setup, seed),
+    U,
+    staleness_bound=staleness_bound,
+    max_staleness=setup.max_staleness,
+    push_s=msg,
+    pull_s=msg,
+    duplex=setup.duplex,
+  )
+  return Timeline(
+    time=s.time,
+    gradients=np.arange(1, U + 1),
+    samples=float(setup.batch_per_worker),
+    bytes_sent=2.0 * model_bytes(setup) * (U + s.dropped),
+    comm_s=(2.0 if not setup.duplex else 1.0) * msg * (U + s.dropped),
+    plan=s,
+    info={
+      "staleness_mean": float(s.staleness.mean()),
+      "staleness_p95": float(np.percentile(s.staleness, 95)),
+      "staleness_max": int(s.staleness.max()),
+      "dropped": int(s.dropped),
+      "message_s": msg,
+    },
+  )
+
+
+# ------------------------------------------------------------------ training along a timeline
+
+
+_compiled: dict[Any, Any] = {}
+
+
+def run_sync_curve(setup: Setup, workload: Workload, timeline: Timeline, seed: int) -> Curve:
+  """Synchronous data-parallel training on the emulated devices along ``timeline.plan``
+  (an f32[S, N] mask of the gradients kept), with the workload's sync learning rate."""
+
+  n, d = setup.workers, workload.data
+  mask = np.asarray(timeline.plan, np.float32)
+  graphdef, params, rest = models.split(workload.make_model(seed))
+  lr = workload.sync_lr(n)
+  key = ("sync", workload.name, n, setup.algorithm, lr)
+  if key not in _compiled:
+    mesh, axis = devices.mesh_for(setup.algorithm, n)
+    tx = workload.tx(lr)
+    chunk = sync.make_sync_chunk(graphdef, rest, tx, mesh, setup.algorithm, axis=axis, masked=True)
+    _compiled[key] = (mesh, axis, tx, chunk, sync.make_evaluator(graphdef, rest, workload.metric))
+  mesh, axis, tx, chunk, evaluate = _compiled[key]
+  idx = data_mod.batch_indices(d.n_train, n * setup.batch_per_worker, mask.shape[0], 1000 + seed)
+  res = sync.train_sync(
+    graphdef,
+    params,
+    rest,
+    tx,
+    d,
+    idx,
+    mesh=mesh,
+    axis=axis,
+    algorithm=setup.algorithm,
+    mask=mask,
+    eval_every=setup.eval_every,
+    chunk_fn=chunk,
+    evaluate=evaluate,
+  )
+  return Curve(
+    eval_updates=res.eval_steps,
+    metric=res.test_acc,
+    diverged=bool(not np.isfinite(res.losses).all()),
+    final_loss=final_loss(res.losses[-setup.eval_every :]),
+    info={"replicas_identical": res.replicas_identical},
+  )
+
+
+def run_ps_curve(
+  setup: Setup, workload: Workload, timeline: Timeline, seed: int, method: str = "async"
+) -> Curve:
+  """Replays the parameter-server schedule ``timeline.plan`` (stale gradients from a
+  ring buffer of snapshots, :func:`.async_sim.make_replay`) with ``method``."""
+
+  d = workload.data
+  sched = timeline.plan
+  K = setup.max_staleness + 1
+  graphdef, params, rest = models.split(workload.make_model(seed))
+  key = ("ps", workload.name, K, workload.lr)
+  if key not in _compiled:
+    tx = workload.tx(workload.lr)
+    _compiled[key] = (
+      tx,
+      async_sim.make_replay(graphdef, rest, tx, K),
+      sync.make_evaluator(graphdef, rest, workload.metric),
+    )
+  tx, replay, evaluate = _compiled[key]
+  T = len(sched.staleness)
+  idx = data_mod.batch_indices(d.n_train, setup.batch_per_worker, T, 1000 + seed)
+  res = async_sim.run_async(
+    replay,
+    params,
+    tx,
+    d,
+    sched,
+    idx,
+    buffer_size=K,
+    method=method,
+    chunk=setup.eval_every * setup.workers,
+    evaluate=evaluate,
+  )
+  return Curve(
+    eval_updates=res.eval_updates,
+    metric=res.test_acc,
+    diverged=res.diverged,
+    final_loss=final_loss(res.losses[-setup.eval_every * setup.workers :]),
+  )
+
+
+# ------------------------------------------------------------------ the arms
+
+
+def _sync_bytes(setup: Setup, backups: int = 0) -> float:
+  return allreduce_bytes(setup) / ((setup.workers - backups) * setup.batch_per_worker)
+
+
+def _ps_bytes(setup: Setup) -> float:
+  return 2.0 * model_bytes(setup) / setup.batch_per_worker
+
+
+def sync_arm(backups: int = 0) -> Arm:
+  """Synchronous all-reduce SGD with ``backups`` backup workers (Chen et al. 2016:
+  each step keeps the fastest N - b gradients of a fixed pool of N)."""
+  name = "sync" if backups == 0 else f"sync_b{backups}"
+
+  def schedule(setup: Setup, seed: int) -> Timeline:
+    if not 0 <= backups < setup.workers:
+      raise ValueError(f"arm {name}: backups must be in 0..{setup.workers - 1}.")
+    return _sync_timeline(setup, seed, backups)
+
+  return Arm(
+    name,
+    "sync",
+    schedule,
+    allreduce_seconds,
+    lambda setup: _sync_bytes(setup, backups),
+    run_sync_curve,
+    "all-reduce SGD" + (f", {backups} backup worker(s)" if backups else ", equal batches"),
+  )
+
+
+def balanced_arm() -> Arm:
+  """Sync with batch sizes ∝ worker speed (the global batch, hence the training, is
+  the same as ``sync``'s; only the step time changes)."""
+  return Arm(
+    "sync_balanced",
+    "sync",
+    _balanced_timeline,
+    allreduce_seconds,
+    _sync_bytes,
+    run_sync_curve,
+    "all-reduce SGD, batch per worker ∝ its speed",
+  )
+
+
+def isolate_arm(threshold: float = 2.0) -> Arm:
+  """Sync with slow-node isolation (``threshold ×`` the median running mean)."""
+  return Arm(
+    "sync_isolate",
+    "sync",
+    lambda setup, seed: _isolate_timeline(setup, seed, threshold),
+    allreduce_seconds,
+    _sync_bytes,
+    run_sync_curve,
+    f"all-reduce SGD, a worker > {threshold:g}× the median is isolated, its data redistributed",
+  )
+
+
+def ps_arm(method: str = "async", staleness_bound: int | None = None, name: str = "") -> Arm:
+  """A parameter-server arm: ``method`` in ``async_sim.ASYNC_METHODS`` on the SSP
+  schedule with ``staleness_bound`` (``None``: fully asynchronous)."""
+  name = name or (method if staleness_bound is None else f"ssp{staleness_bound}")
+  bound = "" if staleness_bound is None else f", SSP s={staleness_bound}"
+  return Arm(
+    name,
+    "ps",
+    lambda setup, seed: _ps_timeline(setup, seed, staleness_bound),
+    ps_message_seconds,
+    _ps_bytes,
+    lambda setup, wl, tl, seed: run_ps_curve(setup, wl, tl, seed, method),
+    f"parameter server, {method}{bound}",
+  )
