@@ -21,6 +21,7 @@ import sys
 import time
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -31,31 +32,6 @@ from allreduce_jax.tools import _args
 from allreduce_jax.training import arms, configs
 from allreduce_jax.training import experiments as ex
 from allreduce_jax.training.results import Results
-
-
-def _modes() -> dict[str, tuple[type, str]]:
-  return {
-    "sync": (configs.SyncConfig, "one synchronous data-parallel run (replicas checked identical)"),
-    "staleness": (
-      configs.StalenessConfig,
-      "stale-gradient sweep: a fixed staleness τ for every asynchronous method"
-      " (the report's staleness table)",
-    ),
-    "stragglers": (
-      configs.StragglerConfig,
-      "straggler sweep: compute-time models × sync/backup workers/async; communication is"
-      " charged to sync only (kept for continuity; table-c charges both)",
-    ),
-    "table-c": (
-      configs.TableCConfig,
-      "every arm × workload on one clock: simulated time = compute + communication priced"
-      " by the cost model (the report's sync-vs-async table)",
-    ),
-    "phase": (
-      configs.PhaseConfig,
-      "phase diagram: fastest arm to the target by straggler σ × link bandwidth",
-    ),
-  }
 
 
 def _parser_for(hint, opt: str, rate: bool = False):
@@ -183,16 +159,16 @@ def config_from_arguments(cls: type, args: argparse.Namespace, smoke: bool = Fal
 
 def configure(parser: argparse.ArgumentParser) -> None:
   sub = parser.add_subparsers(dest="mode", metavar="MODE", required=True)
-  for mode, (cls, help_text) in _modes().items():
-    desc = help_text
-    if mode in ("table-c", "phase"):
+  for name, mode in MODES.items():
+    cls, help_text, desc = mode.config, mode.help, mode.help
+    if mode.lists_arms:
       desc += ". Arms: " + "; ".join(f"{a.name} ({a.summary})" for a in arms.ARMS.values())
       desc += ". Workloads: " + ", ".join(arms.WORKLOADS) + "."
-    p = sub.add_parser(mode, help=help_text, description=desc)
+    p = sub.add_parser(name, help=help_text, description=desc)
     p.add_argument("--smoke", action="store_true", help="the seconds-long preset (CI)")
     _args.add_devices(p)
     p.add_argument("--out", default=None, help="output folder (default results/train[.smoke]/MODE)")
-    if mode != "sync":
+    if mode.sweep:
       p.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
     add_config_arguments(p, cls)
 
@@ -221,39 +197,100 @@ def _run_sync(cfg, args, out: Path, store) -> bool:
   return all(r["replicas_identical"] for r in rows)
 
 
-def _run_sweep(mode: str, cfg, args, out: Path) -> bool:
-  if mode == "staleness":
-    rows = ex.run_staleness_sweep(cfg, out, max_runs=args.max_runs)
-    paths = ex.write_staleness_outputs(rows, out)
-  elif mode == "stragglers":
-    rows = ex.run_straggler_sweep(cfg, out, max_runs=args.max_runs)
-    paths = ex.write_straggler_outputs(rows, out)
-  elif mode == "table-c":
-    rows = ex.run_table_c(cfg, out, smoke=args.smoke, max_runs=args.max_runs)
-    paths = ex.write_table_c_outputs(rows, cfg, out)
-  else:
-    rows = ex.run_phase(cfg, out, smoke=args.smoke, max_runs=args.max_runs)
-    paths = ex.write_phase_outputs(ex.phase_cells(cfg, rows), cfg, out)
-    paths = paths[1:]
+def _shown(rows: list[dict], paths: list[Path]) -> bool:
+  """Prints the sweep's table (its first output file); False if a replica check failed."""
   print(paths[0].read_text())
   return all(r.get("replicas_identical", True) for r in rows)
 
 
-#: The rows file of each mode, under ``--out``.
-ROWS_FILE = {
-  "sync": "sync.jsonl",
-  "staleness": "staleness.jsonl",
-  "stragglers": "stragglers.jsonl",
-  "table-c": "table_c.jsonl",
-  "phase": "phase_runs.jsonl",
+def _run_staleness(cfg, args, out: Path, store) -> bool:
+  rows = ex.run_staleness_sweep(cfg, out, max_runs=args.max_runs)
+  return _shown(rows, ex.write_staleness_outputs(rows, out))
+
+
+def _run_stragglers(cfg, args, out: Path, store) -> bool:
+  rows = ex.run_straggler_sweep(cfg, out, max_runs=args.max_runs)
+  return _shown(rows, ex.write_straggler_outputs(rows, out))
+
+
+def _run_table_c(cfg, args, out: Path, store) -> bool:
+  rows = ex.run_table_c(cfg, out, smoke=args.smoke, max_runs=args.max_runs)
+  return _shown(rows, ex.write_table_c_outputs(rows, cfg, out))
+
+
+def _run_phase(cfg, args, out: Path, store) -> bool:
+  rows = ex.run_phase(cfg, out, smoke=args.smoke, max_runs=args.max_runs)
+  return _shown(rows, ex.write_phase_outputs(ex.phase_cells(cfg, rows), cfg, out)[1:])
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+  """One ``train`` mode.
+
+  Attributes:
+    config: its frozen config class (every field an option, ``--smoke`` its preset).
+    help: the one-line help.
+    rows_file: its JSON Lines file under ``--out``.
+    run: ``run(cfg, args, out, store) -> bool`` (False: a replica check failed, exit 1).
+    sweep: resumable runs (``--max-runs``).
+    lists_arms: its ``--help`` lists the registered arms and workloads.
+  """
+
+  config: type
+  help: str
+  rows_file: str
+  run: Callable[..., bool]
+  sweep: bool = True
+  lists_arms: bool = False
+
+
+#: Every ``train`` mode, in ``--help`` order.
+MODES: dict[str, Mode] = {
+  "sync": Mode(
+    configs.SyncConfig,
+    "one synchronous data-parallel run (replicas checked identical)",
+    "sync.jsonl",
+    _run_sync,
+    sweep=False,
+  ),
+  "staleness": Mode(
+    configs.StalenessConfig,
+    "stale-gradient sweep: a fixed staleness τ for every asynchronous method"
+    " (the report's staleness table)",
+    "staleness.jsonl",
+    _run_staleness,
+  ),
+  "stragglers": Mode(
+    configs.StragglerConfig,
+    "straggler sweep: compute-time models × sync/backup workers/async; communication is"
+    " charged to sync only (kept for continuity; table-c charges both)",
+    "stragglers.jsonl",
+    _run_stragglers,
+  ),
+  "table-c": Mode(
+    configs.TableCConfig,
+    "every arm × workload on one clock: simulated time = compute + communication priced"
+    " by the cost model (the report's sync-vs-async table)",
+    "table_c.jsonl",
+    _run_table_c,
+    lists_arms=True,
+  ),
+  "phase": Mode(
+    configs.PhaseConfig,
+    "phase diagram: fastest arm to the target by straggler σ × link bandwidth",
+    "phase_runs.jsonl",
+    _run_phase,
+    lists_arms=True,
+  ),
 }
 
 
 def run(args: argparse.Namespace) -> int:
 
-  cls = _modes()[args.mode][0]
+  mode = MODES[args.mode]
+  cls = mode.config
   out = Path(args.out or f"results/train{'.smoke' if args.smoke else ''}/{args.mode}")
-  store = Results(out / ROWS_FILE[args.mode])
+  store = Results(out / mode.rows_file)
   try:
     args.devices = devices.use_cpu_devices(args.devices)
     cfg = config_from_arguments(cls, args, smoke=args.smoke)
@@ -271,9 +308,6 @@ def run(args: argparse.Namespace) -> int:
     return 2
   t0 = time.perf_counter()
   print(f"# train {args.mode}: {json.dumps(dataclasses.asdict(cfg))}", flush=True)
-  if args.mode == "sync":
-    ok = _run_sync(cfg, args, out, store)
-  else:
-    ok = _run_sweep(args.mode, cfg, args, out)
+  ok = mode.run(cfg, args, out, store)
   print(f"# wrote {out} in {time.perf_counter() - t0:.1f} s")
   return 0 if ok else 1
