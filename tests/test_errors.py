@@ -78,7 +78,9 @@ def test_registry_is_complete():
 def test_positional_options_are_a_clear_type_error():
   with pytest.raises(TypeError, match=r"all_reduce\(\) takes op, algorithm and wire .*keyword"):
     _run(lambda b: all_reduce(b, "i", "sum"))
-  with pytest.raises(TypeError, match=r"all_reduce_tree\(\) takes op, algorithm, bucket_bytes and wire"):
+  with pytest.raises(
+    TypeError, match=r"all_reduce_tree\(\) takes op, algorithm, bucket_bytes and wire"
+  ):
     _run(lambda b: all_reduce_tree({"a": b}, "i", "mean", "ring")["a"])
   with pytest.raises(TypeError, match=r"all_reduce_gradients\(\) takes op"):
     all_reduce_gradients("i", "mean")
