@@ -11,8 +11,6 @@ keeps the new difference, ``e ← (g + e) − C(g + e)``. Without it both method
 biased; with it the dropped mass is delayed, not lost.
 """
 
-from __future__ import annotations
-
 import math
 from typing import Any, NamedTuple
 

@@ -35,11 +35,13 @@ def use_cpu_devices(n: int | None = None) -> int:
   note on stderr if it differs from the global count) and the global count returned.
   """
   if n is None:
+    if jax.distributed.is_initialized():  # the launcher fixed every process's devices
+      return jax.device_count()
     try:
       jax.config.update("jax_num_cpu_devices", CPU_DEFAULT_DEVICES)  # CPU backend only
     except RuntimeError:
       pass
-    if jax.default_backend() != "cpu" or jax.distributed.is_initialized():
+    if jax.default_backend() != "cpu":
       return jax.device_count()
     n = CPU_DEFAULT_DEVICES
   if n < 1:

@@ -6,8 +6,6 @@ then averages the per-device gradients with a hand-written all-reduce before Ada
 sees them, exactly where ``lax.pmean`` would sit.
 """
 
-from __future__ import annotations
-
 import sys
 from typing import Any, NamedTuple
 

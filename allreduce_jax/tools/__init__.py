@@ -39,6 +39,7 @@ API_MODULES: tuple[str, ...] = (
   "allreduce_jax.results",
   "allreduce_jax.fusion",
   "allreduce_jax.gradients",
+  "allreduce_jax.compression",
   "allreduce_jax.distributed",
   "allreduce_jax.hlo",
   "allreduce_jax.trace",
