@@ -76,10 +76,13 @@ class Algorithm:
   def __call__(self, flat, axis_name, combine):
     return self.fn(flat, axis_name, combine)
 
-  def wire_bytes(self, p: int, wire: str | None = None, n: int = 1 << 20, itemsize: int = 4):
+  def wire_bytes(
+    self, p: int, wire: str | None = None, n: int = 1 << 20, itemsize: int = 4, inner=None
+  ):
     """Bytes the busiest participant puts on the wire per input element, for an
     ``n``-element float input of ``itemsize`` bytes sent in format ``wire`` (scales
-    included); None if the record has no schedule or cannot send in ``wire``.
+    included); None if the record has no schedule or cannot send in ``wire``. A
+    multi-axis algorithm needs the mesh's ``inner`` size(s), as its ``schedule`` does.
 
     Example:
       >>> round(ALGORITHMS["ring"].wire_bytes(8, "int8") / ALGORITHMS["ring"].wire_bytes(8), 3)
@@ -88,7 +91,7 @@ class Algorithm:
     if self.schedule is None or wire not in self.wires:
       return None
     per_element = _wire.get(wire).bytes_per_element(max(1, n // max(p, 1)), itemsize)
-    return self.schedule(p, n * per_element, None).max_sent_bytes / n
+    return self.schedule(p, n * per_element, inner).max_sent_bytes / n
 
 
 #: name -> :class:`Algorithm` record, in registration order. :func:`register` adds one.

@@ -251,7 +251,7 @@ def measure_size(
       "chosen": chosen,
       "wire": wire,
       "rel_error": rel_error,
-      "wire_bytes_per_element": ALGORITHMS[alg].wire_bytes(p, wire, count, itemsize),
+      "wire_bytes_per_element": ALGORITHMS[alg].wire_bytes(p, wire, count, itemsize, inner),
     }
     rows.append(row)
   del inputs, built
