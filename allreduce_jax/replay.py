@@ -189,6 +189,7 @@ def replay(steps: Steps, topology: Network, n_bytes: float, params: Params) -> R
     A :class:`Replay`.
 
   Example:
+    >>> from allreduce_jax.topology import ring_messages, torus
     >>> r = replay(ring_messages((8,)), torus((8,)), 1e6, Params(1e-6, 1e-9, 0.0))
     >>> round(r.seconds * 1e6, 3)  # 14 steps of α + n/8 β
     1764.0
@@ -407,6 +408,7 @@ def choose(
   """The candidate with the smallest replayed time on ``topology`` (ties: the earlier).
 
   Example:
+    >>> from allreduce_jax.topology import torus
     >>> choose(64, 64 << 20, Params(5e-6, 1e-10, 0.0), torus((64,)),
     ...        ("ring", "halving_doubling"))
     'ring'

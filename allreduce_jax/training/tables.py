@@ -151,7 +151,7 @@ def table_c(rows: list[dict[str, Any]]) -> str:
     ...          time_to_target=2.0, updates_to_target=10, bytes_per_sample=100.0,
     ...          diverged=False, seed=0)
     >>> print(table_c([r]).splitlines()[2])
-    | w | sync | 0.9500 | 2 s | 1.00 | 10 | 100 B | 0/1 | – |
+    | w | sync | 0.9500 | 2 s | 1.00 | 10 | 100B | 0/1 | – |
   """
   if not rows:
     return "(no rows)"
