@@ -47,6 +47,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 import weakref
 from collections.abc import Iterable, Mapping
@@ -282,14 +283,19 @@ class RowStore:
       self.path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
       raise self._error(f"cannot create its folder ({e.strerror or e}).") from None
-    existed = self.path.exists()
+    # An absent file is probed with a file of this process's own beside it, never by
+    # creating and removing the path itself: every process of a multi-process run
+    # checks the same path, and one process's removal could delete the file another
+    # had just created (and locked), or make that one's own removal fail.
     try:
-      with open(self.path, "ab"):
-        pass
+      try:
+        os.close(os.open(self.path, os.O_WRONLY | os.O_APPEND))  # never creates it
+      except FileNotFoundError:
+        fd, probe = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
       raise self._error(f"cannot be written ({e.strerror or e}).") from None
-    if not existed:
-      self.path.unlink()
 
   def lock(self) -> None:
     """Takes an exclusive lock on the file for this run (``flock``, released by

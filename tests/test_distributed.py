@@ -514,3 +514,31 @@ def test_environment_decides_whether_to_initialize():
     init({distributed.ENV_COORDINATOR: "127.0.0.1:1234", distributed.ENV_PROCESS_ID: "0"})
   with pytest.raises(ValueError, match=distributed.ENV_MODE):
     init({distributed.ENV_MODE: "maybe"})
+
+
+
+def test_launching_from_a_process_where_jax_runs_does_not_fork_it(tmp_path):
+  # The report runs `cluster` in-process after its other sections, so JAX runs here
+  # (conftest started it) when the launcher starts its children: they must start
+  # without a fork of this process (JAX's at-fork hook warns that it may deadlock;
+  # preexec_fn forced one) and still get SIGKILL when their launcher dies.
+  import io
+  import warnings
+
+  import jax
+
+  jax.devices()
+  child = (
+    "import ctypes; sig = ctypes.c_int(); ctypes.CDLL(None).prctl(2, ctypes.byref(sig));"
+    " print('pdeathsig', sig.value)"
+  )  # PR_GET_PDEATHSIG
+  out = io.StringIO()
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    rc = launch.launch([sys.executable, "-c", child], 2, log_dir=tmp_path, output="all",
+                       timeout=60, out=out, err=io.StringIO())  # fmt: skip
+  assert rc == 0
+  assert [str(w.message) for w in caught if "fork" in str(w.message)] == []
+  assert sorted(out.getvalue().splitlines()) == [f"[{r}] pdeathsig {int(signal.SIGKILL)}" for r in (0, 1)]
+  with pytest.raises(launch.LaunchError, match="cannot start 'no-such-program-here'"):
+    launch.launch(["no-such-program-here"], 1, log_dir=tmp_path)

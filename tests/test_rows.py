@@ -1,6 +1,7 @@
 """The one row store (allreduce_jax.results): keys, torn lines, foreign files."""
 
 import json
+import threading
 
 import pytest
 
@@ -135,3 +136,32 @@ def test_state_json_is_atomic_and_a_truncated_one_is_ignored(tmp_path, capsys):
   assert load_json(path, {}) == {}
   assert "sections.json" in capsys.readouterr().err
   assert load_json(tmp_path / "missing.json", {}) == {}
+
+
+def test_concurrent_checks_never_remove_the_writers_file(tmp_path):
+  # Every process of a multi-process bench checks the same --out path while process 0
+  # creates and locks it (a 2-host cluster bench failed with "No such file" when one
+  # process's check removed the file another had just created).
+  path = tmp_path / "rows.jsonl"
+  errors: list[BaseException] = []
+
+  def checker():
+    try:
+      for _ in range(3000):
+        RowStore(path, "bench", context={}).check()
+    except BaseException as e:  # reported below
+      errors.append(e)
+
+  threads = [threading.Thread(target=checker) for _ in range(3)]
+  for t in threads:
+    t.start()
+  writer = RowStore(path, "bench", context={})
+  lost = 0
+  for _ in range(2000):
+    writer.lock()  # creates the file
+    lost += not path.exists()
+    writer.unlock()  # nothing written: removes it again
+  for t in threads:
+    t.join()
+  assert errors == [] and lost == 0
+  assert list(tmp_path.iterdir()) == []  # no probe, no empty file left behind

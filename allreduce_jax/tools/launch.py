@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import errno
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -86,10 +86,30 @@ def check_port(host: str, port: int) -> None:
     )
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-  """Linux: the child gets SIGKILL when the launcher dies, even by SIGKILL."""
-  with contextlib.suppress(Exception):
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# Each child starts as this prefix (Linux), which asks for SIGKILL when the launcher
+# dies (PR_SET_PDEATHSIG, kept across exec), checks that the launcher did not die
+# before that, and execs the command in the same process. A prefix, not
+# ``preexec_fn``: ``preexec_fn`` makes Python fork the launcher, which JAX warns
+# against (and may deadlock) once it is initialised, as it is when the report runs
+# ``cluster`` in-process after its other sections; without it Python uses vfork.
+_DIE_WITH_PARENT = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+if os.getppid() != int(sys.argv[1]):
+  sys.exit(1)
+try:
+  os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as e:
+  print(f"cannot start {sys.argv[2]!r}: {e.strerror}", file=sys.stderr)
+  sys.exit(127)
+"""
+
+
+def _die_with_parent(argv: list[str]) -> list[str]:
+  """``argv`` behind :data:`_DIE_WITH_PARENT` on Linux (elsewhere as it is)."""
+  if not sys.platform.startswith("linux"):
+    return argv
+  return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 def _status(rc: int) -> str:
@@ -378,6 +398,8 @@ def launch(
       f"--output must be all, none or a rank in 0..{num_processes - 1}, got {output!r}."
     )
   argv = command_argv(list(command))
+  if host_argv is None and shutil.which(argv[0]) is None:
+    raise LaunchError(f"cannot start {argv[0]!r}: no such program, or not executable.")
   if coordinator is None:
     host = "127.0.0.1"
     port = free_port(host)
@@ -416,7 +438,7 @@ def launch(
       with open(log, "wb") as f:
         try:
           proc = subprocess.Popen(
-            [*host_argv(rank), *argv] if host_argv else argv,
+            _die_with_parent([*host_argv(rank), *argv] if host_argv else argv),
             env=_child_env(
               rank,
               num_processes,
@@ -431,7 +453,6 @@ def launch(
             stdout=f,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, killed as a whole
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
           )
         except OSError as e:
           raise LaunchError(f"cannot start {argv[0]!r}: {e.strerror}") from None
