@@ -241,3 +241,33 @@ def test_wire_bytes_of_every_record_at_the_mesh_bench_builds():
     inner = devices.inner_size(name, 8)
     got = record.wire_bytes(8, None, n, 4, inner)
     assert got == record.schedule(8, 4.0 * n, inner).max_sent_bytes / n, name
+
+
+def test_nccl_tests_flags_sweep_every_op_and_dtype_check_and_devices(tmp_path, capsys):
+  out = tmp_path / "bench.jsonl"
+  one = ["--algorithms", "ring,psum", "-b", "1KiB", "-e", "1KiB", "--no-uneven", "-n", "1",
+         "-w", "0", "--out", str(out)]  # fmt: skip
+  # -o all -d int32,float32: every pair but mean of integers, each checked against psum.
+  assert main(["bench", "-g", "2", *one, "-o", "all", "-d", "int32,float32"]) == 0
+  text = capsys.readouterr().out
+  assert "# skipping mean×int32: all_reduce does not define them" in text
+  rows = _rows(out)
+  pairs = [(r["dtype"], r["op"]) for r in rows[::2]]
+  assert pairs == [("int32", o) for o in ("sum", "max", "min")] + [
+    ("float32", o) for o in ("sum", "mean", "max", "min")
+  ]
+  assert [r["algorithm"] for r in rows] == ["ring", "psum"] * 7
+  assert all(r["wrong"] == 0 and r["checked"] and r["n_devices"] == 2 for r in rows)
+  assert all(r["time_from"] == "process 0" for r in rows)  # one process: -a changes nothing
+  assert (tmp_path / "bench_max_float32.png").stat().st_size > 0  # one figure per pair
+  assert out.with_suffix(".png").stat().st_size > 0  # the first pair: int32 sum
+  # -c 0: measured, not checked (wrong = null), kept apart from the checked rows.
+  assert main(["bench", "--devices", "2", *one, "-c", "0", "-a", "3"]) == 0
+  new = _rows(out)[len(rows) :]
+  assert [(r["algorithm"], r["wrong"], r["checked"]) for r in new] == [
+    ("ring", None, False),
+    ("psum", None, False),
+  ]
+  assert "# Not checked (-c 0): 2 result(s)" in capsys.readouterr().out
+  with pytest.raises(SystemExit, match="-g/--ngpus 2 and --devices 4: in one process both"):
+    main(["bench", "-g", "2", "--devices", "4", *one])

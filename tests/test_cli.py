@@ -94,4 +94,35 @@ def test_nccl_tests_short_flags_are_bench_aliases():
   argv = ["-b", "8", "-e", "128M", "-f", "2", "-n", "20", "-w", "5", "-d", "bfloat16", "-o", "max"]
   args = cli.subcommand_parser("bench").parse_args(argv)
   assert (args.min_bytes, args.max_bytes, args.factor) == ("8", "128M", 2)
-  assert (args.iters, args.warmup, args.dtype, args.op) == (20, 5, "bfloat16", "max")
+  assert (args.iters, args.warmup, args.dtype, args.op) == (20, 5, ["bfloat16"], ["max"])
+
+
+@pytest.mark.parametrize(
+  "argv, dtype, op",
+  [
+    (["-d", "float,half", "-o", "avg"], ["float32", "float16"], ["mean"]),
+    (["-o", "all"], ["float32"], ["sum", "mean", "max", "min"]),
+    (["-d", "all"], ["int8", "uint8", "int32", "uint32", "float16", "float32", "bfloat16"], ["sum"]),
+  ],
+)
+def test_nccl_tests_op_and_datatype_lists_and_all(argv, dtype, op):
+  args = cli.subcommand_parser("bench").parse_args(argv)  # 64-bit types need JAX_ENABLE_X64=1
+  assert (args.dtype, args.op) == (dtype, op)
+
+
+@pytest.mark.parametrize(
+  "argv, message",
+  [
+    (["-o", "prod"], "argument -o/--op: unsupported op 'prod'; expected sum, mean, max, min"),
+    (["-o", "sum,mulsum"], "argument -o/--op: unsupported op 'mulsum'"),
+    (["-d", "f8e4m3"], "argument -d/--dtype/--datatype: unknown dtype 'f8e4m3'; expected some of int8"),
+    (["-c", "2"], "argument -c/--check: invalid choice: 2 (choose from 0, 1)"),
+    (["-a", "4"], "argument -a/--average: invalid choice: 4 (choose from 0, 1, 2, 3)"),
+    (["-g", "0"], "argument -g/--ngpus: must be at least 1, got 0"),
+  ],
+)
+def test_nccl_tests_flags_refuse_what_is_not_supported_in_one_line(argv, message, capsys):
+  with pytest.raises(SystemExit) as e:
+    cli.subcommand_parser("bench").parse_args(argv)
+  assert e.value.code == 2
+  assert message in capsys.readouterr().err

@@ -261,6 +261,63 @@ def dtype_choice(text: str) -> str:
   return dt.name
 
 
+#: nccl-tests' names (``-o``, ``-d``) for ops and dtypes spelled otherwise here.
+NCCL_NAMES = {"avg": "mean", "float": "float32", "half": "float16", "double": "float64",
+              "int": "int32"}  # fmt: skip
+
+#: ``bench -d all``: nccl-tests' datatypes that ``all_reduce`` reduces (its fp8 types
+#: are left out: the verifiable inputs are not exact there); 64-bit ones only with
+#: ``JAX_ENABLE_X64=1``.
+BENCH_DTYPES: tuple[str, ...] = ("int8", "uint8", "int32", "uint32", "int64", "uint64",
+                                 "float16", "float32", "float64", "bfloat16")  # fmt: skip
+
+
+def op_spec(text: str) -> list[str]:
+  """``bench -o``: one op, a comma list or ``all`` (:data:`allreduce_jax._ops.OPS`;
+  nccl-tests' ``avg`` is ``mean``; its ``prod``, ``mulsum`` are refused naming what is
+  supported).
+
+  Example:
+    >>> op_spec("sum,avg"), op_spec("all")
+    (['sum', 'mean'], ['sum', 'mean', 'max', 'min'])
+  """
+  if text.strip() == "all":
+    return list(_op_names())
+  out = []
+  for v in nonempty(csv_list)(text):
+    op = NCCL_NAMES.get(v, v)
+    if op not in _op_names():
+      raise argparse.ArgumentTypeError(
+        f"unsupported op {v!r}; expected {', '.join(_op_names())} (nccl-tests' avg is mean),"
+        " a comma list of them, or all"
+      )
+    out.append(op)
+  return list(dict.fromkeys(out))
+
+
+def dtype_spec(text: str) -> list[str]:
+  """``bench -d``: one dtype, a comma list or ``all`` (:data:`BENCH_DTYPES` this
+  process can hold); nccl-tests' ``float``, ``half``, ``double``, ``int`` too.
+
+  Example:
+    >>> dtype_spec("float,bfloat16"), "int64" in dtype_spec("all")
+    (['float32', 'bfloat16'], False)
+  """
+  if text.strip() == "all":
+    x64 = jax.config.read("jax_enable_x64")
+    return [d for d in BENCH_DTYPES if x64 or jnp.dtype(d).itemsize < 8]
+  out = []
+  for v in nonempty(csv_list)(text):
+    try:
+      out.append(dtype_choice(NCCL_NAMES.get(v, v)))
+    except argparse.ArgumentTypeError as e:
+      raise argparse.ArgumentTypeError(
+        f"{e}; expected some of {', '.join(BENCH_DTYPES)} (nccl-tests' float, half, double,"
+        " int too) or all"
+      ) from None
+  return list(dict.fromkeys(out))
+
+
 def dtype_list(text: str) -> list[str]:
   """Comma-separated :func:`dtype_choice` values, at least one."""
   return [dtype_choice(v) for v in nonempty(csv_list)(text)]

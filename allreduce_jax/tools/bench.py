@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
@@ -48,10 +49,10 @@ from allreduce_jax.tools._args import (
   available_memory,
   check_memory,
   check_op_dtypes,
-  dtype_choice,
+  dtype_spec,
   figure_path,
   nonnegative_int,
-  op_choice,
+  op_spec,
   output_path,
   params_file,
   positive_int,
@@ -92,7 +93,32 @@ ROW_FIELDS: tuple[str, ...] = (
   "wire",
   "rel_error",
   "wire_bytes_per_element",
+  "checked",
+  "time_from",
 )
+
+#: ``-a`` (nccl-tests' ``--average``): whose time a row of a multi-process run reports,
+#: each process timing its own calls (one process: all the same).
+AVERAGE = {0: "process 0", 1: "mean", 2: "min", 3: "max"}
+
+
+def combine_times(times: np.ndarray, average: int) -> np.ndarray:
+  """``times``: f[processes, programs], each process's median time per program ->
+  f[programs], combined as ``-a`` says (:data:`AVERAGE`).
+
+  Example:
+    >>> [combine_times(np.array([[1.0, 4.0], [3.0, 2.0]]), a).tolist() for a in range(4)]
+    [[1.0, 4.0], [2.0, 3.0], [1.0, 2.0], [3.0, 4.0]]
+  """
+  return [times[0], times.mean(axis=0), times.min(axis=0), times.max(axis=0)][average]
+
+
+def _process_times(medians: list[float], average: int) -> np.ndarray:
+  """Every process's ``medians`` (seconds), combined by :func:`combine_times`."""
+  if average == 0 or jax.process_count() == 1:
+    return np.asarray(medians, np.float64)  # process 0's own medians, exactly
+  every = multihost_utils.process_allgather(np.asarray(medians, np.float32))  # f32[procs, n]
+  return combine_times(np.asarray(every, np.float64).reshape(jax.process_count(), -1), average)
 
 
 def sweep_sizes(
@@ -200,9 +226,13 @@ def measure_size(
   warmup: int = 2,
   params=None,
   wires: Sequence[str | None] = (None,),
+  check: bool = True,
+  average: int = 0,
 ) -> list[dict]:
   """Measures every algorithm in every wire format at one size, side by side; returns
-  one row each (XLA's ``psum`` only exact)."""
+  one row each (XLA's ``psum`` only exact). ``check``: compare each result with
+  ``lax.psum``'s (``wrong``; ``None`` without the check). ``average``: which process's
+  time a multi-process row reports (:data:`AVERAGE`)."""
 
   itemsize = jnp.dtype(dtype).itemsize
   count = nbytes // itemsize
@@ -222,12 +252,15 @@ def measure_size(
   params = params or cost_model.current_params()  # auto traces with these (never a file)
   with cost_model.use_params(params):
     timings = time_round_robin([(timed, (x,)) for _, _, timed, x, _ in built], iters, warmup)
+  seconds = _process_times([t.median_s for t in timings], average)
   rows = []
-  for (alg, wire, _, x, checker), t in zip(built, timings):
-    bad, rel = checker(x, t.compiled(x))
-    wrong = int(np.sum(devices.fetch(bad)))
-    rel_error = float(np.max(devices.fetch(rel)))
-    algbw, busbw = bandwidths(nbytes, t.median_s, p)
+  for (alg, wire, _, x, checker), t, sec in zip(built, timings, seconds):
+    wrong = rel_error = None
+    if check:
+      bad, rel = checker(x, t.compiled(x))
+      wrong = int(np.sum(devices.fetch(bad)))
+      rel_error = float(np.max(devices.fetch(rel)))
+    algbw, busbw = bandwidths(nbytes, float(sec), p)
     inner = devices.inner_size(alg, p)
     chosen = cost_model.choose(p, nbytes, params) if alg == "auto" else None
     row = {
@@ -247,6 +280,9 @@ def measure_size(
       "backend": jax.default_backend(),
       "jax_version": jax.__version__,
       **t.row(),
+      "time_us": float(sec) * 1e6,  # process 0's median unless -a says otherwise
+      "time_from": AVERAGE[average] if jax.process_count() > 1 else "process 0",
+      "checked": check,
       "warmup": warmup,
       "chosen": chosen,
       "wire": wire,
@@ -266,13 +302,29 @@ def params_id(params) -> str:
   return fingerprint(cost_model.params_to_dict(cost_model.resolve(params, "ring")))
 
 
-def row_key(store, algorithm: str, nbytes: int, params, wire: str | None = None) -> str:
-  """A bench row's key: algorithm and size over the run's configuration (the store's
-  context), plus the cost parameters for ``auto`` and a lossy wire format."""
+def row_key(
+  store,
+  algorithm: str,
+  nbytes: int,
+  params,
+  wire: str | None = None,
+  *,
+  dtype: str = "float32",
+  op: str = "sum",
+  check: bool = True,
+  average: int = 0,
+) -> str:
+  """A bench row's key: algorithm, size, dtype and op over the run's configuration
+  (the store's context), plus the cost parameters for ``auto``, a lossy wire format,
+  an unchecked run (``-c 0``) and a time other than process 0's (``-a``)."""
   extra = {"cost_params": params_id(params)} if algorithm == "auto" else {}
   if wire is not None:
     extra["wire"] = wire
-  return store.key(algorithm=algorithm, bytes=nbytes, **extra)
+  if not check:
+    extra["checked"] = False
+  if average and jax.process_count() > 1:
+    extra["time_from"] = AVERAGE[average]
+  return store.key(algorithm=algorithm, bytes=nbytes, dtype=dtype, op=op, **extra)
 
 
 HEADER = (
@@ -293,7 +345,8 @@ def format_row(r: dict, psum_busbw: float | None = None) -> str:
   err_s = f"{err:8.1e}" if err is not None else f"{'-':>8}"
   return (
     f"{r['bytes']:>12} {r['count']:>10} {r['dtype']:>8} {r['op']:>5} {name:>18}"
-    f" {r['time_us']:>10.1f} {r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f} {r['wrong']:>6}"
+    f" {r['time_us']:>10.1f} {r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f}"
+    f" {'-' if r['wrong'] is None else r['wrong']:>6}"
     f" {pred_s} {ratio} {err_s}"
   )
 
@@ -307,7 +360,10 @@ def summary(rows: Sequence[dict]) -> str:
     by_alg.setdefault(name, []).append(r["busbw_GBps"])
   for alg, bws in by_alg.items():
     lines.append(f"# Avg bus bandwidth {alg:>18} : {statistics.mean(bws):.4f} GB/s")
-  wrong = sum(r["wrong"] for r in rows)
+  checked = [r["wrong"] for r in rows if r["wrong"] is not None]
+  wrong = sum(checked)
+  if len(checked) < len(rows):
+    lines.append(f"# Not checked (-c 0): {len(rows) - len(checked)} result(s)")
   lines.append(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
   return "\n".join(lines)
 
@@ -412,8 +468,49 @@ def configure(parser: argparse.ArgumentParser) -> None:
   )  # fmt: skip
   parser.add_argument("-f", "--factor", type=int, default=None, help="size multiplier (default: 4)")
   parser.add_argument("--no-uneven", action="store_true", help="skip the size not divisible by p")
-  parser.add_argument("-d", "--dtype", type=dtype_choice, default="float32", help="element type")
-  parser.add_argument("-o", "--op", type=op_choice, default="sum", help="reduction")
+  parser.add_argument(
+    "-d",
+    "--dtype",
+    "--datatype",
+    type=dtype_spec,
+    default="float32",
+    help="element type(s): one, a comma list, or all (every nccl-tests datatype all_reduce"
+    " reduces: int8 ... bfloat16, 64-bit ones with JAX_ENABLE_X64=1)",
+  )
+  parser.add_argument(
+    "-o",
+    "--op",
+    type=op_spec,
+    default="sum",
+    help="reduction(s): sum, mean (nccl-tests' avg), max, min, a comma list, or all;"
+    " pairs all_reduce does not define (mean of integers) are skipped",
+  )
+  parser.add_argument(
+    "-g",
+    "--ngpus",
+    type=positive_int,
+    default=None,
+    help="devices per process (nccl-tests' GPUs per thread): in one process the same as"
+    " --devices; under launch/cluster it must equal the devices each process has",
+  )
+  parser.add_argument(
+    "-c",
+    "--check",
+    type=int,
+    choices=(0, 1),
+    default=1,
+    help="1: compare every timed result with lax.psum's (#wrong); 0: skip that (rows say"
+    " wrong = null)",
+  )
+  parser.add_argument(
+    "-a",
+    "--average",
+    type=int,
+    choices=tuple(AVERAGE),
+    default=0,
+    help="on several processes, whose time a row reports: 0 process 0's, 1 the mean,"
+    " 2 the min, 3 the max of the processes' medians (nccl-tests' -a, whose default is 1)",
+  )
   parser.add_argument(
     "-n",
     "--iters",
@@ -456,6 +553,46 @@ def configure(parser: argparse.ArgumentParser) -> None:
   )
 
 
+def _pairs(ops: list[str], dtypes: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
+  """The (op, dtype) pairs to sweep, dtype-major, and the pairs ``all_reduce`` does not
+  define (``mean`` of integers, ...), as ``op×dtype``; a single undefined pair asked
+  for by name is refused (``check_op_dtypes``), one line naming both options."""
+  good, bad = [], []
+  for dtype in dtypes:
+    for op in ops:
+      try:
+        get_op(op, dtype)
+        good.append((op, dtype))
+      except (TypeError, ValueError):
+        bad.append(f"{op}×{dtype}")
+  if not good:
+    check_op_dtypes(ops, dtypes)
+  return good, bad
+
+
+def _devices_per_process(args: argparse.Namespace) -> None:
+  """``-g/--ngpus``: nccl-tests' devices per thread. In one process it is the device
+  count (``--devices``); under ``jax.distributed`` the launcher fixed each process's
+  devices, so it must match them."""
+  g = args.ngpus
+  if g is None:
+    return
+  if jax.distributed.is_initialized():
+    have = jax.local_device_count()
+    if g != have:
+      raise SystemExit(
+        f"-g/--ngpus {g}: this process has {have} local device(s), fixed by its launcher"
+        " (launch --local-devices, cluster --devices-per-host)."
+      )
+    return
+  if args.devices is not None and args.devices != g:
+    raise SystemExit(
+      f"-g/--ngpus {g} and --devices {args.devices}: in one process both are the device"
+      " count; give one of them."
+    )
+  args.devices = g
+
+
 def run(args: argparse.Namespace) -> int:
   # Explicit options win over --smoke's preset, which wins over the defaults.
   preset = SMOKE if args.smoke else DEFAULTS
@@ -469,12 +606,17 @@ def run(args: argparse.Namespace) -> int:
     raise SystemExit(str(e)) from None
 
   algorithms = args.algorithms or list(ALGORITHMS)
-  check_op_dtypes([args.op], [args.dtype])
+  pairs, undefined = _pairs(list(args.op), list(args.dtype))
+  check = bool(args.check)
+  _devices_per_process(args)
 
-  itemsize = jnp.dtype(args.dtype).itemsize
   try:
     args.devices = devices.use_cpu_devices(args.devices)
-    sizes = sweep_sizes(min_b, max_b, args.factor, itemsize, args.devices, not args.no_uneven)
+    sizes = {
+      d: sweep_sizes(min_b, max_b, args.factor, jnp.dtype(d).itemsize, args.devices,
+                     not args.no_uneven)
+      for d in dict.fromkeys(d for _, d in pairs)
+    }  # fmt: skip
   except ValueError as e:
     raise SystemExit(str(e)) from None
 
@@ -488,25 +630,29 @@ def run(args: argparse.Namespace) -> int:
   algorithms = [a for a in algorithms if a not in unfit]
   if unfit and jax.process_index() == 0:
     print(f"# skipping {', '.join(unfit)}: no mesh at p={p}", file=sys.stderr, flush=True)
+  largest = max(max(v) for v in sizes.values())
   check_memory(
-    4 * p * max(sizes),
+    4 * p * largest,
     f"--max-bytes {args.max_bytes} on {p} devices (input, result, check and XLA's"
     " buffers, 4 per device)",
     f"use -e {format_bytes(_fits_bytes(p))} or less" if _fits_bytes(p) else "use a smaller -e",
   )
   main = jax.process_index() == 0
   backend = jax.default_backend()
+  wires = list(args.wires)
+  for w in wires:
+    lossy = [op for op, _ in pairs if op not in ("sum", "mean")]
+    if w is not None and lossy:
+      raise SystemExit(f"--wires {w}: a lossy wire format needs --op sum or mean, got {lossy[0]}.")
   # Every input and output problem is found here, before the first measurement.
   out = Path(args.out)
   context = {
     **run_context(),
     "n_devices": p,
-    "dtype": args.dtype,
-    "op": args.op,
     "iters": args.iters,
     "warmup": args.warmup,
     **({"trials": args.trials} if getattr(args, "trials", None) else {}),
-  }
+  }  # + each row's dtype and op (row_key): one file holds every pair of -o/-d
   store = row_store(out, "bench", fresh=args.fresh and main, context=context)
   fig = figure_path(args.plot or out.with_suffix(".png"), "--plot")
   if args.fit:
@@ -522,54 +668,65 @@ def run(args: argparse.Namespace) -> int:
     print(
       f"# allreduce-jax bench: jax {jax.__version__}, backend {backend}, {p} devices,"
       f" {jax.process_count()} process(es); auto and the model use: {src};"
-      f" iters {args.iters}, warmup {args.warmup}",
+      f" iters {args.iters}, warmup {args.warmup}"
+      + ("" if check else "; results not checked (-c 0)")
+      + (f"; time: {AVERAGE[args.average]} of the processes'" if jax.process_count() > 1 else ""),
       flush=True,
     )
+    if undefined:
+      print(f"# skipping {', '.join(undefined)}: all_reduce does not define them", flush=True)
     print("# " + HEADER.lstrip(), flush=True)
-  rows_all: list[dict] = []
-  bar = tqdm(
-    total=len(sizes) * len(algorithms), file=sys.stderr, disable=None if main else True, leave=False
-  )
-  wires = list(args.wires)
-  for w in wires:
-    if w is not None and args.op not in ("sum", "mean"):
-      raise SystemExit(f"--wires {w}: a lossy wire format needs --op sum or mean, got {args.op}.")
   entries = [(a, w) for w in wires for a in algorithms if w in ALGORITHMS[a].wires]
-  bar.total = len(sizes) * len(entries)
-  for nbytes in sizes:
-    keys = {(a, w): row_key(store, a, nbytes, params, w) for a, w in entries}
-    todo = [e for e in entries if keys[e] not in done]
-    rows = [done[keys[e]] for e in entries if e not in todo]
-    for w in wires:  # one round robin per format keeps the rows' order simple
-      mine = [a for a, ww in todo if ww == w]
-      if not mine:
-        continue
-      bar.set_description(f"{format_bytes(nbytes)}")
-      new = measure_size(
-        mine, p, nbytes, args.dtype, args.op, args.iters, args.warmup, params, wires=(w,)
-      )
+  bar = tqdm(
+    total=sum(len(sizes[d]) for _, d in pairs) * len(entries),
+    file=sys.stderr,
+    disable=None if main else True,
+    leave=False,
+  )
+  rows_by_pair: dict[tuple[str, str], list[dict]] = {}
+  for op, dtype in pairs:
+    rows_all = rows_by_pair[(op, dtype)] = []
+    for nbytes in sizes[dtype]:
+      keys = {
+        (a, w): row_key(store, a, nbytes, params, w, dtype=dtype, op=op, check=check,
+                        average=args.average)
+        for a, w in entries
+      }  # fmt: skip
+      todo = [e for e in entries if keys[e] not in done]
+      rows = [done[keys[e]] for e in entries if e not in todo]
+      for w in wires:  # one round robin per format keeps the rows' order simple
+        mine = [a for a, ww in todo if ww == w]
+        if not mine:
+          continue
+        bar.set_description(f"{dtype} {op} {format_bytes(nbytes)}")
+        new = measure_size(
+          mine, p, nbytes, dtype, op, args.iters, args.warmup, params, wires=(w,),
+          check=check, average=args.average,
+        )  # fmt: skip
+        if main:
+          store.extend(new, [keys[(r["algorithm"], r.get("wire"))] for r in new])
+        rows += new
+      bar.update(len(entries))
+      rows.sort(key=lambda r: entries.index((r["algorithm"], r.get("wire"))))
+      psum = next((r["busbw_GBps"] for r in rows if r["algorithm"] == "psum"), None)
       if main:
-        store.extend(new, [keys[(r["algorithm"], r.get("wire"))] for r in new])
-      rows += new
-    bar.update(len(entries))
-    rows.sort(key=lambda r: entries.index((r["algorithm"], r.get("wire"))))
-    psum = next((r["busbw_GBps"] for r in rows if r["algorithm"] == "psum"), None)
-    if main:
-      for r in rows:
-        bar.write(format_row(r, psum))
-    rows_all += rows
+        for r in rows:
+          bar.write(format_row(r, psum))
+      rows_all += rows
   bar.close()
+  every = [r for rows in rows_by_pair.values() for r in rows]
   if main:
-    print(summary(rows_all), flush=True)
-  status = 0 if all(r["wrong"] == 0 for r in rows_all) else 1
+    print(summary(every), flush=True)
+  status = 0 if all(not r["wrong"] for r in every) else 1
+  first = pairs[0]  # the fit and the main figure: the first pair of -o/-d
   if args.fit and main:
     path = Path(args.params) if args.params else cost_model.default_fit_path()
-    mine = store.current()  # every size measured under this configuration
+    mine = [r for r in store.current() if (r["op"], r["dtype"]) == first]
     try:
       fitted, text, _ = fit_and_save(mine, path)
     except ValueError as e:
       raise SystemExit(str(e)) from None
-    print(f"# fit from {len(mine)} rows -> {path}")
+    print(f"# fit from {len(mine)} rows ({first[1]} {first[0]}) -> {path}")
     for d in fit_params_table(fitted):
       gamma = "—" if d["gamma_ns_per_byte"] is None else f"{d['gamma_ns_per_byte']:.4f} ns/B"
       print(
@@ -580,10 +737,15 @@ def run(args: argparse.Namespace) -> int:
     print(text)
     params = fitted
   if main:
-    figure = _plot.bench(rows_all, params)
-    if figure is not None:
-      _plot.save(figure, fig)
-    print(f"# rows: {out}" + (f"  figure: {fig}" if figure is not None else "  (no figure)"))
+    drawn = []
+    for (op, dtype), rows in rows_by_pair.items():  # one figure per pair: bench_max_int32.png
+      path = fig if (op, dtype) == first else fig.with_stem(f"{fig.stem}_{op}_{dtype}")
+      figure = _plot.bench(rows, params)
+      if figure is not None:
+        _plot.save(figure, path)
+        drawn.append(str(path))
+    figures = ("  figure: " if len(drawn) == 1 else "  figures: ") + ", ".join(drawn)
+    print(f"# rows: {out}" + (figures if drawn else "  (no figure)"))
   return status
 
 
