@@ -68,10 +68,10 @@ def save(fig: Figure, path, dpi: int = 120) -> Path:
   return path
 
 
-def byte_ticks(ax, lo: float, hi: float) -> None:
-  """x ticks at powers of 4 from ``lo`` to ``hi`` labelled 1KiB, 4KiB, ... 16MiB."""
-  k0, k1 = math.floor(math.log(max(lo, 1), 4)), math.ceil(math.log(max(hi, 1), 4))
-  ticks = [4.0**k for k in range(k0, k1 + 1)]
+def byte_ticks(ax, lo: float, hi: float, base: int = 4) -> None:
+  """x ticks at powers of ``base`` from ``lo`` to ``hi`` labelled 1KiB, 4KiB, ... 16MiB."""
+  k0, k1 = math.floor(math.log(max(lo, 1), base)), math.ceil(math.log(max(hi, 1), base))
+  ticks = [float(base) ** k for k in range(k0, k1 + 1)]
   ax.set_xticks(ticks, [format_bytes(t) for t in ticks], fontsize=8)
   ax.minorticks_off()
 
@@ -323,7 +323,7 @@ def model(
 
   algorithms = list(algorithms or names(hand_written=True, priced=True))
   sizes = np.geomspace(lo, hi, 200)
-  fig = Figure(figsize=(7, 4.5))
+  fig = Figure(figsize=(9.5, 4.5))
   ax = fig.subplots()
   for k, alg in enumerate(algorithms):
     inner = devices.inner_size(alg, p)
@@ -332,17 +332,24 @@ def model(
   ring_star = cost_model.balance_bytes("ring", p, params)
   if math.isfinite(ring_star):
     ax.axvspan(lo, min(ring_star, hi), color="0.92", zorder=0, label="ring latency-bound")
+  # Where the cheapest algorithm changes: a numbered dotted line, its text in the legend
+  # (labels beside the lines overlap when two changes are close on the log axis).
   one_axis = [a for a in algorithms if devices.inner_size(a, p) is None]
-  top = max(ax.get_ylim()[1], 1.0)
-  for k, (n, before, after) in enumerate(cost_model.switch_points(p, params, lo, hi, one_axis)):
-    mark(ax, n, top / 6**k, f"{before}→{after}\n{format_bytes(n)}")  # labels staggered down
+  for k, (n, before, after) in enumerate(cost_model.switch_points(p, params, lo, hi, one_axis), 1):
+    ax.axvline(n, color="tab:red", ls=":", lw=1,
+               label=f"({k}) best: {before} → {after} at {format_bytes(n)}")  # fmt: skip
+    ax.annotate(f"({k})", (n, 1 - 0.06 * (k - 1)), xycoords=("data", "axes fraction"),
+                xytext=(2, -2), textcoords="offset points", fontsize=7, color="tab:red",
+                va="top")  # fmt: skip
   ax.set_xscale("log", base=2)
   ax.set_yscale("log")
+  byte_ticks(ax, lo, hi, base=16)
+  ax.set_xlim(lo, hi)  # after the ticks, which extend the limits to whole powers
   ax.set_xlabel("bytes per participant")
   ax.set_ylabel("predicted time (µs)")
   ax.set_title(title or f"α-β-γ model, p={p}")
   ax.grid(True, which="both", alpha=0.3)
-  ax.legend(fontsize=7, loc="lower right")
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
   fig.tight_layout()
   return fig
 
