@@ -102,7 +102,11 @@ def test_nccl_tests_short_flags_are_bench_aliases():
   [
     (["-d", "float,half", "-o", "avg"], ["float32", "float16"], ["mean"]),
     (["-o", "all"], ["float32"], ["sum", "mean", "max", "min"]),
-    (["-d", "all"], ["int8", "uint8", "int32", "uint32", "float16", "float32", "bfloat16"], ["sum"]),
+    (
+      ["-d", "all"],
+      ["int8", "uint8", "int32", "uint32", "float16", "float32", "bfloat16"],
+      ["sum"],
+    ),
   ],
 )
 def test_nccl_tests_op_and_datatype_lists_and_all(argv, dtype, op):
@@ -115,7 +119,10 @@ def test_nccl_tests_op_and_datatype_lists_and_all(argv, dtype, op):
   [
     (["-o", "prod"], "argument -o/--op: unsupported op 'prod'; expected sum, mean, max, min"),
     (["-o", "sum,mulsum"], "argument -o/--op: unsupported op 'mulsum'"),
-    (["-d", "f8e4m3"], "argument -d/--dtype/--datatype: unknown dtype 'f8e4m3'; expected some of int8"),
+    (
+      ["-d", "f8e4m3"],
+      "argument -d/--dtype/--datatype: unknown dtype 'f8e4m3'; expected some of int8",
+    ),
     (["-c", "2"], "argument -c/--check: invalid choice: 2 (choose from 0, 1)"),
     (["-a", "4"], "argument -a/--average: invalid choice: 4 (choose from 0, 1, 2, 3)"),
     (["-g", "0"], "argument -g/--ngpus: must be at least 1, got 0"),

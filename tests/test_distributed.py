@@ -516,7 +516,6 @@ def test_environment_decides_whether_to_initialize():
     init({distributed.ENV_MODE: "maybe"})
 
 
-
 def test_launching_from_a_process_where_jax_runs_does_not_fork_it(tmp_path):
   # The report runs `cluster` in-process after its other sections, so JAX runs here
   # (conftest started it) when the launcher starts its children: they must start
@@ -539,6 +538,8 @@ def test_launching_from_a_process_where_jax_runs_does_not_fork_it(tmp_path):
                        timeout=60, out=out, err=io.StringIO())  # fmt: skip
   assert rc == 0
   assert [str(w.message) for w in caught if "fork" in str(w.message)] == []
-  assert sorted(out.getvalue().splitlines()) == [f"[{r}] pdeathsig {int(signal.SIGKILL)}" for r in (0, 1)]
+  assert sorted(out.getvalue().splitlines()) == [
+    f"[{r}] pdeathsig {int(signal.SIGKILL)}" for r in (0, 1)
+  ]
   with pytest.raises(launch.LaunchError, match="cannot start 'no-such-program-here'"):
     launch.launch(["no-such-program-here"], 1, log_dir=tmp_path)
