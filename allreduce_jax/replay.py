@@ -206,7 +206,7 @@ def bandwidth_term(steps: Steps, topology: Network) -> float:
 
 def step_link_loads(step: Step, topology: Network) -> dict[str, np.ndarray]:
   """Every directed link's load in one step (units of n per capacity): the picture of
-  which links carry how much (the tools' ``_plot.step_loads``)."""
+  which links carry how much (the tools' ``plot.step_loads``)."""
   src, dst, frac, _ = _arrays(step)
   p = int(max(src.max(), dst.max())) + 1
   return topology.fit(p).link_loads(src, dst, frac)

@@ -17,6 +17,9 @@ import numpy as np
 
 from allreduce_jax._wire import np_roundtrip
 
+#: ``np_roundtrip`` (the codec in NumPy) is re-exported: notebooks import no private module.
+__all__ = ["REPLAYED", "np_roundtrip", "relative_error", "replay", "ring_hop_errors"]
+
 #: The algorithms :func:`replay` knows.
 REPLAYED = ("ring", "two_shot")
 

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from allreduce_jax import gloo_model, topology
-from allreduce_jax.tools import _plot
+from allreduce_jax.tools import plot
 
 RATE = 25e6  # 200 Mbit/s
 SMALL = (4096, 65536)
@@ -260,7 +260,7 @@ def figure(summary: list[dict], path: Path) -> None:
   axes[0].set_ylabel("seconds (measured, median of 3)")
   axes[0].legend(fontsize=6)
   fig.tight_layout()
-  _plot.save(fig, path)
+  plot.save(fig, path)
 
 
 def main(argv=None) -> int:

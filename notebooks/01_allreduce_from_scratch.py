@@ -45,7 +45,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import all_reduce, hlo, trace
-from allreduce_jax.tools import _plot, audit, verify
+from allreduce_jax.tools import audit, plot, verify
 
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
 
@@ -220,7 +220,7 @@ ps = [2, 4, 8] if SMALL else [2, 3, 4, 5, 6, 7, 8]
 sent = pd.DataFrame([r for p in ps for r in audit.audit_in_process(p, 4 * 840, ("ring", "naive"))])
 assert sent["match"].all()
 display(sent.pivot(index="p", columns="algorithm", values="sent_over_n").round(3))
-_plot.audit(sent.to_dict("records"))
+plot.audit(sent.to_dict("records"))
 
 # %% [markdown]
 # ## What this run showed

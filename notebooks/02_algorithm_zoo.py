@@ -36,7 +36,7 @@ from IPython.display import display
 
 from allreduce_jax import ALGORITHMS, names, trace
 from allreduce_jax.devices import factor_axes
-from allreduce_jax.tools import _plot, audit, verify
+from allreduce_jax.tools import audit, plot, verify
 
 # Every hand-written algorithm with a cost model, from the registry records.
 CUSTOM = list(names(hand_written=True, priced=True))
@@ -125,11 +125,11 @@ audit_rows.pivot(index="algorithm", columns="p", values="sent_over_n").round(3)
 # With α the cost of one message step and β the cost of one byte, each schedule above
 # becomes a time (`cost_model.predict_seconds`). Below: predicted time against message
 # size for p = 8 with the documented default parameters (5 µs per step, 100 GB/s),
-# drawn by the library's `tools._plot.model`: shaded, where the ring is latency-bound;
+# drawn by the library's `tools.plot.model`: shaded, where the ring is latency-bound;
 # dotted, the sizes where the cheapest algorithm changes.
 
 # %%
-_plot.model(8, algorithms=CUSTOM, lo=100, hi=1e9, title="α-β model, p=8, α=5 µs, β=1/(100 GB/s)")
+plot.model(8, algorithms=CUSTOM, lo=100, hi=1e9, title="α-β model, p=8, α=5 µs, β=1/(100 GB/s)")
 
 # %% [markdown]
 # ## Every algorithm against the NumPy oracle

@@ -42,7 +42,7 @@ import pandas as pd
 from IPython.display import display
 
 from allreduce_jax import cost_model, names
-from allreduce_jax.tools import _plot, bench, fusion_bench, report
+from allreduce_jax.tools import bench, fusion_bench, plot, report
 from allreduce_jax.units import format_bytes, parse_size
 
 # The sizes are the report's (`allreduce-jax report`): one definition for both.
@@ -76,7 +76,7 @@ assert (measured["wrong"] == 0).all()
 measured.pivot(index="bytes", columns="algorithm", values="busbw_GBps").round(4)
 
 # %%
-_plot.busbw(rows)
+plot.busbw(rows)
 
 # %% [markdown]
 # Bus bandwidth in GB/s above. Small messages reach a tiny fraction of the bandwidth:
@@ -108,7 +108,7 @@ errors.pivot(index="bytes", columns="algorithm", values="fit_err").round(2)
 # points marked.
 
 # %%
-_plot.bench(rows, fitted, title=f"all-reduce time vs size, p={DEVICES}")
+plot.bench(rows, fitted, title=f"all-reduce time vs size, p={DEVICES}")
 
 # %% [markdown]
 # ## Crossover sizes
@@ -148,7 +148,7 @@ pd.DataFrame(
 )
 
 # %%
-_plot.model(
+plot.model(
   DEVICES, fitted, custom, title=f"the fitted model beyond the measured sizes, p={DEVICES}"
 )
 
@@ -219,7 +219,7 @@ fusion.pivot(index="bucket", columns="model", values="speedup_vs_per_leaf").loc[
 ].round(2)
 
 # %%
-_plot.fusion(fusion_rows, list(buckets))
+plot.fusion(fusion_rows, list(buckets))
 
 # %% [markdown]
 # ## What this run showed

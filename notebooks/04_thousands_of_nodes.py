@@ -52,7 +52,7 @@ jax.config.update("jax_num_cpu_devices", 8)
 import pandas as pd
 
 from allreduce_jax import ALGORITHMS, cost_model, topology
-from allreduce_jax.tools import _plot, scaling
+from allreduce_jax.tools import plot, scaling
 from allreduce_jax.units import format_bytes
 
 params = cost_model.PRESETS[LINK]
@@ -124,7 +124,7 @@ table.round(3)
 # %%
 ring16 = topology.torus((16,))
 first = {a: ALGORITHMS[a].messages((16,))[0] for a in rs_names}
-fig = _plot.step_loads(first, ring16, "first reduce-scatter step on a ring of 16 nodes")
+fig = plot.step_loads(first, ring16, "first reduce-scatter step on a ring of 16 nodes")
 fig
 
 # %% [markdown]
@@ -143,7 +143,7 @@ for net in networks:
   rows += scaling.sweep_topology(net, params, PS, SIZES, ALGS)
 two = [SIZES[1], SIZES[-1]]
 shown = [r for r in rows if r["bytes"] in two]
-fig = _plot.scaling(shown, scaling.crossovers(shown))
+fig = plot.scaling(shown, scaling.crossovers(shown))
 fig
 
 # %% [markdown]
@@ -152,7 +152,7 @@ fig
 # pay on the torus and across the tapered uplinks.
 
 # %%
-fig = _plot.over_flat(rows, SIZES[-1])
+fig = plot.over_flat(rows, SIZES[-1])
 fig
 
 # %% [markdown]
@@ -163,7 +163,7 @@ fig
 # hierarchical (per-dimension / per-level rings) scheme.
 
 # %%
-fig = _plot.winners(rows)
+fig = plot.winners(rows)
 fig
 
 # %%
@@ -178,7 +178,7 @@ for r in rows:
       and q["algorithm"] in four
     }
     sub.append({**r, "best": min(mine, key=mine.get)})
-fig = _plot.winners(sub)
+fig = plot.winners(sub)
 fig
 
 # %%

@@ -35,7 +35,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import _wire, all_reduce, wire_error
+from allreduce_jax import all_reduce, wire_error
 from allreduce_jax.devices import mesh_for, use_cpu_devices
 
 use_cpu_devices(8)  # 8 emulated CPU devices (before the first computation)
@@ -56,7 +56,7 @@ acc = x[1 % P_RING, :c].copy()
 exact = acc.astype(np.float64)
 inline = []
 for t in range(2, P_RING + 1):
-  acc = _wire.np_roundtrip("int8", acc) + x[(chunk + t) % P_RING, :c]
+  acc = wire_error.np_roundtrip("int8", acc) + x[(chunk + t) % P_RING, :c]
   exact += x[(chunk + t) % P_RING, :c]
   inline.append(np.linalg.norm(acc - exact) / np.linalg.norm(exact))
 print("relative error after hop 1, 2, 4, last:", [f"{inline[i]:.2e}" for i in (0, 1, 3, -1)])

@@ -140,6 +140,64 @@ def test_no_library_module_uses_a_private_name_of_another():
   assert {m: v for m, v in found.items() if v} == {}
 
 
+NOTEBOOKS = PACKAGE.parent / "notebooks"
+
+
+def _notebook_sources(path: Path) -> str:
+  """The code of a notebook: a jupytext ``.py`` as it is, an ``.ipynb`` (JSON) as its
+  code cells joined (IPython magics and shell lines dropped)."""
+  if path.suffix == ".py":
+    return path.read_text()
+  cells = json.loads(path.read_text())["cells"]
+  code = (
+    "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+    for c in cells
+    if c["cell_type"] == "code"
+  )
+  return "\n".join(
+    line for cell in code for line in cell.splitlines() if not line.lstrip().startswith(("%", "!"))
+  )
+
+
+def _private_imports(source: str, modules: dict[str, Path]) -> list[str]:
+  """Every private module of the package ``source`` imports, and every private name
+  it takes or reads from one of the package's modules."""
+  found = [
+    target
+    for _, target, _ in _imports(ast.parse(source), modules)
+    if target.startswith("allreduce_jax")
+    and any(part.startswith("_") and not part.startswith("__") for part in target.split("."))
+  ]
+  return sorted(set(found) | set(_private_uses(source, modules)))
+
+
+def test_the_notebook_import_finder_finds_them(tmp_path):
+  modules = {"allreduce_jax._b": Path("_b.py"), "allreduce_jax.tools._c": Path("_c.py")}
+  src = "from allreduce_jax import _b\nimport allreduce_jax.tools._c\nfrom allreduce_jax.units import _f\n"
+  assert _private_imports(src, modules) == [
+    "allreduce_jax._b",
+    "allreduce_jax.tools._c",
+    "allreduce_jax.units._f",
+  ]
+  nb = {
+    "cells": [
+      {"cell_type": "code", "source": ["%matplotlib inline\n", "from allreduce_jax import _b\n"]}
+    ]
+  }
+  path = tmp_path / "probe.ipynb"
+  path.write_text(json.dumps(nb))
+  assert _private_imports(_notebook_sources(path), modules) == ["allreduce_jax._b"]
+
+
+def test_notebooks_import_no_private_module():
+  """Notebooks are thin over the public library and tools: no ``_module``, no ``_name``."""
+  modules = _modules()
+  books = sorted(NOTEBOOKS.glob("*.py")) + sorted(NOTEBOOKS.glob("*.ipynb"))
+  assert books
+  found = {b.name: _private_imports(_notebook_sources(b), modules) for b in books}
+  assert {b: v for b, v in found.items() if v} == {}
+
+
 def _library_modules() -> list[str]:
   """Every module of the package below the tools wing (the dispatcher and the tools
   themselves excluded)."""

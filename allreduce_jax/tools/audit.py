@@ -25,7 +25,7 @@ import jax
 from allreduce_jax import _wire, cost_model, devices, hlo, names
 from allreduce_jax.devices import fits
 from allreduce_jax.results import RowStore
-from allreduce_jax.tools import _plot
+from allreduce_jax.tools import plot
 from allreduce_jax.tools._args import (
   output_path,
   positive_int,
@@ -197,5 +197,5 @@ def run(args) -> int:
   fig = output_path(Path(args.out).with_suffix(".png"), "--out")
   rows = sweep(args.ps, args.bytes, rows_store, wire=None if args.wire == "none" else args.wire)
   print(format_rows(sorted(rows, key=lambda r: (r["algorithm"], r["p"]))))
-  _plot.save(_plot.audit(rows), fig, dpi=110)
+  plot.save(plot.audit(rows), fig, dpi=110)
   return 0 if all(r["match"] and r["all_reduce_ops"] == 0 for r in rows) else 1

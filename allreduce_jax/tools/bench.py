@@ -42,7 +42,7 @@ from tqdm import tqdm
 from allreduce_jax import ALGORITHMS, _wire, all_reduce, cost_model, devices, names
 from allreduce_jax._ops import get_op
 from allreduce_jax.results import fingerprint, run_context
-from allreduce_jax.tools import _plot, verify
+from allreduce_jax.tools import plot, verify
 from allreduce_jax.tools._args import (
   add_algorithms,
   add_devices,
@@ -369,7 +369,7 @@ def summary(rows: Sequence[dict]) -> str:
 
 
 # ----------------------------------------------------------------------------------------
-# Fitting (the figure is tools._plot.bench).
+# Fitting (the figure is tools.plot.bench).
 # ----------------------------------------------------------------------------------------
 
 
@@ -740,9 +740,9 @@ def run(args: argparse.Namespace) -> int:
     drawn = []
     for (op, dtype), rows in rows_by_pair.items():  # one figure per pair: bench_max_int32.png
       path = fig if (op, dtype) == first else fig.with_stem(f"{fig.stem}_{op}_{dtype}")
-      figure = _plot.bench(rows, params)
+      figure = plot.bench(rows, params)
       if figure is not None:
-        _plot.save(figure, path)
+        plot.save(figure, path)
         drawn.append(str(path))
     figures = ("  figure: " if len(drawn) == 1 else "  figures: ") + ", ".join(drawn)
     print(f"# rows: {out}" + (figures if drawn else "  (no figure)"))

@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 from allreduce_jax import cost_model, devices, names
 from allreduce_jax.fusion import all_reduce_tree, plan_buckets
 from allreduce_jax.results import fingerprint, run_context
-from allreduce_jax.tools import _plot, verify
+from allreduce_jax.tools import plot, verify
 from allreduce_jax.tools._args import (
   add_devices,
   choice_list,
@@ -284,6 +284,6 @@ def run(args: argparse.Namespace) -> int:
       rows_all += rows
   if main and rows_all:
     print(format_rows(rows_all))
-    _plot.save(_plot.fusion(rows_all, list(BUCKETS)), fig)
+    plot.save(plot.fusion(rows_all, list(BUCKETS)), fig)
     print(f"# rows: {out}  figure: {fig}")
   return 0 if all(r["wrong"] == 0 for r in rows_all) else 1

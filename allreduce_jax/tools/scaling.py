@@ -24,7 +24,7 @@ from pathlib import Path
 from allreduce_jax import cost_model, names, topology
 from allreduce_jax.cost_model import params_to_dict
 from allreduce_jax.results import fingerprint
-from allreduce_jax.tools import _plot
+from allreduce_jax.tools import plot
 from allreduce_jax.tools._args import (
   figure_path,
   nonempty,
@@ -256,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
   for c in crossovers(rows):
     print(f"#   {c['scenario']:>12} {format_bytes(c['bytes']):>7}: {_crossover_text(c)}")
 
-  _plot.save(_plot.scaling(rows, crossovers(rows)), fig, dpi=110)
+  plot.save(plot.scaling(rows, crossovers(rows)), fig, dpi=110)
   print(f"# rows: {out}  figure: {fig}")
   return 0
 
@@ -401,6 +401,6 @@ def run_topology(args: argparse.Namespace) -> int:
       )
     )
 
-  _plot.save(_plot.scaling(rows, crossovers(rows)), fig, dpi=110)
+  plot.save(plot.scaling(rows, crossovers(rows)), fig, dpi=110)
   print(f"# rows: {args.out}  figure: {fig}")
   return 0

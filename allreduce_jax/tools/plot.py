@@ -20,6 +20,25 @@ from matplotlib.figure import Figure
 from allreduce_jax import ALGORITHMS, cost_model, devices, names, replay
 from allreduce_jax.units import format_bytes
 
+#: The figures and the helpers the tools and notebooks use (a public module: notebooks
+#: import it, see ``tests/test_layout.py``).
+__all__ = [
+  "audit",
+  "bench",
+  "busbw",
+  "byte_ticks",
+  "fusion",
+  "is_reference",
+  "mark",
+  "model",
+  "over_flat",
+  "save",
+  "scaling",
+  "step_loads",
+  "style",
+  "winners",
+]
+
 
 def is_reference(algorithm: str) -> bool:
   """XLA's own collective (a registry record with ``hand_written=False``): drawn black."""
