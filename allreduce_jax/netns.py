@@ -120,34 +120,6 @@ def _address(i: int) -> str:
   return str(SUBNET.network_address + i + 1)
 
 
-def torus_next_hop(src: int, dst: int, dims: Sequence[int]) -> int:
-  """The neighbour a message from ``src`` to ``dst`` goes to first: minimal hops,
-  dimension 0 first, ties forward (the routing of :class:`topology.Torus`)."""
-  s, t = list(_unravel(src, dims)), _unravel(dst, dims)
-  for d, k in enumerate(dims):
-    if s[d] == t[d]:
-      continue
-    fwd = (t[d] - s[d]) % k
-    s[d] = (s[d] + (1 if fwd <= k - fwd else -1)) % k
-    return _ravel(s, dims)
-  return src
-
-
-def _unravel(i: int, dims: Sequence[int]) -> tuple[int, ...]:
-  out = []
-  for k in reversed(dims):
-    out.append(i % k)
-    i //= k
-  return tuple(reversed(out))
-
-
-def _ravel(coords: Sequence[int], dims: Sequence[int]) -> int:
-  i = 0
-  for c, k in zip(coords, dims):
-    i = i * k + c
-  return i
-
-
 def plan(network: str, hosts: int, rate: float, tag: str | None = None) -> Plan:
   """The cluster of ``hosts`` hosts on ``network`` (a :func:`topology.parse` spec:
   ``switch``, ``fat_tree:K:R``, ``torus:AxB``), links of ``rate`` bytes/s.
@@ -159,36 +131,8 @@ def plan(network: str, hosts: int, rate: float, tag: str | None = None) -> Plan:
   if rate <= 0:
     raise ValueError(f"--link must be a positive rate, got {rate}.")
   top = topology_lib.parse(network)
-  tag = tag or tag_for()
-  names = tuple(f"{tag}-h{i}" for i in range(hosts))
-  hostnames = tuple(f"host{i}" for i in range(hosts))
-  addresses = tuple(_address(i) for i in range(hosts))
-  if isinstance(top, topology_lib.Switch):
-    if top.ports is not None:
-      raise ValueError(f"--topology {network!r}: switch:PORTS (several NICs) is not emulated.")
-    sw = f"{tag}-sw"
-    links = tuple(Link(h, "eth0", sw, f"p{i}", rate, b_bridge=True) for i, h in enumerate(names))
-    return Plan(tag, "switch", rate, names, hostnames, addresses, ("eth0",) * hosts, (sw,), links)
-  if isinstance(top, topology_lib.FatTree):
-    k, r = top.hosts_per_leaf, top.oversubscription
-    leaves = tuple(f"{tag}-leaf{j}" for j in range(-(-hosts // k)))
-    spine = f"{tag}-spine"
-    links = [
-      Link(h, "eth0", leaves[i // k], f"p{i}", rate, b_bridge=True) for i, h in enumerate(names)
-    ]
-    up = k * rate / r
-    links += [Link(lf, "uplink", spine, f"l{j}", up, True, True) for j, lf in enumerate(leaves)]
-    return Plan(
-      tag,
-      top.name,
-      rate,
-      names,
-      hostnames,
-      addresses,
-      ("eth0",) * hosts,
-      (*leaves, spine),
-      tuple(links),
-    )
+  if isinstance(top, topology_lib.Switch) and top.ports is not None:
+    raise ValueError(f"--topology {network!r}: switch:PORTS (several NICs) is not emulated.")
   if isinstance(top, topology_lib.Torus):
     top = top.fit(hosts)
     if math.prod(top.dims) != hosts:
@@ -197,39 +141,55 @@ def plan(network: str, hosts: int, rate: float, tag: str | None = None) -> Plan:
       )
     if not top.wrap:
       raise ValueError(f"--topology {network!r}: a mesh without wraparound is not emulated.")
-    dims = top.dims
-    links, seen = [], set()
-    for i in range(hosts):
-      c = _unravel(i, dims)
-      for d, k in enumerate(dims):
-        if k == 1:
-          continue
-        for step in (1, -1):
-          j = _ravel([(x + step) % k if e == d else x for e, x in enumerate(c)], dims)
-          if j != i and frozenset((i, j)) not in seen:
-            seen.add(frozenset((i, j)))
-            links.append(Link(names[i], f"t{j}", names[j], f"t{i}", rate))
-    routes = []
-    for i in range(hosts):
-      for j in range(hosts):
-        if i != j:
-          nxt = torus_next_hop(i, j, dims)
-          routes.append((names[i], addresses[j], addresses[nxt], f"t{nxt}"))
-    return Plan(
-      tag,
-      top.name,
-      rate,
-      names,
-      hostnames,
-      addresses,
-      ("lo",) * hosts,
-      (),
-      tuple(links),
-      tuple(routes),
+  elif not isinstance(top, (topology_lib.Switch, topology_lib.FatTree)):
+    raise ValueError(
+      f"--topology {network!r}: only switch, fat_tree:K:R and torus:AxB can be emulated."
     )
-  raise ValueError(
-    f"--topology {network!r}: only switch, fat_tree:K:R and torus:AxB can be emulated."
+  tag = tag or tag_for()
+  names = tuple(f"{tag}-h{i}" for i in range(hosts))
+  hostnames = tuple(f"host{i}" for i in range(hosts))
+  addresses = tuple(_address(i) for i in range(hosts))
+  links, bridges = _links(top, hosts, rate, tag)
+  routed = not bridges  # hosts joined point to point (a torus) forward for each other
+  routes = tuple(
+    (names[i], addresses[j], addresses[nxt], f"t{nxt}")
+    for i in range(hosts)
+    for j in range(hosts)
+    if routed and i != j
+    for nxt in (int(top.route(i, j, hosts)[1][1:]),)
   )
+  devices = ("lo" if routed else "eth0",) * hosts
+  name = "switch" if isinstance(top, topology_lib.Switch) else top.name
+  return Plan(tag, name, rate, names, hostnames, addresses, devices, bridges, links, routes)
+
+
+def _links(top, hosts: int, rate: float, tag: str) -> tuple[tuple[Link, ...], tuple[str, ...]]:
+  """The veth pairs of ``top``'s :meth:`~allreduce_jax.networks.Network.links` (each
+  at its rate in host links times ``rate``) and the switches' namespaces (first use
+  order). Devices: a host's link to a switch is its ``eth0`` (port ``p{i}`` there), a
+  switch's link up is ``uplink`` (the ``l{j}``-th port of the one above), a host's
+  link to host j is ``t{j}``."""
+  out, bridges, below = [], [], {}
+
+  def ns(node: str) -> str:
+    if node.startswith("h") and node[1:].isdigit():
+      return f"{tag}-{node}"
+    name = f"{tag}-{'sw' if node == 'switch' else node}"
+    if name not in bridges:
+      bridges.append(name)
+    return name
+
+  for lk in top.links(hosts):
+    a, b, r = ns(lk.a), ns(lk.b), rate * lk.rate
+    host_a, host_b = a not in bridges, b not in bridges
+    if host_a and host_b:
+      out.append(Link(a, f"t{lk.b[1:]}", b, f"t{lk.a[1:]}", r))
+    elif host_a:
+      out.append(Link(a, "eth0", b, f"p{lk.a[1:]}", r, b_bridge=True))
+    else:
+      j = below[b] = below.get(b, -1) + 1
+      out.append(Link(a, "uplink", b, f"l{j}", r, True, True))
+  return tuple(out), tuple(bridges)
 
 
 # ----------------------------------------------------------------------------------------

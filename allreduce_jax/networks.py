@@ -210,15 +210,19 @@ class Torus:
     """Point-to-point links between neighbours along every dimension (with the
     wraparound unless ``wrap=False``; a dimension of 2 has one link)."""
     dims = self.fit(p).dims
-    out = []
-    for r in range(math.prod(dims)):
+    out, seen = [], set()
+    for r in range(math.prod(dims)):  # each link once, from its lower-numbered end
       c = np.unravel_index(r, dims)
       for d, k in enumerate(dims):
-        if k == 1 or (c[d] == k - 1 and (not self.wrap or k == 2)):
-          continue
-        to = list(c)
-        to[d] = (c[d] + 1) % k
-        out.append(Link(f"h{r}", f"h{int(np.ravel_multi_index(to, dims))}"))
+        for step in (1, -1):
+          if k == 1 or (not self.wrap and not 0 <= c[d] + step < k):
+            continue
+          to = list(c)
+          to[d] = (c[d] + step) % k
+          j = int(np.ravel_multi_index(to, dims))
+          if frozenset((r, j)) not in seen:
+            seen.add(frozenset((r, j)))
+            out.append(Link(f"h{r}", f"h{j}"))
     return tuple(out)
 
   def route(self, src: int, dst: int, p: int) -> tuple[str, ...]:

@@ -81,11 +81,16 @@ def test_torus_routes_follow_the_replays_dimension_order(spec, p):
   dims = top.dims
   pairs = {frozenset((lk.a, lk.b)) for lk in plan.links}
   assert len(pairs) == len(plan.links) == sum(p if k > 2 else p // 2 for k in dims if k > 1)
+  # Follow the plan's static routes (namespace, destination -> next hop) host by host.
+  nxt = {
+    (ns, dst): hop for ns, dst, hop, dev in plan.routes if dev == f"t{plan.addresses.index(hop)}"
+  }
+  assert len(nxt) == len(plan.routes) == p * (p - 1)
   for s in range(p):
     for t in range(p):
       hops, at = 0, s
       while at != t:
-        at, hops = netns.torus_next_hop(at, t, dims), hops + 1
+        at, hops = plan.addresses.index(nxt[plan.hosts[at], plan.addresses[t]]), hops + 1
         assert hops <= p
       assert hops == int(top.hops(np.array([s]), np.array([t]))[0])
 

@@ -254,16 +254,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     "--devices-per-host", type=int, default=1, help="emulated CPU devices per host process"
   )
   parser.add_argument(
-    "--timeout",
-    type=float,
-    default=None,
-    help="seconds after which a run still going is stopped, naming the stuck host (exit 124)",
-  )
-  parser.add_argument("--log-dir", default=None, help="per-host logs (default: a new temp dir)")
-  parser.add_argument(
-    "--output", default="0", help="whose output to show: a host rank, 'all' or 'none' (default 0)"
-  )
-  parser.add_argument(
     "--counters", default=None, help="write each host's bytes sent/received (JSON) here"
   )
   parser.add_argument(
@@ -271,18 +261,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     action="store_true",
     help=f"run even while another cluster runs (without it: wait; ${ENV_CONCURRENT}=1 sets it)",
   )
-  parser.add_argument(
-    "--init-timeout", type=int, default=120, help="seconds the hosts wait for each other"
-  )
-  parser.add_argument(
-    "--shutdown-timeout", type=int, default=30, help="seconds a finished host waits for the others"
-  )
-  parser.add_argument(
-    "--heartbeat-timeout",
-    type=int,
-    default=None,
-    help="seconds without a heartbeat after which JAX declares a host dead (JAX's default 100)",
-  )
+  launcher.add_launch_options(parser, "host")
   parser.add_argument(
     "command",
     nargs=argparse.REMAINDER,
@@ -312,12 +291,7 @@ def run(args: argparse.Namespace) -> int:
       devices_per_host=args.devices_per_host,
       counters_path=args.counters,
       concurrent=args.concurrent or os.environ.get(ENV_CONCURRENT, "") not in ("", "0"),
-      timeout=args.timeout,
-      log_dir=args.log_dir,
-      output=args.output,
-      init_timeout=args.init_timeout,
-      shutdown_timeout=args.shutdown_timeout,
-      heartbeat_timeout=args.heartbeat_timeout,
+      **launcher.launch_options(args),
     )
   except (ValueError, launcher.LaunchError) as e:
     print(f"{prog}: {e}", file=sys.stderr)

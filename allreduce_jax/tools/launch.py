@@ -381,42 +381,16 @@ def launch(
   """
   out = out or sys.stdout
   err = err or sys.stderr
-  if num_processes < 1:
-    raise LaunchError(f"-n/--num-processes must be at least 1, got {num_processes}.")
-  if local_devices < 1:
-    raise LaunchError(f"--local-devices must be at least 1, got {local_devices}.")
-  if timeout is not None and timeout <= 0:
-    raise LaunchError(f"--timeout must be positive, got {timeout}.")
-  if shutdown_timeout < 1:
-    raise LaunchError(f"--shutdown-timeout must be at least 1, got {shutdown_timeout}.")
-  if heartbeat_timeout is not None and heartbeat_timeout < 1:
-    raise LaunchError(f"--heartbeat-timeout must be at least 1, got {heartbeat_timeout}.")
-  if platform not in ("cpu", "gpu"):
-    raise LaunchError(f"--platform must be cpu or gpu, got {platform!r}.")
-  if output not in ("all", "none") and not (output.isdigit() and int(output) < num_processes):
-    raise LaunchError(
-      f"--output must be all, none or a rank in 0..{num_processes - 1}, got {output!r}."
-    )
+  _check_options(num_processes, local_devices, timeout, shutdown_timeout, heartbeat_timeout)
+  _check_choices(platform, output, num_processes)
   argv = command_argv(list(command))
   if host_argv is None and shutil.which(argv[0]) is None:
     raise LaunchError(f"cannot start {argv[0]!r}: no such program, or not executable.")
-  if coordinator is None:
-    host = "127.0.0.1"
-    port = free_port(host)
-  else:
-    try:
-      host, port = parse_coordinator(coordinator)
-    except ValueError as e:
-      raise LaunchError(str(e)) from None
-    if host_argv is None:
-      check_port(host, port)
-  address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+  address = _coordinator_address(coordinator, checked=host_argv is None)
   logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="allreduce-jax-launch-"))
   logs.mkdir(parents=True, exist_ok=True)
   shown = set(range(num_processes)) if output == "all" else set()
-  if output.isdigit():
-    shown = {int(output)}
-
+  shown |= {int(output)} if output.isdigit() else set()
   print(
     f"# {label}: {num_processes} process(es) × {local_devices} local {platform} device(s),"
     f" coordinator {address}, logs in {logs}",
@@ -424,75 +398,29 @@ def launch(
     flush=True,
   )
   children: list[_Child] = []
-  old_handlers = {}
-  for s in (signal.SIGTERM, signal.SIGHUP):
-    with contextlib.suppress(ValueError):  # not the main thread: leave handlers alone
-      old_handlers[s] = signal.signal(s, _raise_terminated)
+  old_handlers = _catch_termination()
   t0 = time.monotonic()
   failure: str | None = None
   code = 0
   watchdog = _start_watchdog()
   try:
     for rank in range(num_processes):
-      log = logs / f"process-{rank}.log"
-      with open(log, "wb") as f:
-        try:
-          proc = subprocess.Popen(
-            _die_with_parent([*host_argv(rank), *argv] if host_argv else argv),
-            env=_child_env(
-              rank,
-              num_processes,
-              address,
-              local_devices,
-              platform,
-              init_timeout,
-              shutdown_timeout,
-              heartbeat_timeout,
-            ),
-            stdin=subprocess.DEVNULL,
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, killed as a whole
-          )
-        except OSError as e:
-          raise LaunchError(f"cannot start {argv[0]!r}: {e.strerror}") from None
-      _tell(watchdog, str(proc.pid))  # its process group id (a new session)
-      children.append(_Child(rank, proc, log, shown=rank in shown))
+      env = _child_env(
+        rank,
+        num_processes,
+        address,
+        local_devices,
+        platform,
+        init_timeout,
+        shutdown_timeout,
+        heartbeat_timeout,
+      )
+      child = _spawn(rank, [*host_argv(rank), *argv] if host_argv else argv, env, logs)
+      child.shown = rank in shown
+      _tell(watchdog, str(child.proc.pid))  # its process group id (a new session)
+      children.append(child)
     (logs / "pids.json").write_text(json.dumps({c.rank: c.proc.pid for c in children}))
-
-    while True:
-      _stream(children, out, prefix=output == "all")
-      newly = _reap(children, t0)
-      if newly:
-        # Collect the failures that follow within SETTLE_S (a dead process's peers fail
-        # with connection errors at once), then name the first that is not one of those.
-        settle = time.monotonic() + SETTLE_S
-        while time.monotonic() < settle and any(c.rc is None for c in children):
-          time.sleep(POLL_S)
-          newly += _reap(children, t0)
-        first = _culprit(newly)
-        failure = (
-          f"process {first.rank} of {num_processes} (pid {first.proc.pid}) {_status(first.rc)}"
-          f" after {first.ended:.1f} s; stopping the other processes. Its log: {first.log}"
-        )
-        stopped = [c for c in children if c.rc is None and _state(c.proc.pid) == "T"]
-        if stopped:  # e.g. SIGSTOP: its peers' heartbeat check gave up on it
-          names = ", ".join(f"{c.rank} (pid {c.proc.pid})" for c in stopped)
-          failure = (
-            f"process {names} of {num_processes} is stopped (SIGSTOP?) and stopped"
-            f" answering; the others gave up on it: {failure}"
-          )
-        code = first.rc if first.rc > 0 else 128 - first.rc
-        if not first.shown:
-          failure += f"\n--- last lines of process {first.rank} ---\n{_tail(first.log)}"
-        break
-      if all(c.rc == 0 for c in children):
-        break
-      if timeout is not None and time.monotonic() - t0 > timeout:
-        failure = _timeout_report(children, timeout)
-        code = 124
-        break
-      time.sleep(POLL_S)
+    failure, code = _supervise(children, t0, timeout, out, prefix=output == "all")
   except KeyboardInterrupt:
     failure, code = "interrupted (Ctrl-C); stopping all processes.", 130
   except _Terminated as e:
@@ -502,11 +430,7 @@ def launch(
     if failure:
       print(f"{label}: {failure}", file=err, flush=True)
     also = _stop(children, stop_grace)
-    _tell(watchdog, "done")
-    if watchdog is not None:
-      with contextlib.suppress(OSError, ValueError, subprocess.TimeoutExpired):
-        watchdog.stdin.close()
-        watchdog.wait(5)
+    _close_watchdog(watchdog)
     for s, h in old_handlers.items():
       signal.signal(s, h)
     _stream(children, out, prefix=output == "all", final=True)
@@ -520,6 +444,124 @@ def launch(
     flush=True,
   )
   return 0
+
+
+def _check_options(num_processes, local_devices, timeout, shutdown_timeout, heartbeat_timeout):
+  """``LaunchError`` naming the first numeric option out of range."""
+  if num_processes < 1:
+    raise LaunchError(f"-n/--num-processes must be at least 1, got {num_processes}.")
+  if local_devices < 1:
+    raise LaunchError(f"--local-devices must be at least 1, got {local_devices}.")
+  if timeout is not None and timeout <= 0:
+    raise LaunchError(f"--timeout must be positive, got {timeout}.")
+  if shutdown_timeout < 1:
+    raise LaunchError(f"--shutdown-timeout must be at least 1, got {shutdown_timeout}.")
+  if heartbeat_timeout is not None and heartbeat_timeout < 1:
+    raise LaunchError(f"--heartbeat-timeout must be at least 1, got {heartbeat_timeout}.")
+
+
+def _check_choices(platform: str, output: str, num_processes: int) -> None:
+  """``LaunchError`` for a ``--platform`` or ``--output`` outside its choices."""
+  if platform not in ("cpu", "gpu"):
+    raise LaunchError(f"--platform must be cpu or gpu, got {platform!r}.")
+  if output not in ("all", "none") and not (output.isdigit() and int(output) < num_processes):
+    raise LaunchError(
+      f"--output must be all, none or a rank in 0..{num_processes - 1}, got {output!r}."
+    )
+
+
+def _coordinator_address(coordinator: str | None, checked: bool) -> str:
+  """``HOST:PORT`` (``[HOST]:PORT`` for IPv6): 127.0.0.1 and a free port by default;
+  a given port is checked free here unless not ``checked`` (it is on another host)."""
+  if coordinator is None:
+    host = "127.0.0.1"
+    port = free_port(host)
+  else:
+    try:
+      host, port = parse_coordinator(coordinator)
+    except ValueError as e:
+      raise LaunchError(str(e)) from None
+    if checked:
+      check_port(host, port)
+  return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _spawn(rank: int, argv: list[str], env: dict, logs: Path) -> _Child:
+  """Starts process ``rank`` (its own session, output to ``logs/process-RANK.log``)."""
+  log = logs / f"process-{rank}.log"
+  with open(log, "wb") as f:
+    try:
+      proc = subprocess.Popen(
+        _die_with_parent(argv),
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=f,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, killed as a whole
+      )
+    except OSError as e:
+      raise LaunchError(f"cannot start {argv[0]!r}: {e.strerror}") from None
+  return _Child(rank, proc, log)
+
+
+def _supervise(children, t0, timeout, out, prefix: bool) -> tuple[str | None, int]:
+  """Polls until every process exited 0 (``(None, 0)``), one failed (its message and
+  status) or ``timeout`` passed (the stuck ones named, 124)."""
+  while True:
+    _stream(children, out, prefix=prefix)
+    newly = _reap(children, t0)
+    if newly:
+      return _failure(children, newly, t0)
+    if all(c.rc == 0 for c in children):
+      return None, 0
+    if timeout is not None and time.monotonic() - t0 > timeout:
+      return _timeout_report(children, timeout), 124
+    time.sleep(POLL_S)
+
+
+def _failure(children, newly, t0) -> tuple[str, int]:
+  """The message and status of a failed run: collects the failures that follow within
+  SETTLE_S (a dead process's peers fail with connection errors at once), then names the
+  first that is not one of those."""
+  num_processes = len(children)
+  settle = time.monotonic() + SETTLE_S
+  while time.monotonic() < settle and any(c.rc is None for c in children):
+    time.sleep(POLL_S)
+    newly += _reap(children, t0)
+  first = _culprit(newly)
+  failure = (
+    f"process {first.rank} of {num_processes} (pid {first.proc.pid}) {_status(first.rc)}"
+    f" after {first.ended:.1f} s; stopping the other processes. Its log: {first.log}"
+  )
+  stopped = [c for c in children if c.rc is None and _state(c.proc.pid) == "T"]
+  if stopped:  # e.g. SIGSTOP: its peers' heartbeat check gave up on it
+    names = ", ".join(f"{c.rank} (pid {c.proc.pid})" for c in stopped)
+    failure = (
+      f"process {names} of {num_processes} is stopped (SIGSTOP?) and stopped"
+      f" answering; the others gave up on it: {failure}"
+    )
+  code = first.rc if first.rc > 0 else 128 - first.rc
+  if not first.shown:
+    failure += f"\n--- last lines of process {first.rank} ---\n{_tail(first.log)}"
+  return failure, code
+
+
+def _catch_termination() -> dict:
+  """SIGTERM and SIGHUP raise :class:`_Terminated` (so the processes are stopped);
+  returns the handlers they had (outside the main thread: none changed)."""
+  old = {}
+  for s in (signal.SIGTERM, signal.SIGHUP):
+    with contextlib.suppress(ValueError):  # not the main thread: leave handlers alone
+      old[s] = signal.signal(s, _raise_terminated)
+  return old
+
+
+def _close_watchdog(watchdog: subprocess.Popen | None) -> None:
+  _tell(watchdog, "done")
+  if watchdog is not None:
+    with contextlib.suppress(OSError, ValueError, subprocess.TimeoutExpired):
+      watchdog.stdin.close()
+      watchdog.wait(5)
 
 
 def _reap(children: list[_Child], t0: float) -> list[_Child]:
@@ -643,6 +685,58 @@ def _stream(children: list[_Child], out, prefix: bool, final: bool = False) -> N
     out.flush()
 
 
+def add_launch_options(parser: argparse.ArgumentParser, who: str = "process") -> None:
+  """The supervision options ``launch`` and ``cluster`` share (``who``: what one of the
+  supervised processes is called in the help, ``process`` or ``host``); read them back
+  with :func:`launch_options`."""
+  whos = f"{who}es" if who.endswith("s") else f"{who}s"
+  parser.add_argument(
+    "--timeout",
+    type=float,
+    default=None,
+    help=f"seconds after which a run still going is stopped, naming the stuck {who}"
+    " (exit 124; default: none)",
+  )
+  parser.add_argument(
+    "--log-dir", default=None, help=f"per-{who} logs go here (default: a new temp dir)"
+  )
+  parser.add_argument(
+    "--output",
+    default="0",
+    help=f"whose output to show: a {who} rank, 'all' (prefixed) or 'none' (default 0)",
+  )
+  parser.add_argument(
+    "--init-timeout",
+    type=int,
+    default=120,
+    help=f"seconds the {whos} wait for each other to connect (default 120)",
+  )
+  parser.add_argument(
+    "--shutdown-timeout",
+    type=int,
+    default=30,
+    help=f"seconds a finished {who} waits for the others at exit (JAX's default 300)",
+  )
+  parser.add_argument(
+    "--heartbeat-timeout",
+    type=int,
+    default=None,
+    help=f"seconds without a heartbeat after which JAX declares a {who} dead (default: JAX's, 100)",
+  )
+
+
+def launch_options(args: argparse.Namespace) -> dict:
+  """The keyword arguments of :func:`launch` that :func:`add_launch_options` declared."""
+  return {
+    "timeout": args.timeout,
+    "log_dir": args.log_dir,
+    "output": args.output,
+    "init_timeout": args.init_timeout,
+    "shutdown_timeout": args.shutdown_timeout,
+    "heartbeat_timeout": args.heartbeat_timeout,
+  }
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
   parser.usage = "%(prog)s -n N [options] -- COMMAND [ARGS...]"
   parser.add_argument(
@@ -659,39 +753,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     default=None,
     help="HOST:PORT of the coordinator (default: 127.0.0.1 and a free port)",
   )
-  parser.add_argument(
-    "--timeout",
-    type=float,
-    default=None,
-    help="seconds after which a run still going is stopped (exit 124; default: none)",
-  )
-  parser.add_argument(
-    "--log-dir", default=None, help="per-process logs go here (default: a new temp dir)"
-  )
-  parser.add_argument(
-    "--output",
-    default="0",
-    help="whose output to show: a process rank, 'all' (prefixed) or 'none' (default 0)",
-  )
   parser.add_argument("--platform", default="cpu", choices=("cpu", "gpu"), help="default cpu")
-  parser.add_argument(
-    "--init-timeout",
-    type=int,
-    default=120,
-    help="seconds the processes wait for each other to connect (default 120)",
-  )
-  parser.add_argument(
-    "--shutdown-timeout",
-    type=int,
-    default=30,
-    help="seconds a finished process waits for the others at exit (JAX's default 300)",
-  )
-  parser.add_argument(
-    "--heartbeat-timeout",
-    type=int,
-    default=None,
-    help="seconds without a heartbeat after which JAX declares a process dead (default: JAX's, 100)",
-  )
+  add_launch_options(parser, "process")
   parser.add_argument(
     "command",
     nargs=argparse.REMAINDER,
@@ -708,13 +771,8 @@ def run(args: argparse.Namespace) -> int:
       args.num_processes,
       local_devices=args.local_devices,
       coordinator=args.coordinator,
-      timeout=args.timeout,
-      log_dir=args.log_dir,
-      output=args.output,
       platform=args.platform,
-      init_timeout=args.init_timeout,
-      shutdown_timeout=args.shutdown_timeout,
-      heartbeat_timeout=args.heartbeat_timeout,
+      **launch_options(args),
     )
   except LaunchError as e:
     print(f"allreduce-jax launch: {e}", file=sys.stderr)
