@@ -130,86 +130,104 @@ def powersgd(
   check_algorithm(algorithm)
 
   def init_fn(params: Any) -> PowerSGDState:
-    leaves = jax.tree.leaves(params)
-    qs = []
-    for k, leaf in enumerate(leaves):
-      shape = _matrix_shape(tuple(jnp.shape(leaf)), rank)
-      if shape is not None:  # the same Q on every participant: a fixed key per leaf
-        qs.append(jax.random.normal(jax.random.key(k), (shape[1], rank), jnp.float32))
-    return PowerSGDState(jnp.zeros((), jnp.int32), tuple(qs), _zeros_f32(params))
+    return _powersgd_init(params, rank)
 
-  def exact(updates, state):
-    out = all_reduce_tree(updates, axis_name, op="mean", algorithm=algorithm)
-    return out, state.q, state.residual
-
-  def compressed(updates, state):
-    leaves, treedef = jax.tree.flatten(updates)
-    residual = treedef.flatten_up_to(state.residual)
-    ms, plain, ps, which = [], {}, {}, []
-    qi = 0
-    for k, (g, e) in enumerate(zip(leaves, residual)):
-      shape = _matrix_shape(tuple(g.shape), rank)
-      if shape is None:
-        plain[k] = g
-        which.append(None)
-        continue
-      m = (g.astype(jnp.float32) + (e if error_feedback else 0.0)).reshape(shape)  # f32[n, m]
-      ms.append(m)
-      ps[k] = m @ state.q[qi]  # f32[n, r]
-      which.append(qi)
-      qi += 1
-    first = all_reduce_tree({"p": ps, "plain": plain}, axis_name, op="mean", algorithm=algorithm)
-    p_hat = [_orthonormal_columns(first["p"][k]) for k in sorted(ps)]
-    q_local = [m.T @ ph for m, ph in zip(ms, p_hat)]  # f32[m, r] each
-    q_hat = all_reduce_tree(q_local, axis_name, op="mean", algorithm=algorithm)
-    out, new_residual = [], []
-    for k, (g, e) in enumerate(zip(leaves, residual)):
-      j = which[k]
-      if j is None:
-        out.append(first["plain"][k])
-        new_residual.append(jnp.zeros_like(e))
-        continue
-      approx = p_hat[j] @ q_hat[j].T  # f32[n, m], the same on every participant
-      out.append(approx.reshape(g.shape).astype(g.dtype))
-      new_residual.append(
-        (ms[j] - approx).reshape(g.shape) if error_feedback else jnp.zeros_like(e)
-      )
-    return (
-      jax.tree.unflatten(treedef, out),
-      tuple(q_hat),
-      jax.tree.unflatten(treedef, new_residual),
-    )
-
-  def typed(result, updates, state):
-    # One type for both branches of lax.cond and for the state coming back: Q as the
-    # state's Q, the residual varying wherever this participant's gradient or old
-    # residual is (typed shard_map; a no-op under check_vma=False).
-    out, q, residual = result
-    axes = set(_comm.axes_tuple(axis_name))
-
-    def res(r, g, e):
-      if axes <= varying_axes(jnp.asarray(g)) or axes <= varying_axes(jnp.asarray(e)):
-        return _comm.make_varying(r, axis_name)
-      return r
-
-    residual = jax.tree.map(res, residual, updates, state.residual)
-    return out, _like(q, state.q, axis_name), residual
+  def step(updates, state, compress: bool):
+    if compress:
+      result = _powersgd_compressed(updates, state, axis_name, rank, algorithm, error_feedback)
+    else:
+      out = all_reduce_tree(updates, axis_name, op="mean", algorithm=algorithm)
+      result = out, state.q, state.residual
+    return _typed(result, updates, state, axis_name)
 
   def update_fn(updates: Any, state: PowerSGDState, params: Any = None):
     del params
     if start_step == 0:
-      out, q, residual = typed(compressed(updates, state), updates, state)
+      out, q, residual = step(updates, state, True)
     else:
       out, q, residual = lax.cond(
         state.count >= start_step,
-        lambda u, s: typed(compressed(u, s), u, s),
-        lambda u, s: typed(exact(u, s), u, s),
+        lambda u, s: step(u, s, True),
+        lambda u, s: step(u, s, False),
         updates,
         state,
       )
     return out, PowerSGDState(state.count + 1, q, residual)
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _powersgd_init(params: Any, rank: int) -> PowerSGDState:
+  """Count 0, one Q per compressed leaf, zero residuals."""
+  leaves = jax.tree.leaves(params)
+  qs = []
+  for k, leaf in enumerate(leaves):
+    shape = _matrix_shape(tuple(jnp.shape(leaf)), rank)
+    if shape is not None:  # the same Q on every participant: a fixed key per leaf
+      qs.append(jax.random.normal(jax.random.key(k), (shape[1], rank), jnp.float32))
+  return PowerSGDState(jnp.zeros((), jnp.int32), tuple(qs), _zeros_f32(params))
+
+
+def _powersgd_compressed(updates, state, axis_name, rank, algorithm, error_feedback):
+  """One PowerSGD step: ``(averaged updates, new Q's, new residual)``."""
+  leaves, treedef = jax.tree.flatten(updates)
+  residual = treedef.flatten_up_to(state.residual)
+  ms, plain, ps, which = _powersgd_local(leaves, residual, state.q, rank, error_feedback)
+  first = all_reduce_tree({"p": ps, "plain": plain}, axis_name, op="mean", algorithm=algorithm)
+  p_hat = [_orthonormal_columns(first["p"][k]) for k in sorted(ps)]
+  q_local = [m.T @ ph for m, ph in zip(ms, p_hat)]  # f32[m, r] each
+  q_hat = all_reduce_tree(q_local, axis_name, op="mean", algorithm=algorithm)
+  out, new_residual = [], []
+  for k, (g, e) in enumerate(zip(leaves, residual)):
+    j = which[k]
+    if j is None:
+      out.append(first["plain"][k])
+      new_residual.append(jnp.zeros_like(e))
+      continue
+    approx = p_hat[j] @ q_hat[j].T  # f32[n, m], the same on every participant
+    out.append(approx.reshape(g.shape).astype(g.dtype))
+    new_residual.append((ms[j] - approx).reshape(g.shape) if error_feedback else jnp.zeros_like(e))
+  return (
+    jax.tree.unflatten(treedef, out),
+    tuple(q_hat),
+    jax.tree.unflatten(treedef, new_residual),
+  )
+
+
+def _powersgd_local(leaves, residual, qs, rank: int, error_feedback: bool):
+  """This participant's half of the first all-reduce: ``M = g + e`` of each compressed
+  leaf (``ms``), its ``P = M Q`` (``ps``, by leaf index), the uncompressed leaves
+  (``plain``, by leaf index) and ``which`` (each leaf's Q index, None if uncompressed)."""
+  ms, plain, ps, which = [], {}, {}, []
+  qi = 0
+  for k, (g, e) in enumerate(zip(leaves, residual)):
+    shape = _matrix_shape(tuple(g.shape), rank)
+    if shape is None:
+      plain[k] = g
+      which.append(None)
+      continue
+    m = (g.astype(jnp.float32) + (e if error_feedback else 0.0)).reshape(shape)  # f32[n, m]
+    ms.append(m)
+    ps[k] = m @ qs[qi]  # f32[n, r]
+    which.append(qi)
+    qi += 1
+  return ms, plain, ps, which
+
+
+def _typed(result, updates, state, axis_name: AxisName):
+  """One type for both branches of lax.cond and for the state coming back: Q as the
+  state's Q, the residual varying wherever this participant's gradient or old
+  residual is (typed shard_map; a no-op under check_vma=False)."""
+  out, q, residual = result
+  axes = set(_comm.axes_tuple(axis_name))
+
+  def res(r, g, e):
+    if axes <= varying_axes(jnp.asarray(g)) or axes <= varying_axes(jnp.asarray(e)):
+      return _comm.make_varying(r, axis_name)
+    return r
+
+  residual = jax.tree.map(res, residual, updates, state.residual)
+  return out, _like(q, state.q, axis_name), residual
 
 
 # ----------------------------------------------------------------------------------------

@@ -144,18 +144,7 @@ def all_reduce_gradients(
     >>> print(step(g))
     [3.5]
   """
-  if op not in OPS:
-    raise ValueError(f"op={op!r} is not supported; expected one of {OPS}.")
-  check_algorithm(algorithm)
-  fmt = _wire.get(wire)
-  if fmt.lossy and op not in ("sum", "mean"):
-    raise ValueError(f"op={op!r} with wire={wire!r}: a lossy wire format is for sum/mean.")
-  if error_feedback and not fmt.lossy:
-    raise ValueError(
-      "error_feedback=True needs a lossy wire (wire='bf16', 'int8' or 'fp8'): an exact"
-      " all-reduce drops nothing to feed back."
-    )
-  plan_buckets([], bucket_bytes)  # validates bucket_bytes now, not at the first step
+  fmt = _check_options(op, algorithm, wire, error_feedback, bucket_bytes)
 
   def init_fn(params: Any):
     if not error_feedback:
@@ -175,28 +164,58 @@ def all_reduce_gradients(
 
   def update_fn(updates: Any, state, params: Any = None):
     del params
-    check_axis_name(axis_name, algorithm)  # a mistyped axis: all_reduce's ValueError
-    already = invariant_leaves(updates, axis_name)
-    if already:
-      if _inside_multisteps():
-        raise _multisteps_typing(axis_name)
-      raise _already_reduced(axis_name, already, op)
+    _refuse_reduced(updates, axis_name, algorithm, op)
     if not error_feedback:
       return reduce(updates), state
-    axes = set(_comm.axes_tuple(axis_name))
-
-    def corrected(g, e):  # c = g + e, in g's dtype for the all-reduce
-      return (g.astype(jnp.float32) + e).astype(g.dtype)
-
-    def left(c, e):  # e <- c - roundtrip(c), typed like the incoming residual
-      flat = c.reshape(-1).astype(jnp.float32)
-      r = (flat - _wire.roundtrip(fmt, flat)).reshape(c.shape)
-      return _comm.make_varying(r, axis_name) if axes <= varying_axes(e) else r
-
-    c = jax.tree.map(corrected, updates, state.residual)
-    return reduce(c), ErrorFeedbackState(jax.tree.map(left, c, state.residual))
+    c, residual = _error_feedback(updates, state.residual, fmt, axis_name)
+    return reduce(c), ErrorFeedbackState(residual)
 
   return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _check_options(op: str, algorithm: str, wire: str | None, error_feedback: bool, bucket_bytes):
+  """``ValueError`` for a bad option, at construction; returns the wire format."""
+  if op not in OPS:
+    raise ValueError(f"op={op!r} is not supported; expected one of {OPS}.")
+  check_algorithm(algorithm)
+  fmt = _wire.get(wire)
+  if fmt.lossy and op not in ("sum", "mean"):
+    raise ValueError(f"op={op!r} with wire={wire!r}: a lossy wire format is for sum/mean.")
+  if error_feedback and not fmt.lossy:
+    raise ValueError(
+      "error_feedback=True needs a lossy wire (wire='bf16', 'int8' or 'fp8'): an exact"
+      " all-reduce drops nothing to feed back."
+    )
+  plan_buckets([], bucket_bytes)  # validates bucket_bytes now, not at the first step
+  return fmt
+
+
+def _refuse_reduced(updates: Any, axis_name: AxisName, algorithm: str, op: str) -> None:
+  """A mistyped axis (all_reduce's ValueError), or :class:`AlreadyReducedError` when
+  a gradient is already invariant over ``axis_name`` (or inside ``optax.MultiSteps``)."""
+  check_axis_name(axis_name, algorithm)
+  already = invariant_leaves(updates, axis_name)
+  if already:
+    if _inside_multisteps():
+      raise _multisteps_typing(axis_name)
+    raise _already_reduced(axis_name, already, op)
+
+
+def _error_feedback(updates: Any, residual: Any, fmt, axis_name: AxisName) -> tuple[Any, Any]:
+  """``(c, e')``: ``c = g + e`` in each gradient's dtype (what is all-reduced) and
+  ``e' = c − roundtrip(c)``, typed like the incoming residual."""
+  axes = set(_comm.axes_tuple(axis_name))
+
+  def corrected(g, e):  # c = g + e, in g's dtype for the all-reduce
+    return (g.astype(jnp.float32) + e).astype(g.dtype)
+
+  def left(c, e):  # e <- c - roundtrip(c), typed like the incoming residual
+    flat = c.reshape(-1).astype(jnp.float32)
+    r = (flat - _wire.roundtrip(fmt, flat)).reshape(c.shape)
+    return _comm.make_varying(r, axis_name) if axes <= varying_axes(e) else r
+
+  c = jax.tree.map(corrected, updates, residual)
+  return c, jax.tree.map(left, c, residual)
 
 
 __all__ = ["AlreadyReducedError", "ErrorFeedbackState", "all_reduce_gradients"]

@@ -594,6 +594,59 @@ def _devices_per_process(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+  sizes, pairs, undefined, p, algorithms = _sweep(args)
+  check = bool(args.check)
+  main = jax.process_index() == 0
+  wires = list(args.wires)
+  for w in wires:
+    lossy = [op for op, _ in pairs if op not in ("sum", "mean")]
+    if w is not None and lossy:
+      raise SystemExit(f"--wires {w}: a lossy wire format needs --op sum or mean, got {lossy[0]}.")
+  # Every input and output problem is found here, before the first measurement.
+  out = Path(args.out)
+  context = {
+    **run_context(),
+    "n_devices": p,
+    "iters": args.iters,
+    "warmup": args.warmup,
+    **({"trials": args.trials} if getattr(args, "trials", None) else {}),
+  }  # + each row's dtype and op (row_key): one file holds every pair of -o/-d
+  store = row_store(out, "bench", fresh=args.fresh and main, context=context)
+  fig = figure_path(args.plot or out.with_suffix(".png"), "--plot")
+  if args.fit:
+    output_path(args.params or cost_model.default_fit_path(), "--params")
+  done = {} if args.fresh else store.done()  # every process: the same (empty) set
+  if args.params and not args.fit:  # the fit to price auto with: refused like scaling's
+    params = params_file(args.params, "--params")
+  else:
+    params = cost_model.load_default_params()
+  if main:
+    _print_header(args, params, p, check, undefined)
+  entries = [(a, w) for w in wires for a in algorithms if w in ALGORITHMS[a].wires]
+  rows_by_pair = _measure_pairs(args, store, done, sizes, pairs, entries, p, params, main)
+  every = [r for rows in rows_by_pair.values() for r in rows]
+  if main:
+    print(summary(every), flush=True)
+  status = 0 if all(not r["wrong"] for r in every) else 1
+  first = pairs[0]  # the fit and the main figure: the first pair of -o/-d
+  if args.fit and main:
+    params = _fit(args, store, first)
+  if main:
+    drawn = []
+    for (op, dtype), rows in rows_by_pair.items():  # one figure per pair: bench_max_int32.png
+      path = fig if (op, dtype) == first else fig.with_stem(f"{fig.stem}_{op}_{dtype}")
+      figure = plot.bench(rows, params)
+      if figure is not None:
+        plot.save(figure, path)
+        drawn.append(str(path))
+    figures = ("  figure: " if len(drawn) == 1 else "  figures: ") + ", ".join(drawn)
+    print(f"# rows: {out}" + (figures if drawn else "  (no figure)"))
+  return status
+
+
+def _sweep(args: argparse.Namespace):
+  """``(sizes by dtype, (op, dtype) pairs, undefined pairs, p, algorithms)`` the
+  options ask for: the preset filled in, every bad option one line, memory checked."""
   # Explicit options win over --smoke's preset, which wins over the defaults.
   preset = SMOKE if args.smoke else DEFAULTS
   for name, value in preset.items():
@@ -607,7 +660,6 @@ def run(args: argparse.Namespace) -> int:
 
   algorithms = args.algorithms or list(ALGORITHMS)
   pairs, undefined = _pairs(list(args.op), list(args.dtype))
-  check = bool(args.check)
   _devices_per_process(args)
 
   try:
@@ -637,46 +689,31 @@ def run(args: argparse.Namespace) -> int:
     " buffers, 4 per device)",
     f"use -e {format_bytes(_fits_bytes(p))} or less" if _fits_bytes(p) else "use a smaller -e",
   )
-  main = jax.process_index() == 0
-  backend = jax.default_backend()
+  return sizes, pairs, undefined, p, algorithms
+
+
+def _print_header(args: argparse.Namespace, params, p: int, check: bool, undefined) -> None:
+  fit_file = Path(args.params) if args.params and not args.fit else cost_model.default_fit_path()
+  src = cost_model.describe_params(params) + (f" from {fit_file}" if fit_file.exists() else "")
+  print(
+    f"# allreduce-jax bench: jax {jax.__version__}, backend {jax.default_backend()}, {p} devices,"
+    f" {jax.process_count()} process(es); auto and the model use: {src};"
+    f" iters {args.iters}, warmup {args.warmup}"
+    + ("" if check else "; results not checked (-c 0)")
+    + (f"; time: {AVERAGE[args.average]} of the processes'" if jax.process_count() > 1 else ""),
+    flush=True,
+  )
+  if undefined:
+    print(f"# skipping {', '.join(undefined)}: all_reduce does not define them", flush=True)
+  print("# " + HEADER.lstrip(), flush=True)
+
+
+def _measure_pairs(args, store, done, sizes, pairs, entries, p, params, main):
+  """Every (algorithm, wire) at every size of every (op, dtype) pair: rows already in
+  ``done`` reused, the rest measured (one round robin per wire format) and stored;
+  each size's rows printed. Returns the rows by pair."""
+  check = bool(args.check)
   wires = list(args.wires)
-  for w in wires:
-    lossy = [op for op, _ in pairs if op not in ("sum", "mean")]
-    if w is not None and lossy:
-      raise SystemExit(f"--wires {w}: a lossy wire format needs --op sum or mean, got {lossy[0]}.")
-  # Every input and output problem is found here, before the first measurement.
-  out = Path(args.out)
-  context = {
-    **run_context(),
-    "n_devices": p,
-    "iters": args.iters,
-    "warmup": args.warmup,
-    **({"trials": args.trials} if getattr(args, "trials", None) else {}),
-  }  # + each row's dtype and op (row_key): one file holds every pair of -o/-d
-  store = row_store(out, "bench", fresh=args.fresh and main, context=context)
-  fig = figure_path(args.plot or out.with_suffix(".png"), "--plot")
-  if args.fit:
-    output_path(args.params or cost_model.default_fit_path(), "--params")
-  done = {} if args.fresh else store.done()  # every process: the same (empty) set
-  if args.params and not args.fit:  # the fit to price auto with: refused like scaling's
-    params = params_file(args.params, "--params")
-  else:
-    params = cost_model.load_default_params()
-  if main:
-    fit_file = Path(args.params) if args.params and not args.fit else cost_model.default_fit_path()
-    src = cost_model.describe_params(params) + (f" from {fit_file}" if fit_file.exists() else "")
-    print(
-      f"# allreduce-jax bench: jax {jax.__version__}, backend {backend}, {p} devices,"
-      f" {jax.process_count()} process(es); auto and the model use: {src};"
-      f" iters {args.iters}, warmup {args.warmup}"
-      + ("" if check else "; results not checked (-c 0)")
-      + (f"; time: {AVERAGE[args.average]} of the processes'" if jax.process_count() > 1 else ""),
-      flush=True,
-    )
-    if undefined:
-      print(f"# skipping {', '.join(undefined)}: all_reduce does not define them", flush=True)
-    print("# " + HEADER.lstrip(), flush=True)
-  entries = [(a, w) for w in wires for a in algorithms if w in ALGORITHMS[a].wires]
   bar = tqdm(
     total=sum(len(sizes[d]) for _, d in pairs) * len(entries),
     file=sys.stderr,
@@ -714,39 +751,28 @@ def run(args: argparse.Namespace) -> int:
           bar.write(format_row(r, psum))
       rows_all += rows
   bar.close()
-  every = [r for rows in rows_by_pair.values() for r in rows]
-  if main:
-    print(summary(every), flush=True)
-  status = 0 if all(not r["wrong"] for r in every) else 1
-  first = pairs[0]  # the fit and the main figure: the first pair of -o/-d
-  if args.fit and main:
-    path = Path(args.params) if args.params else cost_model.default_fit_path()
-    mine = [r for r in store.current() if (r["op"], r["dtype"]) == first]
-    try:
-      fitted, text, _ = fit_and_save(mine, path)
-    except ValueError as e:
-      raise SystemExit(str(e)) from None
-    print(f"# fit from {len(mine)} rows ({first[1]} {first[0]}) -> {path}")
-    for d in fit_params_table(fitted):
-      gamma = "—" if d["gamma_ns_per_byte"] is None else f"{d['gamma_ns_per_byte']:.4f} ns/B"
-      print(
-        f"#   {d['fit']:>18}: α = {d['alpha_us']:9.2f} µs  β = {d['beta_ns_per_byte']:.4f} ns/B"
-        f" ({d['bandwidth_GBps']:.2f} GB/s)  γ = {gamma}"
-      )
-    print("#   γ —: not identifiable from one algorithm at one p (β includes it)")
-    print(text)
-    params = fitted
-  if main:
-    drawn = []
-    for (op, dtype), rows in rows_by_pair.items():  # one figure per pair: bench_max_int32.png
-      path = fig if (op, dtype) == first else fig.with_stem(f"{fig.stem}_{op}_{dtype}")
-      figure = plot.bench(rows, params)
-      if figure is not None:
-        plot.save(figure, path)
-        drawn.append(str(path))
-    figures = ("  figure: " if len(drawn) == 1 else "  figures: ") + ", ".join(drawn)
-    print(f"# rows: {out}" + (figures if drawn else "  (no figure)"))
-  return status
+  return rows_by_pair
+
+
+def _fit(args: argparse.Namespace, store, first: tuple[str, str]):
+  """``--fit``: α-β-γ fitted to this configuration's rows of the first pair, saved
+  and printed; returns the fit."""
+  path = Path(args.params) if args.params else cost_model.default_fit_path()
+  mine = [r for r in store.current() if (r["op"], r["dtype"]) == first]
+  try:
+    fitted, text, _ = fit_and_save(mine, path)
+  except ValueError as e:
+    raise SystemExit(str(e)) from None
+  print(f"# fit from {len(mine)} rows ({first[1]} {first[0]}) -> {path}")
+  for d in fit_params_table(fitted):
+    gamma = "—" if d["gamma_ns_per_byte"] is None else f"{d['gamma_ns_per_byte']:.4f} ns/B"
+    print(
+      f"#   {d['fit']:>18}: α = {d['alpha_us']:9.2f} µs  β = {d['beta_ns_per_byte']:.4f} ns/B"
+      f" ({d['bandwidth_GBps']:.2f} GB/s)  γ = {gamma}"
+    )
+  print("#   γ —: not identifiable from one algorithm at one p (β includes it)")
+  print(text)
+  return fitted
 
 
 #: Bench's sweep when an option is not given, and with ``--smoke`` (explicit options win).
