@@ -183,10 +183,10 @@ def test_nan_bits_are_identical_on_every_participant(algorithm):
 def test_verify_compares_nan_bits_across_participants():
   import numpy as np
 
-  from allreduce_jax.tools import verify
+  from allreduce_jax.tools import compare, verify
 
   a = np.array([np.nan], np.float32)
-  assert verify._same_bits(a, -a) and not verify._identical(a, -a)
+  assert compare.same_bits(a, -a) and not compare.identical(a, -a)
   rows = verify.run_case(
     "recursive_doubling", 4, ops=("sum", "max"), dtypes=("float32",),
     kinds=("special", "subnormal"), shapes=((5,),),

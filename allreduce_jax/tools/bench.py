@@ -42,7 +42,7 @@ from tqdm import tqdm
 from allreduce_jax import ALGORITHMS, _wire, all_reduce, cost_model, devices, names
 from allreduce_jax._ops import get_op
 from allreduce_jax.results import fingerprint, run_context
-from allreduce_jax.tools import plot, verify
+from allreduce_jax.tools import compare, plot
 from allreduce_jax.tools._args import (
   add_algorithms,
   add_devices,
@@ -166,11 +166,11 @@ def bandwidths(nbytes: float, seconds: float, p: int) -> tuple[float, float]:
 
 def _verifiable_block(index, p: int, count: int, seed: int = 0) -> np.ndarray:
   """Rows ``index[0]`` (participants) × columns ``index[1]`` of the verifiable input
-  ``x[i, k] = verify.rank_coded(i, k, seed)`` of shape ``(p, count)``, built for this
+  ``x[i, k] = compare.rank_coded(i, k, seed)`` of shape ``(p, count)``, built for this
   process's shards only."""
   rows = np.arange(*index[0].indices(p))[:, None]
   cols = np.arange(*index[1].indices(count))[None, :]
-  return verify.rank_coded(rows, cols, seed)
+  return compare.rank_coded(rows, cols, seed)
 
 
 def _programs(algorithm: str, p: int, op: str, wire: str | None = None):

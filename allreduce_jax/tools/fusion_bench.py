@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 from allreduce_jax import cost_model, devices, names
 from allreduce_jax.fusion import all_reduce_tree, plan_buckets
 from allreduce_jax.results import fingerprint, run_context
-from allreduce_jax.tools import plot, verify
+from allreduce_jax.tools import compare, plot
 from allreduce_jax.tools._args import (
   add_devices,
   choice_list,
@@ -105,7 +105,7 @@ def _leaf_values(p: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
   n = int(np.prod(shape, dtype=np.int64))
   i = np.arange(p)[:, None]
   k = np.arange(n)[None, :]
-  return verify.rank_coded(i, k, seed).astype(np.float32).reshape((p, *shape))
+  return compare.rank_coded(i, k, seed).astype(np.float32).reshape((p, *shape))
 
 
 def measure_model(
