@@ -228,3 +228,26 @@ def test_rate_options_say_their_unit(argv, message, capsys):
   assert e.value.code == 2 and message in capsys.readouterr().err
   with pytest.raises(ValueError, match="speeds"):
     configs.TableCConfig(speeds=(1.0, 2.0))
+
+
+def test_table_b_arms_reproduce_its_schedules_from_the_simulator():
+  """Table B through the arms: the uncharged parameter-server arm is
+  ``async_sim.event_schedule`` and the sync arm on the gradient clock is
+  ``sync_schedule`` with the all-reduce ``predict_us / compute_us`` (the pre-arms
+  runner's two computations, as independent references), bit for bit."""
+  cfg = configs.StragglerConfig.smoke()
+  n, seed, bytes_ = 4, 3, 4 * 5000
+  setup = dataclasses.replace(experiments.straggler_setup(cfg, n, "exponential"), model_params=5000)
+  tl = experiments.straggler_arm(cfg, "async").make_schedule(setup, seed)
+  want = async_sim.event_schedule("exponential", n, setup.gradients, 2000 + seed, cfg.max_staleness)
+  assert np.array_equal(tl.time, want.time) and np.array_equal(tl.plan.staleness, want.staleness)
+  ar = cost_model.predict_us(cfg.algorithm, n, bytes_, inner=None) / cfg.compute_us
+  steps = setup.gradients // n
+  for b in (0, 1):
+    tl = experiments.straggler_arm(cfg, "sync" if b == 0 else f"sync_b{b}").make_schedule(
+      setup, seed
+    )
+    want = async_sim.sync_schedule(
+      "exponential", n, steps, 2000 + seed, backups=b, allreduce_time=ar
+    )
+    assert np.array_equal(tl.step_time, want.step_time) and np.array_equal(tl.plan, want.mask)

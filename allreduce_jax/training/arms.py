@@ -156,6 +156,17 @@ def allreduce_seconds(setup: Setup, p: int | None = None) -> float:
   return cost_model.predict_seconds(setup.algorithm, p, model_bytes(setup), link(setup), inner)
 
 
+def allreduce_us(setup: Setup, p: int | None = None) -> float:
+  """One all-reduce of the parameters over ``p`` (default N) workers priced with the
+  cost model's documented defaults (``cost_model.predict_us``, ``DEFAULT_PARAMS``), in
+  µs: Table B's clock, which counts time in mean gradient computations; 0 for p <= 1."""
+  p = setup.workers if p is None else p
+  if p <= 1:
+    return 0.0
+  inner = devices.inner_size(setup.algorithm, p)
+  return float(cost_model.predict_us(setup.algorithm, p, model_bytes(setup), inner=inner))
+
+
 def allreduce_bytes(setup: Setup, p: int | None = None) -> float:
   """Bytes all ``p`` participants send in one all-reduce (p × the busiest sender's)."""
   p = setup.workers if p is None else p
@@ -187,6 +198,7 @@ class Timeline:
       (sync arms; for the server it is the busiest link's busy time).
     plan: what ``run`` replays (a f32[U, N] mask, an ``AsyncSchedule``, ...).
     info: numbers for the result row (mean staleness, isolated workers, ...).
+    step_time: f64[U] the length of each update's step (sync arms; None otherwise).
   """
 
   time: np.ndarray
@@ -196,6 +208,7 @@ class Timeline:
   comm_s: float
   plan: Any = None
   info: dict[str, Any] = field(default_factory=dict)
+  step_time: np.ndarray | None = None
 
   def time_at(self, update: int) -> float:
     """Simulated seconds when ``update`` updates (1-based count) have been applied."""
@@ -229,6 +242,7 @@ class Workload:
     sync_lr_scale: ``"linear"`` (sync uses N·lr for its N·B batch, Goyal et al.) or
       ``"none"`` (the same lr, e.g. for Adam).
     momentum: for ``optimizer="momentum"``.
+    fixed_sync_lr: the sync learning rate at every N (None: ``sync_lr_scale`` decides).
   """
 
   name: str
@@ -240,6 +254,7 @@ class Workload:
   lr: float = 0.02
   sync_lr_scale: str = "linear"
   momentum: float = 0.9
+  fixed_sync_lr: float | None = None
 
   def reached(self, value: float) -> bool:
     """Whether ``value`` meets the target."""
@@ -248,6 +263,8 @@ class Workload:
     return value >= self.target if self.metric == "accuracy" else value <= self.target
 
   def sync_lr(self, n: int) -> float:
+    if self.fixed_sync_lr is not None:
+      return self.fixed_sync_lr
     return self.lr * n if self.sync_lr_scale == "linear" else self.lr
 
   def tx(self, lr: float):

@@ -16,7 +16,10 @@ times are independent of both.
 Table B (kept for continuity) measures time in units of one mean gradient
 computation and charges communication to sync only. Table C and the phase diagram
 use the arms' common time model instead: simulated seconds of compute plus
-communication priced by the cost model for every arm (:mod:`.arms`).
+communication priced by the cost model for every arm (:mod:`.arms`). All three run
+through the arms: Table B's are ``families.sync_arm(b, time_unit_us=compute_us)``
+and ``families.ps_arm(method, charged=False)`` (:func:`straggler_arm`), its rows
+built from their timelines and curves (:func:`straggler_fields`).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from tqdm import tqdm
 from allreduce_jax import devices
 from allreduce_jax.cost_model import predict_us
 from allreduce_jax.devices import inner_size
-from allreduce_jax.training import arms, async_sim, data, figures, models, sync, tables
+from allreduce_jax.training import arms, async_sim, data, families, figures, models, sync, tables
 from allreduce_jax.training.configs import (
   PhaseConfig,
   StalenessConfig,
@@ -229,107 +232,88 @@ def run_staleness_sweep(
 # ------------------------------------------------------------------ Table B
 
 
-def _param_bytes(params) -> int:
-  return int(sum(np.asarray(a).nbytes for a in jax.tree.leaves(params)))
-
-
-def _straggler_sync(cfg, d, compiled, model, seed: int, n: int, compute: str, backups: int):
-  """One Table B run of ``sync`` (``backups=0``) or ``sync_b{b}``: the masked sync schedule
-  in units of one mean gradient, the all-reduce priced by the cost model. Returns
-  ``(eval times, row fields)``."""
-  graphdef, params, rest = model
-  B, b = cfg.batch_per_worker, backups
-  steps = max(1, cfg.sync_steps * cfg.workers // n)  # equal gradients at every N
-  ar_us, ar_source = allreduce_time_us(cfg.algorithm, n, _param_bytes(params))
-  sched = async_sim.sync_schedule(
-    compute, n, steps, 2000 + seed, backups=b, allreduce_time=ar_us / cfg.compute_us
+def straggler_workload(cfg: StragglerConfig, d) -> arms.Workload:
+  """Table B's task as an arms :class:`~.arms.Workload`: digits, ``cfg.model``, the
+  parameter-server arms at ``async_lr``, sync at ``sync_lr`` (default N·async_lr)."""
+  return arms.Workload(
+    name=f"table_b_{cfg.model}_{cfg.optimizer}_{cfg.momentum:g}",  # the arms' compile cache key
+    data=d,
+    make_model=lambda seed: models.make_model(cfg.model, seed),
+    target=cfg.target,
+    optimizer=cfg.optimizer,
+    lr=cfg.async_lr,
+    sync_lr_scale="linear",
+    momentum=cfg.momentum,
+    fixed_sync_lr=cfg.sync_lr,
   )
-  sync_lr = cfg.sync_lr or n * cfg.async_lr
-  sync_tx = models.make_optimizer(cfg.optimizer, sync_lr, cfg.momentum)
-  if ("sync", n) not in compiled:
-    mesh, axis = _mesh(n, cfg.algorithm)
-    chunk_fn = sync.make_sync_chunk(
-      graphdef, rest, sync_tx, mesh, cfg.algorithm, axis=axis, masked=True
-    )
-    compiled["sync", n] = (mesh, axis, chunk_fn, sync_tx)
-  mesh, axis, chunk_fn, sync_tx = compiled["sync", n]
-  idx = data.batch_indices(d.n_train, n * B, steps, 1000 + seed)
-  res = sync.train_sync(
-    graphdef,
-    params,
-    rest,
-    sync_tx,
-    d,
-    idx,
-    mesh=mesh,
-    axis=axis,
+
+
+def straggler_arm(cfg: StragglerConfig, name: str) -> arms.Arm:
+  """Table B's arm ``name`` (``sync``, ``sync_b{b}``, an async method): the sync arm on
+  the gradient clock (:func:`.families.sync_arm` with ``time_unit_us=compute_us``) or
+  the parameter server with no communication charged (``ps_arm(charged=False)``)."""
+  if name in cfg.async_methods:
+    return families.ps_arm(name, charged=False)
+  backups = {"sync": 0, **{f"sync_b{b}": b for b in cfg.backups}}  # the names cfg.runs() gives
+  return families.sync_arm(backups[name], time_unit_us=cfg.compute_us)
+
+
+def straggler_setup(cfg: StragglerConfig, n: int, compute: str) -> arms.Setup:
+  """The arms' setup of one Table B cell: ``n`` workers, the same gradients at every
+  N (``sync_steps × workers``), time in mean gradients (``compute_s = 1``)."""
+  steps = max(1, cfg.sync_steps * cfg.workers // n)
+  return arms.Setup(
+    workers=n,
+    batch_per_worker=cfg.batch_per_worker,
+    gradients=steps * n,
+    compute=compute,
+    compute_s=1.0,
     algorithm=cfg.algorithm,
-    mask=sched.mask,
+    max_staleness=cfg.max_staleness,
     eval_every=cfg.eval_every,
-    chunk_fn=chunk_fn,
   )
-  times = [0.0, *[float(sched.time[k - 1]) for k in res.eval_steps[1:]]]
-  return times, {
-    "sync_lr": sync_lr,
-    "updates": steps,
-    "eval_updates": res.eval_steps,
-    "gradients_per_update": n,
-    "time_per_update": float(sched.step_time.mean()),
-    "allreduce_us": ar_us,
-    "allreduce_source": ar_source,
-    "staleness_mean": 0.0,
-    "staleness_p95": 0.0,
-    "staleness_hist": [steps],
-    "dropped": b * steps,
-    "replicas_identical": res.replicas_identical,
-    "final_test_acc": res.final_test_acc,
-    "test_acc": res.test_acc,
-    "diverged": bool(not np.isfinite(res.losses).all()),
-  }
 
 
-def _straggler_async(cfg, d, compiled, model, seed: int, n: int, compute: str, arm: str):
-  """One Table B run of the asynchronous method ``arm``: the event schedule (no
-  communication charged), replayed on stale snapshots. Returns ``(eval times, row fields)``."""
-  graphdef, params, rest = model
-  B, K = cfg.batch_per_worker, cfg.max_staleness + 1
-  steps = max(1, cfg.sync_steps * cfg.workers // n)  # equal gradients at every N
-  async_tx = compiled.setdefault(
-    "async_tx", models.make_optimizer(cfg.optimizer, cfg.async_lr, cfg.momentum)
-  )
-  evaluate = compiled["evaluate"]
-  T = steps * n
-  sched = async_sim.event_schedule(compute, n, T, 2000 + seed, max_staleness=cfg.max_staleness)
-  if "replay" not in compiled:
-    compiled["replay"] = async_sim.make_replay(graphdef, rest, async_tx, K)
-  idx = data.batch_indices(d.n_train, B, T, 1000 + seed)
-  res = async_sim.run_async(
-    compiled["replay"],
-    params,
-    async_tx,
-    d,
-    sched,
-    idx,
-    buffer_size=K,
-    method=arm,
-    chunk=cfg.eval_every * n,
-    evaluate=evaluate,
-  )
-  times = [0.0, *[float(sched.time[k - 1]) for k in res.eval_updates[1:]]]
-  return times, {
+def straggler_fields(
+  arm: arms.Arm, setup: arms.Setup, workload: arms.Workload, tl: arms.Timeline, curve: arms.Curve
+) -> dict[str, Any]:
+  """Table B's row fields of one arm's timeline and curve (the rows' format of before
+  the arms: ``time_per_update`` in mean gradients, the all-reduce in µs...)."""
+  n, steps = setup.workers, arms.sync_rounds(setup)
+  if arm.family == "sync":
+    ar_us, ar_source = allreduce_time_us(setup.algorithm, n, arms.model_bytes(setup))
+    return {
+      "sync_lr": workload.sync_lr(n),
+      "updates": steps,
+      "eval_updates": curve.eval_updates,
+      "gradients_per_update": n,
+      "time_per_update": float(tl.step_time.mean()),
+      "allreduce_us": ar_us,
+      "allreduce_source": ar_source,
+      "staleness_mean": 0.0,
+      "staleness_p95": 0.0,
+      "staleness_hist": [steps],
+      "dropped": tl.info["dropped"],
+      "replicas_identical": curve.info["replicas_identical"],
+      "final_test_acc": curve.metric[-1],
+      "test_acc": curve.metric,
+      "diverged": curve.diverged,
+    }
+  sched, T = tl.plan, len(tl.time)
+  return {
     "updates": T,
-    "eval_updates": res.eval_updates,
+    "eval_updates": curve.eval_updates,
     "gradients_per_update": 1,
     "time_per_update": float(sched.time[-1] / T),
     "allreduce_us": 0.0,
     "allreduce_source": "none",
-    "staleness_mean": float(sched.staleness.mean()),
-    "staleness_p95": float(np.percentile(sched.staleness, 95)),
-    "staleness_hist": np.bincount(sched.staleness, minlength=K).tolist(),
-    "dropped": sched.dropped,
-    "final_test_acc": res.final_test_acc,
-    "test_acc": res.test_acc,
-    "diverged": res.diverged,
+    "staleness_mean": tl.info["staleness_mean"],
+    "staleness_p95": tl.info["staleness_p95"],
+    "staleness_hist": np.bincount(sched.staleness, minlength=setup.max_staleness + 1).tolist(),
+    "dropped": tl.info["dropped"],
+    "final_test_acc": curve.metric[-1],
+    "test_acc": curve.metric,
+    "diverged": curve.diverged,
   }
 
 
@@ -346,23 +330,21 @@ def run_straggler_sweep(
   """
   log = log or _print
   sweep = _Resume(Path(out_dir) / "stragglers.jsonl", max_runs, len(cfg.runs()), "stragglers")
-  d = data.load_digits()
-  compiled: dict[Any, Any] = {}
+  workload = straggler_workload(cfg, data.load_digits())
   for n, compute, arm, seed in cfg.runs():
     key = sweep.pending(cfg.run_fields(n, compute, arm, seed))
     if key is None:
       continue
-    model = models.split(models.make_model(cfg.model, seed))
-    if "evaluate" not in compiled:
-      compiled["evaluate"] = sync.make_evaluator(model[0], model[2])
     t0 = time.perf_counter()
+    record = straggler_arm(cfg, arm)
+    if record.family == "sync":
+      _mesh(n, cfg.algorithm)  # more workers than devices: one line naming workers
+    setup = arms.with_real_size(straggler_setup(cfg, n, compute), workload, seed)
+    tl = record.make_schedule(setup, seed)
+    curve = record.run(setup, workload, tl, seed)
+    times = [tl.time_at(u) for u in curve.eval_updates]
     row: dict[str, Any] = {"key": key, **cfg.run_fields(n, compute, arm, seed)}
-    if arm.startswith("sync"):  # "sync" or "sync_b{b}" (StragglerConfig.runs names them)
-      b = int(arm[len("sync_b") :]) if arm != "sync" else 0
-      times, fields = _straggler_sync(cfg, d, compiled, model, seed, n, compute, b)
-    else:
-      times, fields = _straggler_async(cfg, d, compiled, model, seed, n, compute, arm)
-    row |= fields
+    row |= straggler_fields(record, setup, workload, tl, curve)
     row |= {
       "eval_time": times,
       "time_to_target": _first_reaching(times, row["test_acc"], cfg.target),

@@ -25,6 +25,7 @@ from allreduce_jax.training.arms import (
   Workload,
   allreduce_bytes,
   allreduce_seconds,
+  allreduce_us,
   compute_times,
   final_loss,
   model_bytes,
@@ -36,9 +37,13 @@ from allreduce_jax.training.arms import (
 # ------------------------------------------------------------------ schedules
 
 
-def _sync_timeline(setup: Setup, seed: int, backups: int = 0, work=None) -> Timeline:
+def _sync_timeline(
+  setup: Setup, seed: int, backups: int = 0, work=None, time_unit_us: float = 0.0
+) -> Timeline:
+  """``time_unit_us`` > 0: time in units of one mean gradient of that many µs (give
+  ``compute_s=1``), the all-reduce :func:`~.arms.allreduce_us` in those units."""
   n, S = setup.workers, sync_rounds(setup)
-  ar = allreduce_seconds(setup)
+  ar = allreduce_us(setup) / time_unit_us if time_unit_us else allreduce_seconds(setup)
   s = async_sim.sync_schedule(
     setup.compute,
     n,
@@ -57,6 +62,7 @@ def _sync_timeline(setup: Setup, seed: int, backups: int = 0, work=None) -> Time
     comm_s=S * ar,
     plan=s.mask,
     info={"dropped": backups * S, "allreduce_s": ar},
+    step_time=s.step_time,
   )
 
 
@@ -123,8 +129,10 @@ def _isolate_timeline(setup: Setup, seed: int, threshold: float, window: int = 1
   )
 
 
-def _ps_timeline(setup: Setup, seed: int, staleness_bound: int | None) -> Timeline:
-  msg = ps_message_seconds(setup)
+def _ps_timeline(
+  setup: Setup, seed: int, staleness_bound: int | None, charged: bool = True
+) -> Timeline:
+  msg = ps_message_seconds(setup) if charged else 0.0
   U = setup.gradients
   s = async_sim.ps_schedule(
     compute_times(setup, seed),
@@ -250,21 +258,28 @@ def _ps_bytes(setup: Setup) -> float:
   return 2.0 * model_bytes(setup) / setup.batch_per_worker
 
 
-def sync_arm(backups: int = 0) -> Arm:
+def sync_arm(backups: int = 0, time_unit_us: float = 0.0) -> Arm:
   """Synchronous all-reduce SGD with ``backups`` backup workers (Chen et al. 2016:
-  each step keeps the fastest N - b gradients of a fixed pool of N)."""
+  each step keeps the fastest N - b gradients of a fixed pool of N).
+
+  ``time_unit_us`` > 0 (Table B): the timeline counts time in mean gradient
+  computations of that many µs (the setup's ``compute_s`` is 1) and prices the
+  all-reduce with the cost model's defaults (:func:`~.arms.allreduce_us`) in them."""
   name = "sync" if backups == 0 else f"sync_b{backups}"
 
   def schedule(setup: Setup, seed: int) -> Timeline:
     if not 0 <= backups < setup.workers:
       raise ValueError(f"arm {name}: backups must be in 0..{setup.workers - 1}.")
-    return _sync_timeline(setup, seed, backups)
+    return _sync_timeline(setup, seed, backups, time_unit_us=time_unit_us)
+
+  def comm(setup: Setup) -> float:
+    return allreduce_us(setup) / time_unit_us if time_unit_us else allreduce_seconds(setup)
 
   return Arm(
     name,
     "sync",
     schedule,
-    allreduce_seconds,
+    comm,
     lambda setup: _sync_bytes(setup, backups),
     run_sync_curve,
     "all-reduce SGD" + (f", {backups} backup worker(s)" if backups else ", equal batches"),
@@ -298,17 +313,21 @@ def isolate_arm(threshold: float = 2.0) -> Arm:
   )
 
 
-def ps_arm(method: str = "async", staleness_bound: int | None = None, name: str = "") -> Arm:
+def ps_arm(
+  method: str = "async", staleness_bound: int | None = None, name: str = "", charged: bool = True
+) -> Arm:
   """A parameter-server arm: ``method`` in ``async_sim.ASYNC_METHODS`` on the SSP
-  schedule with ``staleness_bound`` (``None``: fully asynchronous)."""
+  schedule with ``staleness_bound`` (``None``: fully asynchronous). ``charged=False``:
+  no communication is charged (pushes and pulls take no time: Table B's event
+  schedule, :func:`.async_sim.event_schedule`)."""
   name = name or (method if staleness_bound is None else f"ssp{staleness_bound}")
   bound = "" if staleness_bound is None else f", SSP s={staleness_bound}"
   return Arm(
     name,
     "ps",
-    lambda setup, seed: _ps_timeline(setup, seed, staleness_bound),
-    ps_message_seconds,
+    lambda setup, seed: _ps_timeline(setup, seed, staleness_bound, charged),
+    ps_message_seconds if charged else (lambda setup: 0.0),
     _ps_bytes,
     lambda setup, wl, tl, seed: run_ps_curve(setup, wl, tl, seed, method),
-    f"parameter server, {method}{bound}",
+    f"parameter server, {method}{bound}" + ("" if charged else ", communication free"),
   )
