@@ -45,6 +45,7 @@ from allreduce_jax.training.sync import (
   first_replica,
   participants,
   put_train_set,
+  replicas_identical,
   replicate,
 )
 
@@ -265,7 +266,7 @@ def train_local(
     loss, acc = metrics(global_w, data.x_test, data.y_test)
     test_loss.append(loss)
     test_acc.append(acc)
-  if not _rows_identical(state[2]):
+  if not replicas_identical(state[2]):
     raise RuntimeError("participants' global parameters differ after averaging.")
   return PeriodicResult(
     losses=concat_losses(losses),
@@ -275,14 +276,6 @@ def train_local(
     rounds=rounds,
     params=first_replica(state[2]),
   )
-
-
-def _rows_identical(stacked: Any) -> bool:
-  for leaf in jax.tree.leaves(stacked):
-    a = devices.fetch(leaf)
-    if not all(np.array_equal(a[k], a[0]) for k in range(1, a.shape[0])):
-      return False
-  return True
 
 
 def allreduce_bytes_per_participant(algorithm: str, p: int, nbytes: int) -> float:
