@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import jax
+from tqdm import tqdm
 
 from allreduce_jax import _wire, cost_model, devices, hlo, names
 from allreduce_jax.devices import fits
@@ -148,7 +149,9 @@ def sweep(
 def _sweep(ps, nbytes: int, rows_store, algorithms=None, wire: str | None = None) -> list[dict]:
   done = rows_store.done()
   rows = []
-  for p in ps:
+  # One compile per (p, algorithm), p up to 64: minutes. Count, rate and ETA on stderr,
+  # only on a terminal.
+  for p in tqdm(ps, desc="audit", unit="p", file=sys.stderr, disable=None, leave=False):
     keys = {
       a: rows_store.key(algorithm=a, p=p, bytes=nbytes, **({"wire": wire} if wire else {}))
       for a in algorithms or audited()

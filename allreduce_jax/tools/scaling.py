@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
+
+from tqdm import tqdm
 
 from allreduce_jax import cost_model, names, topology
 from allreduce_jax.cost_model import params_to_dict
@@ -283,7 +286,10 @@ def sweep_topology(top, params, ps=PS, sizes=SIZES, algorithms=None) -> list[dic
   tops = list(top) if isinstance(top, (list, tuple)) else [top]
   flat = topology.switch()
   rows = []
-  for p in ps:  # p outermost: one schedule serves every size and topology
+  # Replaying to 16384 participants takes minutes: count, rate and ETA on stderr, only
+  # on a terminal (p doubles, so the last steps take the longest).
+  bar = tqdm(ps, desc="replay", unit="p", file=sys.stderr, disable=None, leave=False)
+  for p in bar:  # p outermost: one schedule serves every size and topology
     for n in sizes:
       for top in tops:
         if top.capacity() is not None and p > top.capacity():
