@@ -509,7 +509,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     choices=tuple(AVERAGE),
     default=0,
     help="on several processes, whose time a row reports: 0 process 0's, 1 the mean,"
-    " 2 the min, 3 the max of the processes' medians (nccl-tests' -a, whose default is 1)",
+    " 2 the min, 3 the max of the processes' medians (default: 0; nccl-tests' -a"
+    " defaults to 1, the mean)",
   )
   parser.add_argument(
     "-n",
