@@ -31,6 +31,7 @@ input kind × shape, so a full verification compiles only a few dozen programs.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -38,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
+from tqdm import tqdm
 
 from allreduce_jax import ALGORITHMS, _wire, all_reduce, devices
 from allreduce_jax._ops import OPS, get_op, oracle
@@ -478,17 +480,22 @@ def run(args: argparse.Namespace) -> int:
   skipped = [a for a in algorithms if wire not in ALGORITHMS[a].wires]
   if skipped:
     print(f"# --wire {wire}: skipping {', '.join(skipped)} (cannot send in it)", flush=True)
-  for algorithm in (a for a in algorithms if a not in skipped):
-    for p in ps:
-      rows += run_case(
-        algorithm,
-        p,
-        ops=tuple(args.ops),
-        dtypes=tuple(args.dtypes),
-        kinds=tuple(args.kinds),
-        shapes=shapes,
-        wire=wire,
-      )
+  cases = [(a, p) for a in algorithms if a not in skipped for p in ps]
+  # Each (algorithm, p) compiles one program per op × dtype × kind × shape: minutes in
+  # all. Count, rate and ETA on stderr, only on a terminal and on process 0.
+  bar = tqdm(cases, desc="verify", unit="case", file=sys.stderr, leave=False,
+             disable=None if jax.process_index() == 0 else True)  # fmt: skip
+  for algorithm, p in bar:
+    bar.set_postfix_str(f"{algorithm}, p={p}", refresh=False)
+    rows += run_case(
+      algorithm,
+      p,
+      ops=tuple(args.ops),
+      dtypes=tuple(args.dtypes),
+      kinds=tuple(args.kinds),
+      shapes=shapes,
+      wire=wire,
+    )
   table = summarize(rows)
   print(format_table(table))
   for line in failures(rows):
