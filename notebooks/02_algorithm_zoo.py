@@ -126,7 +126,7 @@ audit_rows.pivot(index="algorithm", columns="p", values="sent_over_n").round(3)
 # becomes a time (`cost_model.predict_seconds`). Below: predicted time against message
 # size for p = 8 with the documented default parameters (5 µs per step, 100 GB/s),
 # drawn by the library's `tools.plot.model`: shaded, where the ring is latency-bound;
-# dotted, the sizes where the cheapest algorithm changes.
+# dotted and numbered, the sizes where the cheapest algorithm changes (the legend names them).
 
 # %%
 plot.model(8, algorithms=CUSTOM, lo=100, hi=1e9, title="α-β model, p=8, α=5 µs, β=1/(100 GB/s)")
