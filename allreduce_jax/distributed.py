@@ -277,17 +277,27 @@ def note_exit(code) -> None:
 def _exit_now_if_failing() -> None:  # an atexit handler, run before JAX's own
   if _failing_exit is None:
     return
+  _say_exiting(_failing_exit)
+  _flush_and_exit(_failing_exit)
+
+
+def _say_exiting(code: int) -> None:
   print(
-    f"{_program()}: exiting at once (status {_failing_exit}) without waiting in"
+    f"{_program()}: exiting at once (status {code}) without waiting in"
     " jax.distributed's shutdown barrier",
     file=sys.stderr,
   )
+
+
+def _flush_and_exit(code: int) -> None:
+  """Flushes stdout and stderr and ends the process with ``code`` at once (no atexit
+  handlers, so not JAX's shutdown barrier)."""
   for stream in (sys.stdout, sys.stderr):
     try:
       stream.flush()
     except Exception:  # pragma: no cover
       pass
-  os._exit(_failing_exit)
+  os._exit(code)
 
 
 def exit_fast_on_error() -> None:
@@ -325,20 +335,11 @@ def exit_fast_on_error() -> None:
       else:
         code = 1
       (previous if previous is not hook else sys.__excepthook__)(kind, value, tb)
-      print(
-        f"{_program()}: exiting at once (status {code}) without waiting in"
-        " jax.distributed's shutdown barrier",
-        file=sys.stderr,
-      )
+      _say_exiting(code)
     except Exception:  # pragma: no cover - printing must not stop the exit
       traceback.print_exception(kind, value, tb)
       code = 1
-    for stream in (sys.stdout, sys.stderr):
-      try:
-        stream.flush()
-      except Exception:  # pragma: no cover
-        pass
-    os._exit(code)
+    _flush_and_exit(code)
 
   sys.excepthook = hook
   try:  # a stack dump on demand, for a launcher's --timeout report
