@@ -131,6 +131,40 @@ def test_sync_vs_async_claims_read_both_table_c_runs_and_can_fail(tmp_path):
   assert [r for (big, _), r in results().items() if big] == ["✗ fail"]
 
 
+def test_report_renders_the_compression_rows(tmp_path):
+  """The compression section: each wire format's error and bytes next to the exact
+  program's, and Table C's compressed arms next to sync (paired by seed)."""
+  out = tmp_path / "report"
+  bench = [
+    {"algorithm": a, "n_devices": 8, "bytes": n, "wire": w, "time_us": t, "rel_error": e,
+     "wire_bytes_per_element": b}
+    for n in (65536, 1 << 20)
+    for a, w, t, e, b in (("ring", None, 100.0, 0.0, 7.0), ("ring", "int8", 250.0, 1.47e-2, 1.778),
+                          ("ring", "bf16", 150.0, 3.5e-3, 3.5), ("psum", None, 90.0, 0.0, None))
+  ]  # fmt: skip
+  _write(out / "compression" / "bench.jsonl", bench)
+  common = {"workload": "digits_mlp", "metric": "accuracy", "diverged": False, "final_loss": 0.01}
+  train = [
+    {**common, "arm": "sync", "seed": s, "final_metric": 0.97 + 0.01 * s, "bytes_per_sample": 4000.0}
+    for s in (0, 1)
+  ] + [
+    {**common, "arm": "powersgd_r4", "seed": s, "final_metric": 0.965 + 0.01 * s,
+     "bytes_per_sample": 400.0, "compression": "powersgd", "rank": 4, "error_feedback": True}
+    for s in (0, 1)
+  ]  # fmt: skip
+  _write(out / "compression" / "table_c" / "table_c.jsonl", train)
+  text = "\n".join(report._render_compression(out))
+  assert "at 1MiB per participant" in text
+  lines = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| ring")}
+  assert set(lines) == {"none (exact)", "int8", "bf16"}  # the largest size only
+  assert "0.254" in lines["int8"] and "2.5" in lines["int8"]  # 1.778 / 7 B; 250 / 100 µs
+  assert "0.5" in lines["bf16"] and "0.0035" in lines["bf16"]
+  psgd = next(line for line in text.splitlines() if "| powersgd_r4 |" in line)
+  assert "PowerSGD r = 4" in psgd and "-0.50 [-0.50, -0.50]" in psgd and "10.0×" in psgd
+  assert not re.search(r"\d\.\d{7,}", text), "unrounded numbers"
+  assert report._render_compression(tmp_path / "empty") == []
+
+
 def test_plan_is_the_one_definition_of_sizes():
   bench = report.settings("bench", smoke=True)
   argv = next(s for s in report.plan(report.Path("r"), True, 8) if s.key == "bench").commands[0]

@@ -34,6 +34,7 @@ from allreduce_jax.results import load_json, save_json, upgrade
 from allreduce_jax.tools._args import add_devices, csv_list, output_dir
 from allreduce_jax.tools.bench import fit_params_table
 from allreduce_jax.tools.scaling import crossovers
+from allreduce_jax.training.tables import compression_table
 from allreduce_jax.units import format_bytes
 
 
@@ -134,6 +135,19 @@ EXPERIMENTS: dict[str, dict[str, dict]] = {
     "full": {"hosts": 4, "link": "200Mbit", "min_bytes": "1MiB", "max_bytes": "16MiB"},
     "smoke": {"hosts": 2, "link": "200Mbit", "min_bytes": "1MiB", "max_bytes": "1MiB"},
   },
+  # Compressed all-reduce: each wire format's error and bytes next to the exact program,
+  # and Table C's compressed arms next to sync.
+  "compression": {
+    "full": {"min_bytes": "64KiB", "max_bytes": "4MiB", "factor": 8, "iters": 5, "warmup": 1},
+    "smoke": {"min_bytes": "64KiB", "max_bytes": "64KiB", "factor": 4, "iters": 2, "warmup": 1},
+  },
+  "compression_train": {
+    "full": {
+      "arms": "sync,sync_bf16,sync_int8,sync_int8_two_shot,powersgd_r1,powersgd_r4,"
+      "powersgd_r4_noef,topk1,topk1_noef"
+    },
+    "smoke": {"smoke": True, "arms": "sync,sync_int8_two_shot,powersgd_r4,topk1"},
+  },
   "train_phase": {
     "full": {"sigmas": "0,0.5,1.5", "bandwidths": "0.1GB/s,1GB/s,10GB/s,100GB/s,1000GB/s"},
     "smoke": {"smoke": True},
@@ -227,6 +241,12 @@ def plan(out: Path, smoke: bool, devices: int) -> list[Section]:
              ["train", "table-c", *opts("train_table_c_100m"), "--devices", d,
               "--out", f"{o}/train/table_c_100m"],
              ["train", "phase", *opts("train_phase"), "--devices", d, "--out", f"{o}/train/phase"]]),
+    Section("compression", "Compressed all-reduce: the error, the bytes, and training with it",
+            "The ring and the quantize-once `two_shot` all-reduce in bfloat16 (its bits as `uint16`) and block-absmax int8 (one float32 scale per 256 elements, in the same message) on the wire, timed next to the exact program, with the relative L2 error of each result against `psum`'s (bench's inputs are small integers, which bf16 carries exactly: its error here is 0; `docs/results/compression/` has the error on normal inputs by p). Then Table C's compressed arms (the all-reduce in bf16 or int8, PowerSGD, top-k 1 %, with and without error feedback) next to exact sync on the same seeds: final metric, its difference from sync and the bytes per training sample on the wire. The codecs' compute is not priced in the simulated times.",
+            [["bench", "--devices", d, "--algorithms", COMPRESSION_ALGORITHMS, "--wires", "none,bf16,int8",
+              *opts("compression"), "--no-uneven", "--out", f"{o}/compression/bench.jsonl"],
+             ["train", "table-c", *opts("compression_train"), "--devices", d,
+              "--out", f"{o}/compression/table_c"]]),
     Section("network", "On a real network: an emulated cluster with shaped links",
             f"{net['hosts']} hosts (network namespaces, one process and one device each) on one switch, every host link shaped to {net['link']} each way with `tc`; gloo carries the data over the emulated links. Each time is set against its bound from the link rate, replayed with exchanges at half duplex (gloo runs a pairwise exchange one direction at a time: `allreduce_jax.gloo_model`). Needs root (network namespaces); skipped otherwise, with the reason.",
             [["cluster", "--hosts", str(net["hosts"]), "--topology", "switch", "--link", net["link"],
@@ -235,6 +255,9 @@ def plan(out: Path, smoke: bool, devices: int) -> list[Section]:
               "--iters", "3", "--warmup", "1", "--no-uneven", "--out", f"{o}/network/bench.jsonl"]]),
   ]  # fmt: skip
 
+
+#: What the compression section times in every wire format.
+COMPRESSION_ALGORITHMS = "ring,two_shot,psum"
 
 #: What the network section times: the ring, the exchange-based and root-based
 #: schedules, and gloo's own all-reduce.
@@ -642,6 +665,49 @@ def _render_train(out: Path) -> list[str]:
   return md
 
 
+def _render_compression(out: Path) -> list[str]:
+  md: list[str] = []
+  rows = [r for r in _rows(out / "compression" / "bench.jsonl") if r.get("algorithm")]
+  if rows:
+    top = max(r["bytes"] for r in rows)
+    exact = {
+      r["algorithm"]: r for r in rows if r["bytes"] == top and r.get("wire") in (None, "none")
+    }
+    table = []
+    for r in sorted(
+      (r for r in rows if r["bytes"] == top), key=lambda r: (r["algorithm"], r.get("wire") or "")
+    ):
+      ref = exact.get(r["algorithm"])
+      per = r.get("wire_bytes_per_element")
+      ref_per = ref.get("wire_bytes_per_element") if ref else None
+      table.append({
+        "algorithm": r["algorithm"],
+        "wire": r.get("wire") or "none (exact)",
+        "rel. L2 error vs psum": r.get("rel_error"),
+        "B / element sent": per,
+        "× exact's bytes": per / ref_per if per and ref_per else None,
+        "time (µs)": r["time_us"],
+        "× exact's time": r["time_us"] / ref["time_us"] if ref else None,
+      })  # fmt: skip
+    md += [
+      f"{len(rows)} rows on {rows[0]['n_devices']} devices; at {format_bytes(top)} per"
+      " participant (bytes per element: the busiest sender's, scales included):",
+      "",
+      to_markdown(table),
+      "",
+    ]
+  table_c = [r for r in _rows(out / "compression" / "table_c" / "table_c.jsonl") if "arm" in r]
+  if table_c:
+    md += [
+      "Training (Table C's setup; Δ paired by seed: the same initial weights, data order and"
+      " compute times):",
+      "",
+      compression_table(table_c),
+      "",
+    ]
+  return md
+
+
 RENDER = {
   "verify": _render_verify,
   "audit": _render_audit,
@@ -650,6 +716,7 @@ RENDER = {
   "fusion": _render_fusion,
   "scaling": _render_scaling,
   "train": _render_train,
+  "compression": _render_compression,
   "network": _render_network,
 }
 

@@ -26,12 +26,15 @@ real size or a larger *virtual* one:
   server's link, one message at a time (a FIFO queue; :func:`.async_sim.ps_schedule`),
   ``α + β·bytes/S`` each with S server shards;
 * gossip: one neighbour exchange per step; Local SGD / DiLoCo: one all-reduce every
-  H steps.
+  H steps;
+* compressed sync (:mod:`.compressed`): the collectives of what is sent instead (an
+  all-reduce in bf16/int8, PowerSGD's two small all-reduces, top-k's all-gather).
 
 This module is the interface: the setup, the records (:class:`Timeline`,
 :class:`Curve`, :class:`Workload`, :class:`Arm`), the registries and :func:`run_arm`.
 The families are :mod:`.families` (sync, backups, balanced, isolation, parameter
-server), :mod:`.local` (Local SGD, DiLoCo) and :mod:`.gossip`; :mod:`.catalogue`
+server), :mod:`.local` (Local SGD, DiLoCo), :mod:`.gossip` and :mod:`.compressed`
+(sync through a compressed all-reduce: bf16/int8 wire, PowerSGD, top-k); :mod:`.catalogue`
 registers them all. :func:`register` adds one arm.
 """
 
@@ -283,6 +286,9 @@ class Arm:
     bytes_per_sample: ``setup -> bytes`` all workers send per training sample.
     run: ``(setup, workload, timeline, seed) -> Curve``.
     summary: one line for tables and ``--help``.
+    bind: ``workload -> Arm``: the arm priced for that workload's parameter shapes
+      (compressed arms: PowerSGD's and top-k's bytes depend on them); None: the
+      arm's pricing needs only the setup. :func:`bound` applies it.
   """
 
   name: str
@@ -292,6 +298,13 @@ class Arm:
   bytes_per_sample: Callable[[Setup], float]
   run: Callable[[Setup, Workload, Timeline, int], Curve]
   summary: str = ""
+  bind: Callable[[Workload], Arm] | None = None
+
+
+def bound(arm: Arm, workload: Workload) -> Arm:
+  """``arm`` priced for ``workload`` (``arm.bind(workload)``; ``arm`` itself if it
+  needs no binding)."""
+  return arm if arm.bind is None else arm.bind(workload)
 
 
 ARMS: dict[str, Arm] = {}
@@ -430,6 +443,7 @@ def run_arm(
   """
   setup = with_real_size(setup, workload, seed)
   setup.check()
+  arm = bound(arm, workload)
   tl = arm.make_schedule(setup, seed)
   key = (arm.name, workload.name, seed, setup.eval_every, plan_digest(tl.plan))
   curve = None if curves is None else curves.get(key)

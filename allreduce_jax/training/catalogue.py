@@ -4,14 +4,15 @@ Importing it fills :data:`~.arms.ARMS`, the families :func:`~.arms.get_arm` buil
 demand (``sync_b{b}``, ``ssp{s}``, ``local_sgd_h{H}``, ``diloco_h{H}``) and
 :data:`~.arms.WORKLOADS`, from the modules that define them, imported directly:
 :mod:`.families` (sync, parameter server), :mod:`.local` (Local SGD, DiLoCo),
-:mod:`.gossip` (D-PSGD) and :mod:`.lm` (the CNN held to 98 %, the byte-level LM).
+:mod:`.gossip` (D-PSGD), :mod:`.compressed` (sync through a bf16/int8 wire,
+PowerSGD or top-k) and :mod:`.lm` (the CNN held to 98 %, the byte-level LM).
 Adding an arm, a family or a workload is one line here (or one
 :func:`~.arms.register` call anywhere).
 """
 
 from __future__ import annotations
 
-from allreduce_jax.training import data, families, gossip, lm, local, models
+from allreduce_jax.training import compressed, data, families, gossip, lm, local, models
 from allreduce_jax.training.arms import (
   Workload,
   register,
@@ -49,6 +50,7 @@ for _arm in (
   local.local_arm(8),
   local.diloco_arm(50),
   *(gossip.gossip_arm(mixing) for mixing in gossip.MIXINGS),
+  *(compressed.compressed_arm(name, c) for name, c in compressed.COMPRESSED_ARMS.items()),
 ):
   register(_arm)
 

@@ -491,12 +491,17 @@ def phase_cells(cfg: PhaseConfig, rows: list[dict[str, Any]]) -> list[dict[str, 
     gradient computation.
   """
   out = []
+  smoke = bool(rows and rows[0].get("smoke"))
+  wl = None  # the workload, built only for an arm priced by its shapes (compressed arms)
   for sigma in cfg.sigmas:
     for bw in cfg.bandwidths_GBps:
       setup = arms.setup_of(cfg, compute=cfg.compute_of(sigma), bandwidth_GBps=bw)
       cell = []
       for a in cfg.arms:
         arm = arms.get_arm(a)
+        if arm.bind is not None:
+          wl = wl or arms.get_workload(cfg.workload, smoke)
+          arm = arms.bound(arm, wl)
         rs = [
           r for r in rows if r["arm"] == a and r["sigma"] == sigma and r["bandwidth_GBps"] == bw
         ]
@@ -557,13 +562,19 @@ def write_straggler_outputs(rows: list[dict[str, Any]], out_dir: str | Path) -> 
 def write_table_c_outputs(
   rows: list[dict[str, Any]], cfg: TableCConfig, out_dir: str | Path
 ) -> list[Path]:
-  """Writes ``table_c.md`` and ``table_c_curves.png`` from Table C's rows."""
+  """Writes ``table_c.md`` and ``table_c_curves.png`` from Table C's rows (with a
+  section on the compressed arms next to sync when there are any)."""
   title = "# Table C: every arm × workload on one time model"
+  parts = [title, tables.setup_line(cfg), tables.table_c(rows)]
+  if any("compression" in r for r in rows):
+    parts += [
+      "## Compressed all-reduce next to sync",
+      "Bytes are what all workers put on the wire per training sample (scales, P and Q,"
+      " values and indices included); the codecs' compute is not priced.",
+      tables.compression_table(rows),
+    ]
   return _write_outputs(
-    out_dir,
-    "table_c.md",
-    [title, tables.setup_line(cfg), tables.table_c(rows)],
-    {"table_c_curves": figures.table_c_figure(rows)},
+    out_dir, "table_c.md", parts, {"table_c_curves": figures.table_c_figure(rows)}
   )
 
 

@@ -37,13 +37,24 @@ from allreduce_jax.training.arms import (
 # ------------------------------------------------------------------ schedules
 
 
-def _sync_timeline(
-  setup: Setup, seed: int, backups: int = 0, work=None, time_unit_us: float = 0.0
+def sync_timeline(
+  setup: Setup,
+  seed: int,
+  backups: int = 0,
+  work=None,
+  time_unit_us: float = 0.0,
+  comm: tuple[float, float] | None = None,
 ) -> Timeline:
   """``time_unit_us`` > 0: time in units of one mean gradient of that many µs (give
-  ``compute_s=1``), the all-reduce :func:`~.arms.allreduce_us` in those units."""
+  ``compute_s=1``), the all-reduce :func:`~.arms.allreduce_us` in those units.
+  ``comm``: (seconds, bytes all workers send) of one step's communication instead of
+  one all-reduce of the parameters (the compressed arms, :mod:`.compressed`)."""
   n, S = setup.workers, sync_rounds(setup)
-  ar = allreduce_us(setup) / time_unit_us if time_unit_us else allreduce_seconds(setup)
+  if comm is not None:
+    ar, sent = comm
+  else:
+    ar = allreduce_us(setup) / time_unit_us if time_unit_us else allreduce_seconds(setup)
+    sent = allreduce_bytes(setup)
   s = async_sim.sync_schedule(
     setup.compute,
     n,
@@ -58,7 +69,7 @@ def _sync_timeline(
     time=s.time,
     gradients=np.arange(1, S + 1) * n,
     samples=float(kept * setup.batch_per_worker),
-    bytes_sent=S * allreduce_bytes(setup),
+    bytes_sent=S * sent,
     comm_s=S * ar,
     plan=s.mask,
     info={"dropped": backups * S, "allreduce_s": ar},
@@ -88,7 +99,7 @@ def balanced_batches(total: int, speed: np.ndarray) -> np.ndarray:
 def _balanced_timeline(setup: Setup, seed: int) -> Timeline:
   B = setup.batch_per_worker
   batches = balanced_batches(setup.workers * B, speeds(setup))
-  tl = _sync_timeline(setup, seed, work=batches / B)
+  tl = sync_timeline(setup, seed, work=batches / B)
   return dataclasses.replace(tl, info={**tl.info, "batches": batches.tolist()})
 
 
@@ -270,7 +281,7 @@ def sync_arm(backups: int = 0, time_unit_us: float = 0.0) -> Arm:
   def schedule(setup: Setup, seed: int) -> Timeline:
     if not 0 <= backups < setup.workers:
       raise ValueError(f"arm {name}: backups must be in 0..{setup.workers - 1}.")
-    return _sync_timeline(setup, seed, backups, time_unit_us=time_unit_us)
+    return sync_timeline(setup, seed, backups, time_unit_us=time_unit_us)
 
   def comm(setup: Setup) -> float:
     return allreduce_us(setup) / time_unit_us if time_unit_us else allreduce_seconds(setup)

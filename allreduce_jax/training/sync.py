@@ -43,12 +43,17 @@ def make_sync_chunk(
   axis: str | tuple[str, ...] = "data",
   bucket_bytes: int | None = None,
   masked: bool = False,
+  tx_reduces: bool = False,
 ) -> Callable:
   """Builds the jitted data-parallel training of a chunk of steps.
 
   Per step and participant: ``g_i = ∇ loss(w_i; batch_i)``; then
   ``g = all_reduce_tree(g_i, op="mean")`` (or ``sum(m_i g_i) / sum(m_i)`` when
   ``masked``); then ``w_i <- w_i + tx.update(g, ...)`` on every participant.
+  With ``tx_reduces`` the optimizer averages the gradients itself (an
+  ``optax.chain`` that starts with ``all_reduce_gradients(axis, wire=...)``,
+  ``powersgd(axis, ...)`` or ``topk(axis, ...)``): the step hands it ``g_i`` and
+  all-reduces only the loss.
 
   Args:
     graphdef: the model's graph definition (from :func:`models.split`).
@@ -60,6 +65,8 @@ def make_sync_chunk(
       ``("outer", "inner")`` for ``algorithm="hierarchical"``).
     bucket_bytes: passed to ``all_reduce_tree`` (``None``: one fused bucket).
     masked: whether a per-step participant mask selects the gradients kept.
+    tx_reduces: ``tx`` averages the per-participant gradients over ``axis`` (its
+      first transformation is a compressed or exact all-reduce); not with ``masked``.
 
   Returns:
     ``chunk(params, opt_state, x_all, y_all, idx, mask) -> (params, opt_state,
@@ -74,6 +81,8 @@ def make_sync_chunk(
     raise ValueError(
       f"algorithm={algorithm!r} is not supported; expected one of {sorted(ALGORITHMS)}."
     )
+  if masked and tx_reduces:
+    raise ValueError("masked=True with tx_reduces=True: a reducing optimizer takes no mask.")
 
   def per_device(params, opt_state, x_all, y_all, idx, mask):
     # params leaves: T[1, ...]; idx: i32[steps, B]; mask: f32[steps, 1]
@@ -85,7 +94,9 @@ def make_sync_chunk(
       ib, m = inp  # ib: i32[B], m: f32[1]
       xb, yb = x_all[ib], y_all[ib]  # f32[B, 64], i32[B]
       loss, g = jax.value_and_grad(lambda q: models.loss_fn(graphdef, q, rest, xb, yb))(w)
-      if masked:
+      if tx_reduces:  # tx averages g_i (all_reduce_gradients / powersgd / topk first)
+        loss = all_reduce_tree(loss, axis, op="mean", algorithm=algorithm)
+      elif masked:
         m0 = m[0]
         g = jax.tree.map(lambda a: a * m0, g)
         tot = all_reduce_tree(
