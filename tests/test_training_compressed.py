@@ -27,9 +27,10 @@ SMALL = arms.Setup(workers=4, batch_per_worker=16, gradients=48, eval_every=4, s
 
 def test_every_compressed_arm_is_registered():
   assert catalogue  # the import fills the registry
-  for name in compressed.COMPRESSED_ARMS:
+  for name, c in compressed.COMPRESSED_ARMS.items():
     arm = arms.get_arm(name)
-    assert arm.family == "compressed" and arm.bind is not None, name
+    assert arm.family == "compressed", name
+    assert (arm.bind is not None) == (c.kind in ("powersgd", "topk")), name  # shapes priced
     assert arm.summary
   cfg = configs.TableCConfig(arms=tuple(compressed.COMPRESSED_ARMS))
   assert set(cfg.arms) == set(compressed.COMPRESSED_ARMS)

@@ -232,17 +232,21 @@ def _describe(c: Compression) -> str:
 def compressed_arm(name: str, c: Compression, shapes: list[tuple[int, ...]] | None = None) -> Arm:
   """The sync arm ``name`` whose gradients are averaged by ``c``.
 
-  ``shapes``: the parameter shapes it is priced for; None: bound to each workload
-  (:func:`~.arms.bound`) before it is scheduled or priced.
+  ``shapes``: the parameter shapes it is priced for; None: PowerSGD and top-k arms are
+  bound to each workload (:func:`~.arms.bound`) before they are scheduled or priced, a
+  wire-format arm needs only the setup's ``model_params`` (one all-reduce of them).
   """
+  by_shape = c.kind in ("powersgd", "topk")
 
-  def need() -> list[tuple[int, ...]]:
-    if shapes is None:
-      raise ValueError(f"arm {name}: its bytes depend on the model's shapes; bind it first.")
-    return shapes
+  def need(setup: Setup) -> list[tuple[int, ...]]:
+    if shapes is not None:
+      return shapes
+    if not by_shape:
+      return [(max(1, setup.model_params),)]
+    raise ValueError(f"arm {name}: its bytes depend on the model's shapes; bind it first.")
 
   def schedule(setup: Setup, seed: int) -> Timeline:
-    ar, sent = step_comm(c, setup, need())
+    ar, sent = step_comm(c, setup, need(setup))
     tl = sync_timeline(setup, seed, comm=(ar, sent))
     dense = allreduce_bytes(setup)  # sync's exact all-reduce of the parameters
     info = {
@@ -258,7 +262,7 @@ def compressed_arm(name: str, c: Compression, shapes: list[tuple[int, ...]] | No
     return dataclasses.replace(tl, info=info)
 
   def per_sample(setup: Setup) -> float:
-    return step_comm(c, setup, need())[1] / (setup.workers * setup.batch_per_worker)
+    return step_comm(c, setup, need(setup))[1] / (setup.workers * setup.batch_per_worker)
 
   def bind(workload: Workload) -> Arm:
     return compressed_arm(name, c, leaf_shapes(workload))
@@ -267,11 +271,11 @@ def compressed_arm(name: str, c: Compression, shapes: list[tuple[int, ...]] | No
     name,
     "compressed",
     schedule,
-    lambda setup: step_comm(c, setup, need())[0],
+    lambda setup: step_comm(c, setup, need(setup))[0],
     per_sample,
     lambda setup, wl, tl, seed: run_compressed_curve(c, setup, wl, tl, seed),
     _describe(c),
-    bind=bind if shapes is None else None,
+    bind=bind if shapes is None and by_shape else None,
   )
 
 
