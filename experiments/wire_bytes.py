@@ -49,8 +49,8 @@ def main(argv=None) -> int:
   from jax.sharding import NamedSharding
 
   from allreduce_jax import ALGORITHMS, devices, gloo_model
-  from allreduce_jax.tools._args import parse_size
   from allreduce_jax.tools.bench import _programs, _verifiable_block
+  from allreduce_jax.units import parse_size
 
   p = jax.device_count()
   n = parse_size(args.bytes)
