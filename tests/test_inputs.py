@@ -41,13 +41,22 @@ BENCH = ["bench", "--devices", "2", "--min-bytes", "1KiB", "--max-bytes", "1KiB"
 @pytest.mark.parametrize(
   "argv, match",
   [
-    ([*BENCH, "--dtype", "bool"], r"argument (-d/)?--dtype: dtype bool cannot be all-reduced"),
-    ([*BENCH, "--dtype", "int4"], r"argument (-d/)?--dtype: dtype int4 packs 4-bit elements"),
-    ([*BENCH, "--dtype", "float64"], r"argument (-d/)?--dtype: .*JAX_ENABLE_X64=1"),
-    ([*BENCH, "--dtype", "nope"], r"argument (-d/)?--dtype: unknown dtype 'nope'"),
+    (
+      [*BENCH, "--dtype", "bool"],
+      r"argument (-d/)?--dtype(/--datatype)?: dtype bool cannot be all-reduced",
+    ),
+    (
+      [*BENCH, "--dtype", "int4"],
+      r"argument (-d/)?--dtype(/--datatype)?: dtype int4 packs 4-bit elements",
+    ),
+    ([*BENCH, "--dtype", "float64"], r"argument (-d/)?--dtype(/--datatype)?: .*JAX_ENABLE_X64=1"),
+    ([*BENCH, "--dtype", "nope"], r"argument (-d/)?--dtype(/--datatype)?: unknown dtype 'nope'"),
     ([*BENCH, "--algorithms", ""], r"argument --algorithms: expected some of ring"),
     ([*BENCH, "--algorithms", "ring,nope"], r"argument --algorithms: unknown algorithm 'nope'"),
-    ([*BENCH, "--op", "prod"], r"argument (-o/)?--op: unknown op 'prod'"),
+    (
+      [*BENCH, "--op", "prod"],
+      r"argument (-o/)?--op: unsupported op 'prod'; expected sum, mean, max, min",
+    ),
     ([*BENCH, "--op", "mean", "--dtype", "int32"], r"--op mean with --dtype int32: .*integer"),
     ([*BENCH, "--iters", "0"], r"argument (-n/)?--iters: must be at least 1"),
     ([*BENCH, "--devices", "0"], r"argument --devices: must be at least 1"),
