@@ -47,7 +47,6 @@ import optax
 
 from allreduce_jax import ALGORITHMS, all_reduce_gradients, cost_model, devices
 from allreduce_jax.compression import MIN_COMPRESSION_RATE, powersgd, topk
-from allreduce_jax.training import data as data_mod
 from allreduce_jax.training import models, sync
 from allreduce_jax.training.arms import (
   Arm,
@@ -56,11 +55,10 @@ from allreduce_jax.training.arms import (
   Timeline,
   Workload,
   allreduce_bytes,
-  final_loss,
   link,
   model_bytes,
 )
-from allreduce_jax.training.families import sync_timeline
+from allreduce_jax.training.families import sync_timeline, train_curve
 
 
 @dataclass(frozen=True)
@@ -182,7 +180,7 @@ def run_compressed_curve(
 ) -> Curve:
   """Synchronous training whose gradients are averaged by ``c``'s transformation,
   chained before the workload's optimizer at its sync learning rate."""
-  n, d = setup.workers, workload.data
+  n = setup.workers
   alg = c.algorithm_for(setup)
   graphdef, params, rest = models.split(workload.make_model(seed))
   lr = workload.sync_lr(n)
@@ -192,30 +190,8 @@ def run_compressed_curve(
     tx = optax.chain(c.transform(axis, alg), workload.tx(lr))
     chunk = sync.make_sync_chunk(graphdef, rest, tx, mesh, alg, axis=axis, tx_reduces=True)
     _compiled[key] = (mesh, axis, tx, chunk, sync.make_evaluator(graphdef, rest, workload.metric))
-  mesh, axis, tx, chunk, evaluate = _compiled[key]
   steps = np.asarray(timeline.plan).shape[0]
-  idx = data_mod.batch_indices(d.n_train, n * setup.batch_per_worker, steps, 1000 + seed)
-  res = sync.train_sync(
-    graphdef,
-    params,
-    rest,
-    tx,
-    d,
-    idx,
-    mesh=mesh,
-    axis=axis,
-    algorithm=alg,
-    eval_every=setup.eval_every,
-    chunk_fn=chunk,
-    evaluate=evaluate,
-  )
-  return Curve(
-    eval_updates=res.eval_steps,
-    metric=res.test_acc,
-    diverged=bool(not np.isfinite(res.losses).all()),
-    final_loss=final_loss(res.losses[-setup.eval_every :]),
-    info={"replicas_identical": res.replicas_identical},
-  )
+  return train_curve(setup, workload, seed, (graphdef, params, rest), _compiled[key], alg, steps)
 
 
 def _describe(c: Compression) -> str:

@@ -181,7 +181,7 @@ def run_sync_curve(setup: Setup, workload: Workload, timeline: Timeline, seed: i
   """Synchronous data-parallel training on the emulated devices along ``timeline.plan``
   (an f32[S, N] mask of the gradients kept), with the workload's sync learning rate."""
 
-  n, d = setup.workers, workload.data
+  n = setup.workers
   mask = np.asarray(timeline.plan, np.float32)
   graphdef, params, rest = models.split(workload.make_model(seed))
   lr = workload.sync_lr(n)
@@ -191,23 +191,21 @@ def run_sync_curve(setup: Setup, workload: Workload, timeline: Timeline, seed: i
     tx = workload.tx(lr)
     chunk = sync.make_sync_chunk(graphdef, rest, tx, mesh, setup.algorithm, axis=axis, masked=True)
     _compiled[key] = (mesh, axis, tx, chunk, sync.make_evaluator(graphdef, rest, workload.metric))
-  mesh, axis, tx, chunk, evaluate = _compiled[key]
-  idx = data_mod.batch_indices(d.n_train, n * setup.batch_per_worker, mask.shape[0], 1000 + seed)
+  return train_curve(setup, workload, seed, (graphdef, params, rest), _compiled[key],
+                     setup.algorithm, mask.shape[0], mask=mask)  # fmt: skip
+
+
+def train_curve(setup, workload, seed, model, compiled, algorithm, steps, mask=None) -> Curve:
+  """``steps`` updates of :func:`.sync.train_sync` from ``model`` = (graphdef, params,
+  rest) with ``compiled`` = (mesh, axis, tx, chunk, evaluate), on the seed's batches
+  (``mask``: the gradients kept per step, None for all), as a :class:`Curve`."""
+  mesh, axis, tx, chunk, evaluate = compiled
+  n, d = setup.workers, workload.data
+  idx = data_mod.batch_indices(d.n_train, n * setup.batch_per_worker, steps, 1000 + seed)
   res = sync.train_sync(
-    graphdef,
-    params,
-    rest,
-    tx,
-    d,
-    idx,
-    mesh=mesh,
-    axis=axis,
-    algorithm=setup.algorithm,
-    mask=mask,
-    eval_every=setup.eval_every,
-    chunk_fn=chunk,
-    evaluate=evaluate,
-  )
+    *model, tx, d, idx, mesh=mesh, axis=axis, algorithm=algorithm, mask=mask,
+    eval_every=setup.eval_every, chunk_fn=chunk, evaluate=evaluate,
+  )  # fmt: skip
   return Curve(
     eval_updates=res.eval_steps,
     metric=res.test_acc,
