@@ -52,7 +52,8 @@ class Algorithm:
       the inner links within one node and refuses it across nodes).
     at_scale: swept to thousands of participants by ``allreduce-jax scaling`` (both
       its two-level and its ``--topology`` sweep); False for a baseline whose schedule
-      is not meant for that (``naive``: 2(p-1) distinct steps through one root).
+      is not meant for that (``naive``: 2(p-1) distinct steps through one root;
+      ``two_shot``: 2(p-1) distinct steps of p messages each, O(p²) to replay).
     summary: one line for ``--help`` and tables.
     lossy: True if the result is not exact even with ``wire=None`` (then verify
       checks it against an error bound, and ``auto`` never picks it).

@@ -316,7 +316,16 @@ def axis_sizes(algorithm: str, p: int, topology: Network | None = None) -> tuple
   return tuple(sorted(even_dims(p, k)))
 
 
-_GENERATED: dict = {}
+_GENERATED: dict = {}  # key -> (steps, distinct messages), oldest first
+#: The most distinct messages the schedule cache keeps (~150 bytes each in Python): a
+#: sweep to 16384 participants generates schedules of millions of messages per p.
+CACHE_MESSAGES = 4_000_000
+
+
+def distinct_messages(steps: Steps) -> int:
+  """Messages in ``steps``, counting a step object repeated (as generators return the
+  ring's) once: what the schedule holds in memory."""
+  return sum(len(s) for s in {id(s): s for s in steps}.values())
 
 
 def takes_size(generator) -> bool:
@@ -329,18 +338,23 @@ def takes_size(generator) -> bool:
 
 def messages(algorithm: str, sizes: tuple[int, ...], n_bytes: float | None = None) -> Steps:
   """``ALGORITHMS[algorithm].messages(sizes)`` (with ``n_bytes=`` for generators whose
-  schedule depends on the size, like the pipelined double binary tree), cached."""
+  schedule depends on the size, like the pipelined double binary tree), cached: the
+  most recent schedules up to :data:`CACHE_MESSAGES` messages in all (always the
+  newest one)."""
   record = ALGORITHMS[algorithm]
   if record.messages is None:
     raise ValueError(f"algorithm={algorithm!r} has no message generator to replay.")
   sized = takes_size(record.messages) and n_bytes is not None
   key = (algorithm, tuple(sizes), n_bytes if sized else None)
   if key not in _GENERATED:
-    if len(_GENERATED) > 256:
-      _GENERATED.clear()
     kwargs = {"n_bytes": n_bytes} if sized else {}
-    _GENERATED[key] = record.messages(tuple(sizes), **kwargs)
-  return _GENERATED[key]
+    steps = record.messages(tuple(sizes), **kwargs)
+    count = distinct_messages(steps)
+    held = sum(c for _, c in _GENERATED.values())
+    while _GENERATED and held + count > CACHE_MESSAGES:
+      held -= _GENERATED.pop(next(iter(_GENERATED)))[1]  # the oldest first
+    _GENERATED[key] = (steps, count)
+  return _GENERATED[key][0]
 
 
 _PROFILES: dict = {}

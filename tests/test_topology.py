@@ -350,3 +350,31 @@ def test_a_registered_network_kind_reaches_scaling(tmp_path):
     assert {r["scenario"] for r in rows} == {"torus:16"} and {r["p"] for r in rows} == {8, 16}
   finally:
     del topology.SPECS["ring"]
+
+
+def test_schedule_cache_is_bounded_by_messages(monkeypatch):
+  """The replay's schedule cache keeps at most ``CACHE_MESSAGES`` distinct messages
+  (the newest schedule always): the notebook-04 sweep to 16384 participants ran out of
+  memory when it kept 256 schedules whatever their size."""
+  from allreduce_jax import replay
+
+  monkeypatch.setattr(replay, "_GENERATED", {})
+  monkeypatch.setattr(replay, "CACHE_MESSAGES", 3000)
+  for p in (64, 256, 1024):  # recursive doubling: lg p steps of p distinct messages
+    steps = replay.messages("recursive_doubling", (p,))
+    assert steps == ALGORITHMS["recursive_doubling"].messages((p,))
+    held = sum(c for _, c in replay._GENERATED.values())
+    assert held <= max(3000, replay.distinct_messages(steps))
+  assert list(replay._GENERATED) == [("recursive_doubling", (1024,), None)]  # 10240 > 3000
+  assert replay.distinct_messages(ALGORITHMS["ring"].messages((1024,))) == 2 * 1024
+
+
+def test_the_scale_sweep_leaves_out_quadratic_schedules():
+  """``two_shot`` (p-1 shifts of p messages each way) and ``naive`` are for small p:
+  not in the default ``scaling --topology`` sweep, which the others reach at 16384."""
+  from allreduce_jax.tools import scaling
+
+  swept = scaling.topology_algorithms()
+  assert "two_shot" not in swept and "naive" not in swept
+  assert {"ring", "swing", "double_binary_tree", "hierarchical"} <= set(swept)
+  assert len(ALGORITHMS["two_shot"].messages((16,))) == 2 * 15
