@@ -271,3 +271,44 @@ def test_nccl_tests_flags_sweep_every_op_and_dtype_check_and_devices(tmp_path, c
   assert "# Not checked (-c 0): 2 result(s)" in capsys.readouterr().out
   with pytest.raises(SystemExit, match="-g/--ngpus 2 and --devices 4: in one process both"):
     main(["bench", "-g", "2", "--devices", "4", *one])
+
+
+@pytest.mark.parametrize("average", [0, 1, 2, 3])
+def test_a_combined_time_lies_inside_its_spread(average):
+  """``-a``: the row's median comes with the spread of the process it came from (the
+  mean of each for ``-a 1``), checked against NumPy on random per-process timings. The
+  sweep on the emulated cluster died drawing ``-a 3`` rows whose max-of-medians lay
+  above process 0's maximum ('yerr' must not contain negative values)."""
+  import numpy as np
+
+  rng = np.random.default_rng(average)
+  t = np.sort(rng.uniform(1.0, 9.0, (5, 7, 3)), axis=-1)  # [procs, programs, min<med<max]
+  stats = np.stack([t[..., 1], t[..., 0], t[..., 2], t[..., 2] - t[..., 0]], axis=-1)
+  got = bench.combine_spreads(stats, average)
+  want = [t[0, :, 1], t[..., 1].mean(0), t[..., 1].min(0), t[..., 1].max(0)][average]
+  np.testing.assert_allclose(got[:, 0], want)
+  assert np.all(got[:, 1] <= got[:, 0]) and np.all(got[:, 0] <= got[:, 2])
+  if average in (0, 2, 3):  # one process's own row, all four numbers
+    who = [np.zeros(7, int), t[..., 1].argmin(0), t[..., 1].argmax(0)][max(0, average - 1)]
+    np.testing.assert_array_equal(got, stats[who, np.arange(7)])
+
+
+def test_fit_min_bytes_keeps_the_small_rows_out(tmp_path):
+  """``--fit-min-bytes``: rows below it stay out of the fit. Synthetic rows from a known
+  α-β above 1 MiB and a token-bucket burst below it (4x faster than the rate): the
+  fit from 1 MiB on recovers β; the fit over every row does not."""
+  true = cost_model.Params(200e-6, 40e-9, 0.0)  # 25 MB/s, the emulated 200 Mbit/s link
+  rows = [
+    {"algorithm": a, "n_devices": 4, "bytes": n, "op": "sum", "dtype": "float32",
+     "backend": "cpu", "jax_version": jax.__version__,
+     "time_us": cost_model.predict_seconds(a, 4, n, true) * 1e6 / (4 if n < 1 << 20 else 1)}
+    for a in ("ring", "tree") for n in (4 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
+  ]  # fmt: skip
+  fitted, _, table = bench.fit_and_save(rows, tmp_path / "p.json", min_bytes=1 << 20)
+  assert fitted.shared.beta == pytest.approx(true.beta, rel=1e-6)
+  assert {t["bytes"] for t in table} == {1 << 20, 4 << 20, 16 << 20}
+  assert json.loads((tmp_path / "p.json").read_text())["meta"]["min_bytes"] == 1 << 20
+  every, _, _ = bench.fit_and_save(rows, tmp_path / "q.json")
+  assert abs(every.shared.beta / true.beta - 1) > 0.05
+  with pytest.raises(ValueError, match="at --fit-min-bytes 1GiB or more"):
+    bench.fit_and_save(rows, tmp_path / "r.json", min_bytes=1 << 30)

@@ -115,6 +115,14 @@ def add_algorithms(parser: argparse.ArgumentParser, help: str = "comma-separated
 # ----------------------------------------------------------------------------------------
 
 
+def size(text: str) -> int:
+  """``"1MiB"`` -> 1048576 (an argparse ``type``; argparse names the option)."""
+  try:
+    return parse_size(text, "")
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e).lstrip()) from None
+
+
 def _int_at_least(text: str, low: int, expected: str) -> int:
   try:
     value = int(text)

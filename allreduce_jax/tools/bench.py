@@ -57,6 +57,7 @@ from allreduce_jax.tools._args import (
   params_file,
   positive_int,
   row_store,
+  size,
   wire_list,
 )
 from allreduce_jax.tools._timing import time_round_robin
@@ -102,23 +103,33 @@ ROW_FIELDS: tuple[str, ...] = (
 AVERAGE = {0: "process 0", 1: "mean", 2: "min", 3: "max"}
 
 
-def combine_times(times: np.ndarray, average: int) -> np.ndarray:
-  """``times``: f[processes, programs], each process's median time per program ->
-  f[programs], combined as ``-a`` says (:data:`AVERAGE`).
+def combine_spreads(stats: np.ndarray, average: int) -> np.ndarray:
+  """``stats``: f[processes, programs, 4], each process's (median, min, max, IQR) per
+  program -> f[programs, 4]: the median combined as ``-a`` says, with a spread that
+  belongs to it (the chosen process's for 0, 2 and 3; the mean of each for 1), so a
+  row's ``time_us`` always lies between its ``time_us_min`` and ``time_us_max``.
 
   Example:
-    >>> [combine_times(np.array([[1.0, 4.0], [3.0, 2.0]]), a).tolist() for a in range(4)]
-    [[1.0, 4.0], [2.0, 3.0], [1.0, 2.0], [3.0, 4.0]]
+    >>> s = np.array([[[1.0, 0.5, 2.0, 0.1]], [[3.0, 2.5, 4.0, 0.3]]])
+    >>> combine_spreads(s, 3).tolist(), combine_spreads(s, 1).tolist()
+    ([[3.0, 2.5, 4.0, 0.3]], [[2.0, 1.5, 3.0, 0.2]])
   """
-  return [times[0], times.mean(axis=0), times.min(axis=0), times.max(axis=0)][average]
+  if average == 1:
+    return stats.mean(axis=0)
+  pick = {0: np.zeros(stats.shape[1], int), 2: stats[..., 0].argmin(axis=0),
+          3: stats[..., 0].argmax(axis=0)}[average]  # fmt: skip
+  return stats[pick, np.arange(stats.shape[1])]
 
 
-def _process_times(medians: list[float], average: int) -> np.ndarray:
-  """Every process's ``medians`` (seconds), combined by :func:`combine_times`."""
+def _process_times(timings, average: int) -> np.ndarray:
+  """Every process's timings (seconds) -> f[programs, 4] (median, min, max, IQR),
+  combined by :func:`combine_spreads` (process 0's own, exactly, with ``-a 0``)."""
+  mine = np.asarray([[t.median_s, t.min_s, t.max_s, t.iqr_s] for t in timings], np.float64)
   if average == 0 or jax.process_count() == 1:
-    return np.asarray(medians, np.float64)  # process 0's own medians, exactly
-  every = multihost_utils.process_allgather(np.asarray(medians, np.float32))  # f32[procs, n]
-  return combine_times(np.asarray(every, np.float64).reshape(jax.process_count(), -1), average)
+    return mine
+  every = multihost_utils.process_allgather(mine.astype(np.float32))  # f32[procs, n, 4]
+  stats = np.asarray(every, np.float64).reshape(jax.process_count(), *mine.shape)
+  return combine_spreads(stats, average)
 
 
 def sweep_sizes(
@@ -252,9 +263,9 @@ def measure_size(
   params = params or cost_model.current_params()  # auto traces with these (never a file)
   with cost_model.use_params(params):
     timings = time_round_robin([(timed, (x,)) for _, _, timed, x, _ in built], iters, warmup)
-  seconds = _process_times([t.median_s for t in timings], average)
+  stats = _process_times(timings, average)  # f[programs, 4]: median, min, max, IQR (s)
   rows = []
-  for (alg, wire, _, x, checker), t, sec in zip(built, timings, seconds):
+  for (alg, wire, _, x, checker), t, (sec, lo, hi, iqr) in zip(built, timings, stats):
     wrong = rel_error = None
     if check:
       bad, rel = checker(x, t.compiled(x))
@@ -280,7 +291,11 @@ def measure_size(
       "backend": jax.default_backend(),
       "jax_version": jax.__version__,
       **t.row(),
-      "time_us": float(sec) * 1e6,  # process 0's median unless -a says otherwise
+      # process 0's median and spread unless -a says otherwise
+      "time_us": float(sec) * 1e6,
+      "time_us_min": float(lo) * 1e6,
+      "time_us_max": float(hi) * 1e6,
+      "time_us_iqr": float(iqr) * 1e6,
       "time_from": AVERAGE[average] if jax.process_count() > 1 else "process 0",
       "checked": check,
       "warmup": warmup,
@@ -373,20 +388,25 @@ def summary(rows: Sequence[dict]) -> str:
 # ----------------------------------------------------------------------------------------
 
 
-def _fit_rows(rows: Sequence[dict]) -> list[tuple]:
+def _fit_rows(rows: Sequence[dict], min_bytes: int = 0) -> list[tuple]:
   """``(algorithm, p, bytes, seconds)`` of the rows the α-β-γ fit can use: one-axis
-  algorithms with a cost schedule (multi-axis ones need an inner size per row)."""
+  algorithms with a cost schedule (multi-axis ones need an inner size per row), at
+  ``min_bytes`` per participant or more."""
   return [
     (r["algorithm"], r["n_devices"], r["bytes"], r["time_us"] * 1e-6)
     for r in rows
-    if r["algorithm"] in names(axes=1, priced=True) and r["n_devices"] > 1 and not r.get("wire")
+    if r["algorithm"] in names(axes=1, priced=True)
+    and r["n_devices"] > 1
+    and not r.get("wire")
+    and r["bytes"] >= min_bytes
   ]
 
 
-def fit_report(rows: Sequence[dict], fitted) -> tuple[str, list[dict]]:
-  """Per (algorithm, size): measured vs predicted (own fit and shared fit), rel. error."""
+def fit_report(rows: Sequence[dict], fitted, min_bytes: int = 0) -> tuple[str, list[dict]]:
+  """Per (algorithm, size) from ``min_bytes`` on: measured vs predicted (own fit and
+  shared fit), rel. error."""
   table = []
-  for alg, p, n, sec in _fit_rows(rows):
+  for alg, p, n, sec in _fit_rows(rows, min_bytes):
     own = cost_model.predict_seconds(alg, p, n, fitted.get(alg))
     shared = cost_model.predict_seconds(alg, p, n, fitted.shared)
     table.append(
@@ -427,20 +447,31 @@ def fit_params_table(fitted) -> list[dict]:
   return table
 
 
-def fit_and_save(rows: Sequence[dict], path) -> tuple:
-  """Fits α, β, γ (shared and per algorithm) from bench rows and saves them."""
-  fit_rows = _fit_rows(rows)
+def fit_and_save(rows: Sequence[dict], path, min_bytes: int = 0) -> tuple:
+  """Fits α, β, γ (shared and per algorithm) from bench rows of ``min_bytes`` per
+  participant or more and saves them.
+
+  On a real network keep small messages out (``--fit-min-bytes 1MiB``): below about
+  1 MiB a token-bucket link lets a burst through faster than its rate and a sender's
+  clock stops once its sends are buffered, and least squares over those rows halved β
+  on the emulated cluster (``docs/results/network/auto_fit.md``)."""
+  fit_rows = _fit_rows(rows, min_bytes)
   if not fit_rows:
-    raise ValueError("--fit: no measured rows with more than one device to fit.")
+    raise ValueError(
+      "--fit: no measured rows with more than one device"
+      + (f" at --fit-min-bytes {format_bytes(min_bytes)} or more" if min_bytes else "")
+      + " to fit."
+    )
   meta = {
     "backend": rows[0]["backend"],
     "n_devices": sorted({r[1] for r in fit_rows}),
     "jax_version": rows[0]["jax_version"],
     "rows": len(fit_rows),
+    "min_bytes": min_bytes,
     "model": "t = alpha*steps + beta*beta_bytes + gamma*gamma_bytes (cost_model.schedule)",
   }
   fitted = cost_model.fit_all(fit_rows, meta=meta)
-  text, table = fit_report(rows, fitted)
+  text, table = fit_report(rows, fitted, min_bytes)
   big = [t for t in table if t["bytes"] >= 1 << 20]
   fitted.meta["max_abs_err_ge_1MiB"] = {
     a: max(abs(t["fit_err"]) for t in big if t["algorithm"] == a)
@@ -531,6 +562,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     "--fit",
     action="store_true",
     help="fit α, β, γ from the rows in --out and save them to --params",
+  )
+  parser.add_argument(
+    "--fit-min-bytes",
+    type=size,
+    default=0,
+    metavar="SIZE",
+    help="--fit only from rows of SIZE per participant or more (e.g. 1MiB on a real or"
+    " emulated network, where small messages beat the link's rate; default: every row)",
   )
   parser.add_argument(
     "--params",
@@ -761,7 +800,7 @@ def _fit(args: argparse.Namespace, store, first: tuple[str, str]):
   path = Path(args.params) if args.params else cost_model.default_fit_path()
   mine = [r for r in store.current() if (r["op"], r["dtype"]) == first]
   try:
-    fitted, text, _ = fit_and_save(mine, path)
+    fitted, text, _ = fit_and_save(mine, path, args.fit_min_bytes)
   except ValueError as e:
     raise SystemExit(str(e)) from None
   print(f"# fit from {len(mine)} rows ({first[1]} {first[0]}) -> {path}")
