@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measurements behind docs/results/network/ (resumable: each step skips rows it has).
-# Needs root. Runs nice'd; about 40 minutes on a 2-core machine at 200 Mbit/s.
+# Needs root. Runs nice'd; about an hour on a 2-core machine at 200 Mbit/s.
 #   bash experiments/network_sweep.sh [PYTHON]
 set -u
 PY=${1:-python}
@@ -8,12 +8,17 @@ OUT=docs/results/network
 CL="$PY -m allreduce_jax cluster --link 200Mbit --timeout 1800"
 ALL=ring,bidirectional_ring,tree,recursive_doubling,halving_doubling,halving_doubling_near,swing,double_binary_tree,naive,psum
 FAST=ring,bidirectional_ring,halving_doubling,halving_doubling_near,swing,double_binary_tree,psum
-BENCH="bench -n 3 -w 1 --no-uneven"
+BENCH="bench -n 3 -w 1 --no-uneven -a 3"  # -a 3: a row is the slowest process's median
 mkdir -p $OUT
 run() { echo "## $*" >&2; nice -n 5 "$@" 2>&1 | grep -v '^\[Gloo\]' ; }
 # 1. the half-duplex exchange (minimal reproduction), p = 2 and 4
 for h in 2 4; do
-  [ -s $OUT/half_duplex_p$h.jsonl ] || run $CL --hosts $h -- $PY experiments/gloo_exchange_half_duplex.py > $OUT/half_duplex_p$h.jsonl.tmp && grep '^{' $OUT/half_duplex_p$h.jsonl.tmp > $OUT/half_duplex_p$h.jsonl; rm -f $OUT/half_duplex_p$h.jsonl.tmp
+  f=$OUT/half_duplex_p$h.jsonl
+  if [ ! -s $f ]; then  # written only when the run printed its rows
+    run $CL --hosts $h -- $PY experiments/gloo_exchange_half_duplex.py > $f.tmp
+    grep -q '^{' $f.tmp && grep '^{' $f.tmp > $f
+    rm -f $f.tmp
+  fi
 done
 # 2. bytes on the wire, every algorithm, p = 2, 4, 8 (4 MiB per participant)
 for h in 2 4 8; do
