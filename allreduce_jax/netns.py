@@ -58,6 +58,10 @@ ETC_NETNS = Path("/etc/netns")
 # ----------------------------------------------------------------------------------------
 
 
+#: Each shaped link's queue, in seconds of traffic at its rate (``cluster --queue``).
+DEFAULT_QUEUE = 0.1
+
+
 @dataclass(frozen=True)
 class Link:
   """A veth pair between namespaces ``a`` and ``b`` (device ``a_dev`` in ``a``...),
@@ -89,6 +93,10 @@ class Plan:
     bridges: namespaces holding a bridge (switches), none on a torus.
     links: every veth pair.
     routes: ``(namespace, destination, next hop, device)`` static routes (torus).
+    queue: seconds of traffic each shaped link's queue holds before it drops (tbf's
+      ``latency``): how long a small message can wait behind bulk data.
+    mtu: every link's MTU in bytes (1500: Ethernet's; 9000: jumbo frames, which carry
+      0.99 of the line as TCP payload where 1500 carries 0.956).
   """
 
   tag: str
@@ -101,6 +109,8 @@ class Plan:
   bridges: tuple[str, ...] = ()
   links: tuple[Link, ...] = ()
   routes: tuple[tuple[str, str, str, str], ...] = field(default=())
+  queue: float = DEFAULT_QUEUE
+  mtu: int = 1500
 
   @property
   def namespaces(self) -> tuple[str, ...]:
@@ -120,16 +130,28 @@ def _address(i: int) -> str:
   return str(SUBNET.network_address + i + 1)
 
 
-def plan(network: str, hosts: int, rate: float, tag: str | None = None) -> Plan:
+def plan(
+  network: str,
+  hosts: int,
+  rate: float,
+  tag: str | None = None,
+  queue: float = DEFAULT_QUEUE,
+  mtu: int = 1500,
+) -> Plan:
   """The cluster of ``hosts`` hosts on ``network`` (a :func:`topology.parse` spec:
-  ``switch``, ``fat_tree:K:R``, ``torus:AxB``), links of ``rate`` bytes/s.
-  ``ValueError`` (naming ``--topology`` / ``--hosts``) for what cannot be emulated."""
+  ``switch``, ``fat_tree:K:R``, ``torus:AxB``), links of ``rate`` bytes/s whose queues
+  hold ``queue`` seconds of traffic, frames of ``mtu`` bytes. ``ValueError`` (naming
+  ``--topology`` / ``--hosts`` / ``--queue`` / ``--mtu``) for what cannot be emulated."""
   if hosts < 1:
     raise ValueError(f"--hosts must be at least 1, got {hosts}.")
   if hosts > 250:
     raise ValueError(f"--hosts {hosts}: at most 250 emulated hosts.")
   if rate <= 0:
     raise ValueError(f"--link must be a positive rate, got {rate}.")
+  if not 0 < queue <= 10:
+    raise ValueError(f"--queue must be more than 0 s and at most 10 s, got {queue} s.")
+  if not 576 <= mtu <= 65535:
+    raise ValueError(f"--mtu must be from 576 to 65535 bytes, got {mtu}.")
   top = topology_lib.parse(network)
   if isinstance(top, topology_lib.Switch) and top.ports is not None:
     raise ValueError(f"--topology {network!r}: switch:PORTS (several NICs) is not emulated.")
@@ -160,7 +182,9 @@ def plan(network: str, hosts: int, rate: float, tag: str | None = None) -> Plan:
   )
   devices = ("lo" if routed else "eth0",) * hosts
   name = "switch" if isinstance(top, topology_lib.Switch) else top.name
-  return Plan(tag, name, rate, names, hostnames, addresses, devices, bridges, links, routes)
+  return Plan(
+    tag, name, rate, names, hostnames, addresses, devices, bridges, links, routes, queue, mtu
+  )
 
 
 def _links(top, hosts: int, rate: float, tag: str) -> tuple[tuple[Link, ...], tuple[str, ...]]:
@@ -255,12 +279,13 @@ _SYSCTL = (
 )
 
 
-def _shape(ns: str, dev: str, rate: float) -> list[str]:
+def _shape(ns: str, dev: str, rate: float, queue: float = DEFAULT_QUEUE) -> list[str]:
   """A token bucket on ``dev``'s egress: at most ``rate`` bytes/s leave through it.
-  The bucket holds 4 ms of traffic (at least 64 KiB, a GSO segment)."""
+  The bucket holds 4 ms of traffic (at least 64 KiB, a GSO segment); its queue holds
+  ``queue`` seconds (tbf's ``latency``), beyond which packets are dropped."""
   burst = max(64 * 1024, int(rate * 0.004))
   return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate",
-          units.tc_rate(rate), "burst", str(burst), "latency", "100ms"]  # fmt: skip
+          units.tc_rate(rate), "burst", str(burst), "latency", f"{queue * 1e6:.0f}us"]  # fmt: skip
 
 
 def up(p: Plan) -> None:
@@ -280,7 +305,9 @@ def up(p: Plan) -> None:
       for ns, dev, bridged in ((lk.a, lk.a_dev, lk.a_bridge), (lk.b, lk.b_dev, lk.b_bridge)):
         if bridged:
           _run(["ip", "-n", ns, "link", "set", dev, "master", "br0"])
-        _run(_shape(ns, dev, lk.rate))
+        if p.mtu != 1500:
+          _run(["ip", "-n", ns, "link", "set", dev, "mtu", str(p.mtu)])
+        _run(_shape(ns, dev, lk.rate, p.queue))
         _run(["ip", "-n", ns, "link", "set", dev, "up"])
     hosts_file = "127.0.0.1 localhost\n" + "".join(
       f"{a} {h}\n" for a, h in zip(p.addresses, p.hostnames)

@@ -78,6 +78,28 @@ def parse_size(text: str, name: str = "size") -> int:
   return int(value)
 
 
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
+_TIME_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(s|ms|us|µs)\s*$")
+
+
+def parse_duration(text: str, name: str = "duration") -> float:
+  """``"10ms"`` -> 0.01 seconds. Units: s, ms, us (or µs); a unit is required.
+
+  Raises ``ValueError`` naming ``name`` (e.g. ``--queue``) for anything else.
+
+  Example:
+    >>> parse_duration("10ms"), parse_duration("0.5s"), parse_duration("250us")
+    (0.01, 0.5, 0.00025)
+  """
+  m = _TIME_RE.match(str(text))
+  if m is None:
+    raise ValueError(f"{name} {text!r} is not a duration: use a number and s, ms or us, e.g. 10ms.")
+  value = float(m.group(1)) * _TIME_UNITS[m.group(2)]
+  if value <= 0:
+    raise ValueError(f"{name} {text!r} must be positive.")
+  return value
+
+
 def format_bytes(nbytes: float) -> str:
   """A byte count as people read it: exact binary units where they fit (``4KiB``,
   ``3MiB``: also valid input to :func:`parse_size`), else one decimal in the largest

@@ -127,7 +127,10 @@ def cluster_args(argv):
   [(["--hosts", "2", "--link", "fast", "--", "verify"], "--link 'fast'"),
    (["--hosts", "2", "--topology", "torus:3", "--", "verify"], "torus:3"),
    (["--hosts", "2"], "give the command to run after '--'"),
-   (["--", "verify"], "--hosts N is required")],
+   (["--", "verify"], "--hosts N is required"),
+   (["--hosts", "2", "--queue", "5", "--", "verify"], "--queue '5' is not a duration"),
+   (["--hosts", "2", "--queue", "20s", "--", "verify"], "--queue must be more than 0 s and at most 10 s"),
+   (["--hosts", "2", "--mtu", "100", "--", "verify"], "--mtu must be from 576 to 65535 bytes, got 100")],
 )  # fmt: skip
 def test_bad_options_one_line_exit_2(argv, message, capsys):
   assert cluster.run(cluster_args(argv)) == 2
@@ -137,10 +140,19 @@ def test_bad_options_one_line_exit_2(argv, message, capsys):
 
 def test_up_and_down_leave_nothing_behind(privileged):
   for spec, n in (("switch", 3), ("fat_tree:2:2", 4), ("torus:2x2", 4)):
-    plan = netns.plan(spec, n, 25e6)
+    plan = netns.plan(spec, n, 25e6, queue=0.002, mtu=9000)
     try:
       netns.up(plan)
       assert set(netns.namespaces(plan.tag + "-")) == set(plan.namespaces)
+      dev = plan.host_links(0)[0]  # shaped as asked: 200 Mbit/s, a 2 ms queue (--queue)
+      shown = subprocess.run(["tc", "-n", plan.hosts[0], "qdisc", "show", "dev", dev],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+      assert "tbf" in shown and "rate 200Mbit" in shown and "lat 2ms" in shown
+      for ns in plan.hosts:  # every host's links carry jumbo frames (--mtu 9000)
+        for dev in plan.host_links(plan.hosts.index(ns)):
+          link = subprocess.run(["ip", "-n", ns, "link", "show", "dev", dev],
+                                capture_output=True, text=True, check=True).stdout  # fmt: skip
+          assert "mtu 9000" in link
       hosts = (netns.ETC_NETNS / plan.hosts[0] / "hosts").read_text()
       assert f"{plan.addresses[1]} {plan.hostnames[1]}" in hosts
     finally:

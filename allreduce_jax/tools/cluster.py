@@ -149,6 +149,8 @@ def cluster(
   *,
   network: str = "switch",
   link: str = "200Mbit",
+  queue: str = "100ms",
+  mtu: int = 1500,
   devices_per_host: int = 1,
   counters_path: str | None = None,
   concurrent: bool = False,
@@ -164,7 +166,7 @@ def cluster(
   if devices_per_host < 1:
     raise ValueError(f"--devices-per-host must be at least 1, got {devices_per_host}.")
   rate = units.parse_rate(link, "--link")
-  plan = netns.plan(network, hosts, rate)
+  plan = netns.plan(network, hosts, rate, queue=units.parse_duration(queue, "--queue"), mtu=mtu)
   launcher.command_argv(list(command))  # a missing command: before anything is built
   problem = netns.privilege_problem()
   if problem:
@@ -182,7 +184,8 @@ def _run(command, hosts, plan, rate, devices_per_host, counters_path, err, launc
     netns.up(plan)
     print(
       f"# cluster: {hosts} host(s) on {plan.network}, every link {units.tc_rate(rate)}"
-      f" each way ({rate / 1e6:.3g} MB/s), addresses {plan.addresses[0]}..{plan.addresses[-1]},"
+      f" each way ({rate / 1e6:.3g} MB/s, queues of {plan.queue * 1e3:g} ms, MTU {plan.mtu}),"
+      f" addresses {plan.addresses[0]}..{plan.addresses[-1]},"
       f" namespaces {plan.tag}-*",
       file=err,
       flush=True,
@@ -251,6 +254,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     "--link", default="200Mbit", help="each link's rate, each way: 200Mbit, 1Gbit, 25MB/s..."
   )
   parser.add_argument(
+    "--queue",
+    default="100ms",
+    help="how much traffic each shaped link's queue holds, as time at its rate (tbf's"
+    " latency; beyond it packets are dropped): 100ms (the default) or 5ms...",
+  )
+  parser.add_argument(
+    "--mtu",
+    type=int,
+    default=1500,
+    help="every link's MTU in bytes: 1500 (Ethernet, the default) or 9000 (jumbo frames)",
+  )
+  parser.add_argument(
     "--devices-per-host", type=int, default=1, help="emulated CPU devices per host process"
   )
   parser.add_argument(
@@ -288,6 +303,8 @@ def run(args: argparse.Namespace) -> int:
       args.hosts,
       network=args.topology,
       link=args.link,
+      queue=args.queue,
+      mtu=args.mtu,
       devices_per_host=args.devices_per_host,
       counters_path=args.counters,
       concurrent=args.concurrent or os.environ.get(ENV_CONCURRENT, "") not in ("", "0"),
