@@ -15,6 +15,7 @@ rows, priced at full duplex (the replay as it was) and at half duplex for exchan
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -165,6 +166,59 @@ def half_duplex_table(root: Path) -> list[str]:
   return [*lines, ""] if lines else []
 
 
+def _queue_cells(rows: list[dict]) -> dict:
+  """(hosts, queue, mtu, algorithm, bytes) -> busbw / line rate of each repeat."""
+  cells: dict = {}
+  for r in rows:
+    if r.get("set") == "ring" and r.get("wrong") == 0:
+      key = (r["hosts"], r["queue"], r["mtu"], r["algorithm"], r["bytes"])
+      cells.setdefault(key, []).append(r["busbw_GBps"] * 1e9 / RATE)
+  return cells
+
+
+def queue_table(root: Path) -> list[str]:
+  """The ring and psum against line rate as the links' queue and MTU change
+  (``experiments/link_queue.py``), and what a short queue costs at an incast."""
+  rows = _rows(root / "link_queue.jsonl")
+  cells = _queue_cells(rows)
+  if not cells:
+    return []
+  lines = [
+    "### The links' queue and MTU: ring and psum busbw / line rate (switch, 200 Mbit/s)",
+    "",
+    "`python experiments/link_queue.py` (`cluster --queue Q --mtu M -- bench --algorithms"
+    " ring,psum -b 4MiB -e 16MiB -f 4 -n 5 -a 3`). Each cell: the median over repeats"
+    " [min–max], the slowest process's time (`-a 3`).",
+    "",
+    "| hosts | queue | MTU | repeats | ring 4 MiB | ring 16 MiB | psum 4 MiB | psum 16 MiB |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  configs = sorted({k[:3] for k in cells}, key=lambda k: (k[0], k[2], float(k[1][:-2])))
+  for h, q, m in configs:
+    row = []
+    for a in ("ring", "psum"):
+      for n in (4 << 20, 16 << 20):
+        v = cells.get((h, q, m, a, n), [])
+        row.append(f"{statistics.median(v):.2f} [{min(v):.2f}–{max(v):.2f}]" if v else "—")
+    reps = len(cells.get((h, q, m, "ring", 4 << 20), []))
+    lines.append(f"| {h} | {q} | {m} | {reps} | " + " | ".join(row) + " |")
+  incast = [r for r in rows if r.get("set") == "incast" and r.get("wrong") == 0]
+  if incast:
+    lines += [
+      "",
+      "Where messages converge on one port a short queue drops packets (incast): 4 MiB on 8"
+      " hosts, the slowest process's median of 3 calls:",
+      "",
+      "| algorithm | " + " | ".join(f"queue {q}" for q in dict.fromkeys(r["queue"] for r in incast)) + " |",
+      "|---|" + "---|" * len(dict.fromkeys(r["queue"] for r in incast)),
+    ]  # fmt: skip
+    for a in dict.fromkeys(r["algorithm"] for r in incast):
+      t = {r["queue"]: r["time_us"] * 1e-6 for r in incast if r["algorithm"] == a}
+      lines.append(f"| {a} | " + " | ".join(f"{t[q]:.2f} s" if q in t else "—"
+                                             for q in dict.fromkeys(r["queue"] for r in incast)) + " |")  # fmt: skip
+  return [*lines, ""]
+
+
 def targets(root: Path, summary: list[dict]) -> list[str]:
   """The issue's targets, measured: one line each."""
   lines = ["### The targets, measured", ""]
@@ -176,6 +230,16 @@ def targets(root: Path, summary: list[dict]) -> list[str]:
       ok = all(s["busbw_over_line"] >= 0.90 for s in ring)
       lines.append(f"- ring busbw / line rate on the {p}-host switch (target ≥ 0.90 from 4 MiB):"
                    f" {cells}: {'met' if ok else 'not met'}.")  # fmt: skip
+    queued = _queue_cells(_rows(root / "link_queue.jsonl"))
+    for q, m in sorted({(k[1], k[2]) for k in queued if k[0] == p and k[1] != "100ms"}):
+      med = {
+        n: statistics.median(queued.get((p, q, m, "ring", n), [0])) for n in (4 << 20, 16 << 20)
+      }
+      lines.append(
+        f"  - with `--queue {q} --mtu {m}` (median of repeats): "
+        + ", ".join(f"{_mib(n)} {v:.2f}" for n, v in med.items())
+        + (": met." if all(v >= 0.90 for v in med.values()) else ": not met.")
+      )
     for a in ("halving_doubling", "recursive_doubling"):
       c = [s for s in summary if s["network"] == "switch" and s["p"] == p
            and s["algorithm"] == a and s["bytes"] == 16 << 20]  # fmt: skip
@@ -268,7 +332,7 @@ def main(argv=None) -> int:
   root = Path(args[0] if args else "docs/results/network")
   bench, summary = bench_tables(root)
   text = ["# Measured on an emulated network (tables from the committed rows)", ""]
-  text += targets(root, summary) + half_duplex_table(root) + wire_table(root)
+  text += targets(root, summary) + queue_table(root) + half_duplex_table(root) + wire_table(root)
   text += torus_lesson(summary) + bench
   (root / "tables.md").write_text("\n".join(text) + "\n")
   (root / "summary.jsonl").write_text("".join(json.dumps(s) + "\n" for s in summary))

@@ -146,9 +146,9 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
       ax.errorbar(
         [r["bytes"] for r in even],
         [r["time_us"] for r in even],
-        yerr=[
-          [r["time_us"] - r.get("time_us_min", r["time_us"]) for r in even],
-          [r.get("time_us_max", r["time_us"]) - r["time_us"] for r in even],
+        yerr=[  # rows of older versions may hold another process's spread: clip at 0
+          [max(0.0, r["time_us"] - r.get("time_us_min", r["time_us"])) for r in even],
+          [max(0.0, r.get("time_us_max", r["time_us"]) - r["time_us"]) for r in even],
         ],
         ms=4,
         label=alg + (" (XLA, reference)" if is_reference(alg) else ""),
