@@ -386,9 +386,9 @@ def double_binary_tree_messages(
   p = math.prod(sizes)
   k = chunks or (choose_chunks(p, n_bytes) if n_bytes else 1)
   f = 1 / (2 * k)
-  return [
-    [(e.src, e.dst, f, e.mode == _COMBINE) for step in rnd for e in step] for rnd in plan(p, k)
-  ]
+  # A round's ppermutes run together, so a step is the round's transfers in any order:
+  # no need for :func:`plan`'s colouring into permutations (90 % of the time at p=4096).
+  return [[(e.src, e.dst, f, e.mode == _COMBINE) for e in rnd] for rnd in _rounds(p, k)]
 
 
 def double_binary_tree_schedule(
