@@ -94,6 +94,26 @@ def test_verify_4_processes_x_1_device(tmp_path):
   _check_verify(res, processes=4, devices=4)
 
 
+@pytest.mark.timeout(240)
+def test_bench_a_3_reports_the_slowest_process_with_its_own_spread(tmp_path):
+  """``bench -a 3`` on 2 processes: each row is the slowest process's median, tagged so,
+  and lies inside its spread (the emulated-cluster sweep once died drawing rows whose
+  median came from one process and whose spread from another)."""
+  import json
+
+  out = tmp_path / "rows.jsonl"
+  bench = ["bench", "--algorithms", "ring,psum", "-b", "4KiB", "-e", "4KiB", "--no-uneven",
+           "-n", "3", "-w", "1", "-a", "3", "--out", str(out)]  # fmt: skip
+  res = _launch(["-n", "2", "--timeout", "200", "--", *bench], timeout=230)
+  assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert [r["algorithm"] for r in rows] == ["ring", "psum"]
+  for r in rows:
+    assert r["process_count"] == 2 and r["time_from"] == "max" and r["wrong"] == 0
+    assert r["time_us_min"] <= r["time_us"] <= r["time_us_max"]
+  assert (tmp_path / "rows.png").stat().st_size > 0  # the figure of these rows was drawn
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("local", [1, 2])
 def test_backend_oracle_across_processes(tmp_path, local):
