@@ -266,6 +266,22 @@ def test_scaling_topology_cli(tmp_path):
     opt = ["--topology", bad] if arg == "--topology" else ["--topology", "switch", "--link", bad]
     with pytest.raises(SystemExit, match=arg):
       main(["scaling", *opt, "--out", str(out)])
+  # A schedule too big to replay is refused up front, naming it and the way out.
+  with pytest.raises(SystemExit, match=r"two_shot has about \d+M messages at p=16384; .*--max-p"):
+    main(["scaling", "--topology", "switch", "--algorithms", "ring,two_shot", "--out", str(out)])
+  small = ["--max-p", "64", "--sizes", "1MiB", "--algorithms", "ring,two_shot"]
+  assert main(["scaling", "--topology", "switch", *small, "--out", str(out)]) == 0
+
+
+def test_replay_message_estimate_is_close_to_the_count():
+  from allreduce_jax.tools import scaling
+
+  for a in (*scaling.topology_algorithms(), "two_shot"):
+    est = scaling.replay_messages_at(a, 512)
+    true = topology.distinct_messages(
+      topology.messages(a, topology.axis_sizes(a, 512, topology.switch()))
+    )
+    assert true <= est * 1.05 and (est <= 1.2 * true or ALGORITHMS[a].axes > 1), (a, est, true)
 
 
 def test_auto_inside_use_topology_picks_the_replayed_choice():

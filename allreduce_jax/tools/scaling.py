@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
-from allreduce_jax import cost_model, names, topology
+from allreduce_jax import ALGORITHMS, cost_model, names, topology
 from allreduce_jax.cost_model import params_to_dict
 from allreduce_jax.results import fingerprint
 from allreduce_jax.tools import plot
@@ -277,6 +278,21 @@ def topology_algorithms(wanted=None) -> tuple[str, ...]:
   return tuple(a for a in wanted if a in replayable)
 
 
+#: The most messages one replayed schedule may have (about 150 bytes each in Python).
+REPLAY_MESSAGES = 50_000_000
+
+
+def replay_messages_at(algorithm: str, p: int) -> float:
+  """About how many messages ``algorithm``'s schedule has at ``p``: counted at p = 64
+  and 128 and extrapolated as a power of p (exact for the p·steps schedules here)."""
+  if p <= 128:
+    return topology.distinct_messages(topology.messages(algorithm, (p,)))
+  if ALGORITHMS[algorithm].axes > 1:  # per-axis rings: never more than p·lg p·2 here
+    return 2 * p * math.log2(p)
+  a, b = (topology.distinct_messages(topology.messages(algorithm, (q,))) for q in (64, 128))
+  return b * (p / 128) ** math.log2(max(b / a, 1.0))
+
+
 def sweep_topology(top, params, ps=PS, sizes=SIZES, algorithms=None) -> list[dict]:
   """One row per (topology, size, p, algorithm): the replayed time on ``top`` (one
   topology or a list), the flat model's (the same steps on ``topology.switch()``), the
@@ -360,6 +376,13 @@ def run_topology(args: argparse.Namespace) -> int:
       raise SystemExit(
         f"--ps {args.ps!r}: expected comma-separated counts of at least 2."
       ) from None
+  big = {a: n for a in algorithms if (n := replay_messages_at(a, max(ps))) > REPLAY_MESSAGES}
+  if big:
+    raise SystemExit(
+      "--algorithms: "
+      + ", ".join(f"{a} has about {n / 1e6:.0f}M messages at p={max(ps)}" for a, n in big.items())
+      + f"; the replay holds at most {REPLAY_MESSAGES / 1e6:.0f}M: lower --max-p or --ps."
+    )
   context = {"topology": [t.name for t in tops], "link": args.link}
   context |= {"hop_latency_us": args.hop_latency_us}
   store = row_store(args.out, "scaling", fresh=args.fresh, context=context)
