@@ -38,6 +38,7 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", DEVICES)  # before the first JAX computation
 
+# %matplotlib inline
 import pandas as pd
 from IPython.display import display
 

@@ -49,6 +49,7 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", 8)
 
+# %matplotlib inline
 import pandas as pd
 
 from allreduce_jax import ALGORITHMS, cost_model, topology

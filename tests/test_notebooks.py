@@ -28,6 +28,11 @@ def test_notebook_executes_in_small_mode(path, monkeypatch, tmp_path):
   ).execute()
   outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
   assert not [o for o in outputs if o.get("output_type") == "error"]
+  # A figure shows as an image, not as its text repr (a bare matplotlib Figure needs the
+  # inline backend: `# %matplotlib inline` in a notebook that never imports pyplot).
+  unshown = [o for o in outputs if "<Figure size" in str(o.get("data", {}).get("text/plain", ""))
+             and "image/png" not in o.get("data", {})]  # fmt: skip
+  assert not unshown, f"{len(unshown)} figure(s) shown as text"
   # The closing cell states what this run measured.
   assert nb.cells[-1].cell_type == "code" and nb.cells[-1].outputs
 
