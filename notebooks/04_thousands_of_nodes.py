@@ -39,7 +39,7 @@ SMALL = os.environ.get("ALLREDUCE_JAX_SMALL", "0") == "1"
 LINK = "ib_ndr"  # one link: 5 µs, 50 GB/s (cost_model.PRESETS)
 TOPOLOGIES = ["switch", "torus:3d", "fat_tree:8:7"]
 MAX_P = 256 if SMALL else 16384
-# bytes per participant (full mode, to p = 16384: 9.5 minutes here, with a benchmark running beside it)
+# bytes per participant (full mode, to p = 16384: 7-10 minutes here, with other work beside it)
 SIZES = [64 << 10, 4 << 20, 256 << 20] if SMALL else [64 << 10, 1 << 20, 16 << 20, 256 << 20]
 PAPER_P = 256 if SMALL else 4096  # Swing vs halving-doubling on tori
 BIG_P = 1536 if SMALL else 24576  # the double binary tree vs the ring (NCCL: 24,576 GPUs)
