@@ -285,10 +285,10 @@ REPLAY_MESSAGES = 50_000_000
 def replay_messages_at(algorithm: str, p: int) -> float:
   """About how many messages ``algorithm``'s schedule has at ``p``: counted at p = 64
   and 128 and extrapolated as a power of p (exact for the p·steps schedules here)."""
+  if ALGORITHMS[algorithm].axes > 1:  # per-axis rings: never more than p·lg p·2 here
+    return 2 * p * math.log2(max(p, 2))
   if p <= 128:
     return topology.distinct_messages(topology.messages(algorithm, (p,)))
-  if ALGORITHMS[algorithm].axes > 1:  # per-axis rings: never more than p·lg p·2 here
-    return 2 * p * math.log2(p)
   a, b = (topology.distinct_messages(topology.messages(algorithm, (q,))) for q in (64, 128))
   return b * (p / 128) ** math.log2(max(b / a, 1.0))
 
