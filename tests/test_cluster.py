@@ -262,6 +262,7 @@ def test_sigkill_of_the_command_leaves_nothing_behind(privileged, tmp_path):
   finally:
     if proc.poll() is None:
       proc.kill()
+      proc.communicate()  # reap it, close its pipes: no ResourceWarning in a later test
   assert netns.leftovers(f"arj-{proc.pid}") == []
   deadline = time.monotonic() + 10
   while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:

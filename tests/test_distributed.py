@@ -160,6 +160,7 @@ def test_killed_participant_stops_the_run(tmp_path):
   finally:
     if launcher.poll() is None:
       launcher.kill()
+      launcher.communicate()  # reap it, close its pipes: no ResourceWarning in a later test
   elapsed = time.monotonic() - t_kill
   err = err.decode()
   assert launcher.returncode == 128 + signal.SIGKILL, err
@@ -249,6 +250,7 @@ def test_no_orphans_when_the_launcher_is_interrupted_or_killed(tmp_path, how):
   finally:
     if launcher.poll() is None:
       launcher.kill()
+      launcher.communicate()  # reap it, close its pipes: no ResourceWarning in a later test
   if how == "SIGINT":
     assert launcher.returncode == 130
     assert b"interrupted" in err
@@ -281,6 +283,7 @@ def test_a_second_ctrl_c_while_stopping_exits_quietly(tmp_path):
   finally:
     if launcher.poll() is None:
       launcher.kill()
+      launcher.communicate()  # reap it, close its pipes: no ResourceWarning in a later test
   assert launcher.returncode == 130, err
   assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err
   assert time.monotonic() - t < 2.5  # did not sit out the grace period

@@ -442,6 +442,7 @@ def test_ctrl_c_while_bench_measures_exits_130_in_one_line(tmp_path):
   finally:
     if proc.poll() is None:
       proc.kill()
+      proc.communicate()  # reap it, close its pipes: no ResourceWarning in a later test
   err = err.decode()
   assert proc.returncode == 130, err
   assert "Traceback" not in err and err.strip().splitlines()[-1] == (
