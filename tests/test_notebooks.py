@@ -21,7 +21,9 @@ def test_notebooks_exist():
 def test_notebook_executes_in_small_mode(path, monkeypatch, tmp_path):
   monkeypatch.setenv("ALLREDUCE_JAX_SMALL", "1")
   monkeypatch.setenv("ALLREDUCE_JAX_RESULTS", str(tmp_path))
-  monkeypatch.setenv("MPLBACKEND", "Agg")
+  # The kernel's own backend, as in Jupyter (ipykernel picks the inline one when
+  # MPLBACKEND is unset): figures must reach the reader as images.
+  monkeypatch.delenv("MPLBACKEND", raising=False)
   nb = jupytext.read(path)
   NotebookClient(
     nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
