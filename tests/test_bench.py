@@ -312,3 +312,32 @@ def test_fit_min_bytes_keeps_the_small_rows_out(tmp_path):
   assert abs(every.shared.beta / true.beta - 1) > 0.05
   with pytest.raises(ValueError, match="at --fit-min-bytes 1GiB or more"):
     bench.fit_and_save(rows, tmp_path / "r.json", min_bytes=1 << 30)
+
+
+@pytest.mark.parametrize("order", ["round-robin", "blocks"])
+def test_timer_calls_in_the_order_asked_and_times_only_after_warmup(order, monkeypatch):
+  from allreduce_jax.tools import _timing
+
+  calls = []
+
+  def fake_compile(fn, *args):  # a "compiled" program that logs its calls
+    return (lambda *a: calls.append(fn) or 0), 0.0, -1
+
+  monkeypatch.setattr(_timing, "compile_timed", fake_compile)
+  a, b = _timing.time_round_robin([("A", ()), ("B", ())], iters=3, warmup=2, order=order)
+  assert len(a.times_s) == len(b.times_s) == 3  # the 2 warm-up calls each are not timed
+  assert "".join(calls) == ("ABABABABAB" if order == "round-robin" else "AAAAABBBBB")
+  with pytest.raises(ValueError, match="--order must be one of round-robin, blocks"):
+    _timing.time_round_robin([("A", ())], order="shuffled")
+
+
+def test_bench_rows_in_blocks_say_so_and_are_keyed_apart(tmp_path, monkeypatch):
+  monkeypatch.setenv(cost_model.FIT_ENV_VAR, str(tmp_path / "none.json"))
+  _, out = _bench(tmp_path)
+  assert _bench(tmp_path, "--order", "blocks")[0] == 0
+  rows = _rows(out)
+  assert [r["order"] for r in rows] == ["round-robin"] * 2 + ["blocks"] * 2
+  assert all(r["wrong"] == 0 for r in rows)
+  keys = [json.loads(r["key"]) for r in rows]
+  assert [k.get("order") for k in keys] == [None, None, "blocks", "blocks"]
+  assert _bench(tmp_path, "--order", "blocks")[0] == 0 and len(_rows(out)) == 4  # resumed

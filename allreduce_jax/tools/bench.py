@@ -4,6 +4,8 @@ Timing goes through the tools' one timer (:mod:`allreduce_jax.tools._timing`): a
 each message size all algorithms are compiled apart and then timed *round robin*
 (call 1 of every algorithm, then call 2, ...), so a slow spell of a shared machine
 hits them all alike and the ratios (custom vs ``psum``) stay meaningful.
+``--order blocks`` times one algorithm after the other instead, for networks where
+one algorithm's traffic slows the next one's calls (see ``_timing``).
 
 As in nccl-tests (``doc/PERFORMANCE.md``), with ``n`` bytes per participant and time
 ``t``:
@@ -60,7 +62,7 @@ from allreduce_jax.tools._args import (
   size,
   wire_list,
 )
-from allreduce_jax.tools._timing import time_round_robin
+from allreduce_jax.tools._timing import ORDERS, time_round_robin
 from allreduce_jax.units import format_bytes, parse_size
 
 #: The fields every bench row carries (nccl-tests' columns, the model's prediction,
@@ -239,11 +241,13 @@ def measure_size(
   wires: Sequence[str | None] = (None,),
   check: bool = True,
   average: int = 0,
+  order: str = "round-robin",
 ) -> list[dict]:
   """Measures every algorithm in every wire format at one size, side by side; returns
   one row each (XLA's ``psum`` only exact). ``check``: compare each result with
   ``lax.psum``'s (``wrong``; ``None`` without the check). ``average``: which process's
-  time a multi-process row reports (:data:`AVERAGE`)."""
+  time a multi-process row reports (:data:`AVERAGE`). ``order``: the calls' order
+  (:func:`~allreduce_jax.tools._timing.time_round_robin`)."""
 
   itemsize = jnp.dtype(dtype).itemsize
   count = nbytes // itemsize
@@ -262,7 +266,9 @@ def measure_size(
       built.append((alg, wire, timed, inputs[key], checker))
   params = params or cost_model.current_params()  # auto traces with these (never a file)
   with cost_model.use_params(params):
-    timings = time_round_robin([(timed, (x,)) for _, _, timed, x, _ in built], iters, warmup)
+    timings = time_round_robin(
+      [(timed, (x,)) for _, _, timed, x, _ in built], iters, warmup, order=order
+    )
   stats = _process_times(timings, average)  # f[programs, 4]: median, min, max, IQR (s)
   rows = []
   for (alg, wire, _, x, checker), t, (sec, lo, hi, iqr) in zip(built, timings, stats):
@@ -299,6 +305,7 @@ def measure_size(
       "time_from": AVERAGE[average] if jax.process_count() > 1 else "process 0",
       "checked": check,
       "warmup": warmup,
+      "order": order,
       "chosen": chosen,
       "wire": wire,
       "rel_error": rel_error,
@@ -328,10 +335,12 @@ def row_key(
   op: str = "sum",
   check: bool = True,
   average: int = 0,
+  order: str = "round-robin",
 ) -> str:
   """A bench row's key: algorithm, size, dtype and op over the run's configuration
   (the store's context), plus the cost parameters for ``auto``, a lossy wire format,
-  an unchecked run (``-c 0``) and a time other than process 0's (``-a``)."""
+  an unchecked run (``-c 0``), a time other than process 0's (``-a``) and timing in
+  blocks (``--order blocks``)."""
   extra = {"cost_params": params_id(params)} if algorithm == "auto" else {}
   if wire is not None:
     extra["wire"] = wire
@@ -339,6 +348,8 @@ def row_key(
     extra["checked"] = False
   if average and jax.process_count() > 1:
     extra["time_from"] = AVERAGE[average]
+  if order != "round-robin":
+    extra["order"] = order
   return store.key(algorithm=algorithm, bytes=nbytes, dtype=dtype, op=op, **extra)
 
 
@@ -544,6 +555,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     " defaults to 1, the mean)",
   )
   parser.add_argument(
+    "--order",
+    choices=ORDERS,
+    default="round-robin",
+    help="round-robin: call k of every algorithm, then call k+1 (a noisy CPU hits all"
+    " alike); blocks: each algorithm's warm-up and timed calls together (on a network,"
+    " no algorithm's calls follow another's traffic) (default: round-robin)",
+  )
+  parser.add_argument(
     "-n",
     "--iters",
     type=positive_int,
@@ -739,6 +758,7 @@ def _print_header(args: argparse.Namespace, params, p: int, check: bool, undefin
     f"# allreduce-jax bench: jax {jax.__version__}, backend {jax.default_backend()}, {p} devices,"
     f" {jax.process_count()} process(es); auto and the model use: {src};"
     f" iters {args.iters}, warmup {args.warmup}"
+    + ("; in blocks (--order blocks)" if args.order == "blocks" else "")
     + ("" if check else "; results not checked (-c 0)")
     + (f"; time: {AVERAGE[args.average]} of the processes'" if jax.process_count() > 1 else ""),
     flush=True,
@@ -766,7 +786,7 @@ def _measure_pairs(args, store, done, sizes, pairs, entries, p, params, main):
     for nbytes in sizes[dtype]:
       keys = {
         (a, w): row_key(store, a, nbytes, params, w, dtype=dtype, op=op, check=check,
-                        average=args.average)
+                        average=args.average, order=args.order)
         for a, w in entries
       }  # fmt: skip
       todo = [e for e in entries if keys[e] not in done]
@@ -778,7 +798,7 @@ def _measure_pairs(args, store, done, sizes, pairs, entries, p, params, main):
         bar.set_description(f"{dtype} {op} {format_bytes(nbytes)}")
         new = measure_size(
           mine, p, nbytes, dtype, op, args.iters, args.warmup, params, wires=(w,),
-          check=check, average=args.average,
+          check=check, average=args.average, order=args.order,
         )  # fmt: skip
         if main:
           store.extend(new, [keys[(r["algorithm"], r.get("wire"))] for r in new])
