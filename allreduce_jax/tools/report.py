@@ -106,11 +106,24 @@ EXPERIMENTS: dict[str, dict[str, dict]] = {
   },
   "bench": {
     "full": {"min_bytes": "1KiB", "max_bytes": "16MiB", "factor": 4, "iters": 7, "warmup": 3},
-    "smoke": {"min_bytes": "1KiB", "max_bytes": "8KiB", "factor": 8, "iters": 3, "warmup": 1},
+    "smoke": {
+      "min_bytes": "1KiB",
+      "max_bytes": "8KiB",
+      "factor": 8,
+      "iters": 3,
+      "warmup": 1,
+      "no_uneven": True,
+    },
   },
   "fusion": {
     "full": {"layers": 16, "d_model": 128, "iters": 5, "warmup": 2},
-    "smoke": {"layers": 2, "d_model": 16, "iters": 3, "warmup": 1},
+    "smoke": {
+      "layers": 2,
+      "d_model": 16,
+      "iters": 3,
+      "warmup": 1,
+      "buckets": "per-leaf,64KiB,one",
+    },
   },
   "scaling": {"full": {"max_p": 16384}, "smoke": {"max_p": 64}},
   # The replay on networks: every algorithm's messages routed on a switch, a 3-D torus
@@ -248,11 +261,12 @@ def plan(out: Path, smoke: bool, devices: int) -> list[Section]:
              ["train", "table-c", *opts("compression_train"), "--devices", d,
               "--out", f"{o}/compression/table_c"]]),
     Section("network", "On a real network: an emulated cluster with shaped links",
-            f"{net['hosts']} hosts (network namespaces, one process and one device each) on one switch, every host link shaped to {net['link']} each way with `tc`; gloo carries the data over the emulated links. Each time is set against its bound from the link rate, replayed with exchanges at half duplex (gloo runs a pairwise exchange one direction at a time: `allreduce_jax.gloo_model`). Needs root (network namespaces); skipped otherwise, with the reason.",
+            f"{net['hosts']} hosts (network namespaces, one process and one device each) on one switch, every host link shaped to {net['link']} each way with `tc`; gloo carries the data over the emulated links. Each algorithm is timed in its own block (`--order blocks`: after a round robin one algorithm's traffic slowed the next one's calls) and each row is the slowest process's median (`-a 3`). Each time is set against its bound from the link rate, replayed with exchanges at half duplex (gloo runs a pairwise exchange one direction at a time: `allreduce_jax.gloo_model`). Needs root (network namespaces); skipped otherwise, with the reason.",
             [["cluster", "--hosts", str(net["hosts"]), "--topology", "switch", "--link", net["link"],
               "--timeout", "1800", "--", "bench", "--algorithms", NETWORK_ALGORITHMS,
               "--min-bytes", net["min_bytes"], "--max-bytes", net["max_bytes"], "--factor", "4",
-              "--iters", "3", "--warmup", "1", "--no-uneven", "--out", f"{o}/network/bench.jsonl"]]),
+              "--iters", "3", "--warmup", "1", "--no-uneven", "--order", "blocks", "-a", "3",
+              "--out", f"{o}/network/bench.jsonl"]]),
   ]  # fmt: skip
 
 
