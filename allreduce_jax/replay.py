@@ -125,8 +125,7 @@ def profile(steps: Steps, topology: Network, p: int | None = None) -> Profile:
   routed once, so a 16384-participant ring (32766 steps) costs two routings.
   """
   if p is None:
-    distinct = {id(s): s for s in steps}.values()
-    p = 1 + max((max(m[0], m[1]) for s in distinct for m in s), default=0)
+    p = 1 + max((max(m[0], m[1]) for s in _distinct_steps(steps) for m in s), default=0)
   top = topology.fit(p)
   cache: dict[int, tuple] = {}
   rows = []
@@ -153,7 +152,7 @@ def profile(steps: Steps, topology: Network, p: int | None = None) -> Profile:
     np.array([r[2] for r in rows], dtype=bool),
     np.array([r[3] for r in rows], dtype=np.float64),
     [r[4] for r in rows],
-    any(len(m) > 3 for s in {id(s): s for s in steps}.values() for m in s[:1]),
+    any(len(m) > 3 for s in _distinct_steps(steps) for m in s[:1]),
   )
 
 
@@ -322,10 +321,16 @@ _GENERATED: dict = {}  # key -> (steps, distinct messages), oldest first
 CACHE_MESSAGES = 4_000_000
 
 
+def _distinct_steps(steps: Steps):
+  """Each step object of ``steps`` once (generators repeat one list for the ring's
+  identical steps)."""
+  return {id(s): s for s in steps}.values()
+
+
 def distinct_messages(steps: Steps) -> int:
   """Messages in ``steps``, counting a step object repeated (as generators return the
   ring's) once: what the schedule holds in memory."""
-  return sum(len(s) for s in {id(s): s for s in steps}.values())
+  return sum(len(s) for s in _distinct_steps(steps))
 
 
 def takes_size(generator) -> bool:
