@@ -32,9 +32,10 @@ for net in "switch 4" "switch 8" "fat_tree:4:2 8" "torus:8 8"; do
   run $CL --hosts $2 --topology $1 -- $BENCH --algorithms $ALL -b 1MiB -e 16MiB -f 4 --out $f
   run $CL --hosts $2 --topology $1 -- $BENCH --algorithms $FAST -b 64MiB -e 64MiB --out $f
 done
-# 4. the switches again in blocks (--order blocks: each algorithm's warm-up and calls together),
-#    against the round robin above, where one algorithm's traffic slowed the next one's calls
-for h in 4 8; do
-  run $CL --hosts $h -- $BENCH --order blocks --algorithms $ALL -b 1MiB -e 16MiB -f 4 \
-    --out $OUT/blocks_switch_$h.jsonl
+# 4. every network again in blocks (--order blocks: each algorithm's warm-up and calls
+#    together), against the round robin above, where one algorithm's traffic slowed the next's
+for net in "switch 4" "switch 8" "fat_tree:4:2 8" "torus:8 8"; do
+  set -- $net
+  run $CL --hosts $2 --topology $1 -- $BENCH --order blocks --algorithms $ALL -b 1MiB -e 16MiB \
+    -f 4 --out $OUT/blocks_${1//:/_}_$2.jsonl
 done

@@ -76,22 +76,23 @@ def _good(root: Path, name: str) -> list[dict]:
 
 
 def order_tables(root: Path) -> tuple[list[str], list[dict]]:
-  """The switches timed in blocks (``bench --order blocks``) against the round robin
-  of the sweep: each algorithm's calls after its own warm-up instead of right after
-  the previous algorithm's. α as in the round-robin tables (their 4 and 64 KiB rows)."""
+  """Each network timed in blocks (``bench --order blocks``, ``blocks_NET_HOSTS.jsonl``)
+  against the round robin of the sweep: each algorithm's calls after its own warm-up
+  instead of right after the previous algorithm's. α as in the round-robin tables
+  (their 4 and 64 KiB rows)."""
   lines, summary = [], []
-  for p in (4, 8):
-    blocks = _good(root, f"blocks_switch_{p}.jsonl")
-    robin = _good(root, f"bench_switch_{p}.jsonl")
+  for net, p in NETS:
+    name = f"{net.replace(':', '_')}_{p}.jsonl"
+    blocks, robin = _good(root, "blocks_" + name), _good(root, "bench_" + name)
     if not blocks:
       continue
-    a_half, a_full = fit_alpha(robin, p, "switch", "half"), fit_alpha(robin, p, "switch", "full")
+    a_half, a_full = fit_alpha(robin, p, net, "half"), fit_alpha(robin, p, net, "full")
     sizes = sorted({r["bytes"] for r in blocks})
     algs = list(dict.fromkeys(r["algorithm"] for r in blocks))
     tb = {(r["algorithm"], r["bytes"]): r["time_us"] * 1e-6 for r in blocks}
     tr = {(r["algorithm"], r["bytes"]): r["time_us"] * 1e-6 for r in robin}
     lines += [
-      f"### switch, {p} hosts, timed in blocks (`--order blocks`) vs round robin",
+      f"### {net}, {p} hosts, timed in blocks (`--order blocks`) vs round robin",
       "",
       "Each cell: seconds in blocks (median of 3, the slowest process), then measured / model"
       " at half duplex, then round robin's seconds / blocks' seconds (> 1: the round robin"
@@ -106,7 +107,7 @@ def order_tables(root: Path) -> tuple[list[str], list[dict]]:
         if (a, n) not in tb:
           cells.append("—")
           continue
-        cell = {**_cell("switch", p, a, n, tb[(a, n)], a_half, a_full), "order": "blocks"}
+        cell = {**_cell(net, p, a, n, tb[(a, n)], a_half, a_full), "order": "blocks"}
         summary.append(cell)
         ratio = f"{tr[(a, n)] / tb[(a, n)]:.2f}×" if (a, n) in tr else "—"
         cells.append(f"{tb[(a, n)]:.3g} s ({tb[(a, n)] / cell['model_half_s']:.2f}) {ratio}")
@@ -311,8 +312,7 @@ def targets(root: Path, summary: list[dict]) -> list[str]:
       f" {worst['ratio']:.3f} ({worst['algorithm']}, p = {worst['p']}, host {worst['host']})"
       f" (target within 10 %): {'met' if abs(worst['ratio'] - 1) <= 0.10 else 'not met'}."
     )
-  for net, p, order in [*((net, p, None) for net, p in NETS), ("switch", 4, "blocks"),
-                        ("switch", 8, "blocks")]:  # fmt: skip
+  for net, p, order in [(net, p, o) for o in (None, "blocks") for net, p in NETS]:
     mine = [s for s in summary if s["network"] == net and s["p"] == p
             and s["algorithm"] != "psum" and s.get("order") == order]  # fmt: skip
     if not mine:
