@@ -89,31 +89,37 @@ def order_tables(root: Path) -> tuple[list[str], list[dict]]:
     a_half, a_full = fit_alpha(robin, p, net, "half"), fit_alpha(robin, p, net, "full")
     sizes = sorted({r["bytes"] for r in blocks})
     algs = list(dict.fromkeys(r["algorithm"] for r in blocks))
-    tb = {(r["algorithm"], r["bytes"]): r["time_us"] * 1e-6 for r in blocks}
-    tr = {(r["algorithm"], r["bytes"]): r["time_us"] * 1e-6 for r in robin}
-    lines += [
+    tb, tr = _times(blocks), _times(robin)
+
+    def text(a, n, tb=tb, tr=tr, net=net, p=p, a_half=a_half, a_full=a_full):
+      cell = {**_cell(net, p, a, n, tb[(a, n)], a_half, a_full), "order": "blocks"}
+      summary.append(cell)
+      ratio = f"{tr[(a, n)] / tb[(a, n)]:.2f}×" if (a, n) in tr else "—"
+      return f"{tb[(a, n)]:.3g} s ({tb[(a, n)] / cell['model_half_s']:.2f}) {ratio}"
+
+    lines += _grid(
       f"### {net}, {p} hosts, timed in blocks (`--order blocks`) vs round robin",
-      "",
       "Each cell: seconds in blocks (median of 3, the slowest process), then measured / model"
       " at half duplex, then round robin's seconds / blocks' seconds (> 1: the round robin"
       " was slower).",
-      "",
-      "| algorithm | " + " | ".join(_mib(n) for n in sizes) + " |",
-      "|---|" + "---|" * len(sizes),
-    ]
-    for a in algs:
-      cells = []
-      for n in sizes:
-        if (a, n) not in tb:
-          cells.append("—")
-          continue
-        cell = {**_cell(net, p, a, n, tb[(a, n)], a_half, a_full), "order": "blocks"}
-        summary.append(cell)
-        ratio = f"{tr[(a, n)] / tb[(a, n)]:.2f}×" if (a, n) in tr else "—"
-        cells.append(f"{tb[(a, n)]:.3g} s ({tb[(a, n)] / cell['model_half_s']:.2f}) {ratio}")
-      lines.append(f"| {a} | " + " | ".join(cells) + " |")
-    lines.append("")
+      sizes, algs, tb, text,
+    )  # fmt: skip
   return lines, summary
+
+
+def _times(rows: list[dict]) -> dict:
+  """``(algorithm, bytes) -> seconds`` of bench rows."""
+  return {(r["algorithm"], r["bytes"]): r["time_us"] * 1e-6 for r in rows}
+
+
+def _grid(title: str, caption: str, sizes, algs, have: dict, text) -> list[str]:
+  """A markdown table of algorithms × sizes: ``text(a, n)`` in each cell ``have`` holds."""
+  lines = [title, "", caption, "", "| algorithm | " + " | ".join(_mib(n) for n in sizes) + " |",
+           "|---|" + "---|" * len(sizes)]  # fmt: skip
+  for a in algs:
+    cells = [text(a, n) if (a, n) in have else "—" for n in sizes]
+    lines.append(f"| {a} | " + " | ".join(cells) + " |")
+  return [*lines, ""]
 
 
 def _mib(n: int) -> str:
@@ -132,29 +138,21 @@ def bench_tables(root: Path) -> tuple[list[str], list[dict]]:
     a_full = fit_alpha(rows, p, net, "full")
     sizes = sorted({r["bytes"] for r in rows if r["bytes"] >= 1 << 20})
     algs = list(dict.fromkeys(r["algorithm"] for r in rows))
-    t = {(r["algorithm"], r["bytes"]): r["time_us"] * 1e-6 for r in rows}
-    lines += [
+    t = _times(rows)
+
+    def text(a, n, t=t, net=net, p=p, a_half=a_half, a_full=a_full):
+      cell = _cell(net, p, a, n, t[(a, n)], a_half, a_full)
+      summary.append(cell)
+      m, half, full = cell["measured_s"], cell["model_half_s"], cell["model_full_s"]
+      return f"{m:.3g} s ({m / half:.2f}) [{m / full:.2f}]"
+
+    lines += _grid(
       f"### {net}, {p} hosts, 200 Mbit/s links",
-      "",
       f"α fitted from 4 KiB and 64 KiB: {a_half * 1e3:.2f} ms per step (half-duplex model),"
       f" {a_full * 1e3:.2f} ms (full-duplex model). Each cell: measured seconds (median of 3),"
       " then measured / model at half duplex and [at full duplex].",
-      "",
-      "| algorithm | " + " | ".join(_mib(n) for n in sizes) + " |",
-      "|---|" + "---|" * len(sizes),
-    ]
-    for a in algs:
-      cells = []
-      for n in sizes:
-        if (a, n) not in t:
-          cells.append("—")
-          continue
-        cell = _cell(net, p, a, n, t[(a, n)], a_half, a_full)
-        m, half, full = cell["measured_s"], cell["model_half_s"], cell["model_full_s"]
-        cells.append(f"{m:.3g} s ({m / half:.2f}) [{m / full:.2f}]")
-        summary.append(cell)
-      lines.append(f"| {a} | " + " | ".join(cells) + " |")
-    lines.append("")
+      sizes, algs, t, text,
+    )  # fmt: skip
     # the model's pick vs the best measured, per size
     picks = []
     for n in sizes:
