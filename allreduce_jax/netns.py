@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import json
 import math
 import os
 import shutil
@@ -60,6 +61,17 @@ ETC_NETNS = Path("/etc/netns")
 
 #: Each shaped link's queue, in seconds of traffic at its rate (``cluster --queue``).
 DEFAULT_QUEUE = 0.1
+#: Bytes one TCP socket may keep queued below it in its host (Linux's TCP Small Queues,
+#: ``net.ipv4.tcp_limit_output_bytes``; ``cluster --tcp-queue``). The kernel's default
+#: (4 MiB here) lets one bulk flow fill its host's whole link queue, so the host's other
+#: packets (gloo's "ready to receive", ACKs) wait behind up to ``queue`` of it; a real
+#: host's flow-fair default qdisc (``fq_codel``, ``fq``), which this kernel lacks under a
+#: shaped link, lets them pass. 16 KiB keeps each socket's share to about one segment.
+DEFAULT_TCP_QUEUE = 16 * 1024
+#: The variable ``cluster`` sets in every host's environment: the network as JSON
+#: (:meth:`Plan.describe`), which :func:`allreduce_jax.results.run_context` puts in
+#: every row's key.
+ENV_NETWORK = "ALLREDUCE_JAX_NETWORK"
 
 
 @dataclass(frozen=True)
@@ -97,6 +109,8 @@ class Plan:
       ``latency``): how long a small message can wait behind bulk data.
     mtu: every link's MTU in bytes (1500: Ethernet's; 9000: jumbo frames, which carry
       0.99 of the line as TCP payload where 1500 carries 0.956).
+    tcp_queue: bytes one TCP socket may keep queued in its host
+      (``net.ipv4.tcp_limit_output_bytes`` in every host's namespace).
   """
 
   tag: str
@@ -111,6 +125,7 @@ class Plan:
   routes: tuple[tuple[str, str, str, str], ...] = field(default=())
   queue: float = DEFAULT_QUEUE
   mtu: int = 1500
+  tcp_queue: int = DEFAULT_TCP_QUEUE
 
   @property
   def namespaces(self) -> tuple[str, ...]:
@@ -120,6 +135,17 @@ class Plan:
     """The devices of host ``rank`` that carry traffic to other hosts (its NICs)."""
     ns = self.hosts[rank]
     return [lk.a_dev if lk.a == ns else lk.b_dev for lk in self.links if ns in (lk.a, lk.b)]
+
+  def describe(self) -> dict:
+    """The network as data, for rows: spec, hosts, rate, queue, MTU, TCP queue."""
+    return {
+      "network": self.network,
+      "hosts": len(self.hosts),
+      "link_Bps": self.rate,
+      "queue_s": self.queue,
+      "mtu": self.mtu,
+      "tcp_queue": self.tcp_queue,
+    }
 
 
 def tag_for(pid: int | None = None) -> str:
@@ -137,11 +163,13 @@ def plan(
   tag: str | None = None,
   queue: float = DEFAULT_QUEUE,
   mtu: int = 1500,
+  tcp_queue: int = DEFAULT_TCP_QUEUE,
 ) -> Plan:
   """The cluster of ``hosts`` hosts on ``network`` (a :func:`topology.parse` spec:
   ``switch``, ``fat_tree:K:R``, ``torus:AxB``), links of ``rate`` bytes/s whose queues
-  hold ``queue`` seconds of traffic, frames of ``mtu`` bytes. ``ValueError`` (naming
-  ``--topology`` / ``--hosts`` / ``--queue`` / ``--mtu``) for what cannot be emulated."""
+  hold ``queue`` seconds of traffic, frames of ``mtu`` bytes, hosts whose TCP sockets
+  each keep at most ``tcp_queue`` bytes queued. ``ValueError`` (naming ``--topology`` /
+  ``--hosts`` / ``--queue`` / ``--mtu`` / ``--tcp-queue``) for what cannot be emulated."""
   if hosts < 1:
     raise ValueError(f"--hosts must be at least 1, got {hosts}.")
   if hosts > 250:
@@ -152,6 +180,8 @@ def plan(
     raise ValueError(f"--queue must be more than 0 s and at most 10 s, got {queue} s.")
   if not 576 <= mtu <= 65535:
     raise ValueError(f"--mtu must be from 576 to 65535 bytes, got {mtu}.")
+  if not 1024 <= tcp_queue <= 1 << 30:
+    raise ValueError(f"--tcp-queue must be from 1 KiB to 1 GiB, got {tcp_queue} bytes.")
   top = topology_lib.parse(network)
   if isinstance(top, topology_lib.Switch) and top.ports is not None:
     raise ValueError(f"--topology {network!r}: switch:PORTS (several NICs) is not emulated.")
@@ -183,8 +213,9 @@ def plan(
   devices = ("lo" if routed else "eth0",) * hosts
   name = "switch" if isinstance(top, topology_lib.Switch) else top.name
   return Plan(
-    tag, name, rate, names, hostnames, addresses, devices, bridges, links, routes, queue, mtu
-  )
+    tag, name, rate, names, hostnames, addresses, devices, bridges, links, routes, queue, mtu,
+    tcp_queue,
+  )  # fmt: skip
 
 
 def _links(top, hosts: int, rate: float, tag: str) -> tuple[tuple[Link, ...], tuple[str, ...]]:
@@ -279,6 +310,9 @@ _SYSCTL = (
 )
 
 
+_TSQ = "/proc/sys/net/ipv4/tcp_limit_output_bytes"  # per network namespace
+
+
 def _shape(ns: str, dev: str, rate: float, queue: float = DEFAULT_QUEUE) -> list[str]:
   """A token bucket on ``dev``'s egress: at most ``rate`` bytes/s leave through it.
   The bucket holds 4 ms of traffic (at least 64 KiB, a GSO segment); its queue holds
@@ -294,7 +328,9 @@ def up(p: Plan) -> None:
   try:
     for ns in p.namespaces:
       _run(["ip", "netns", "add", ns])
-      _run(_in(ns, _SYSCTL + ("; echo 1 > /proc/sys/net/ipv4/ip_forward" if p.routes else "")))
+      host = ns in p.hosts
+      _run(_in(ns, _SYSCTL + ("; echo 1 > /proc/sys/net/ipv4/ip_forward" if p.routes else "")
+                           + (f"; echo {p.tcp_queue} > {_TSQ}" if host else "")))  # fmt: skip
       _run(["ip", "-n", ns, "link", "set", "lo", "up"])
     for ns in p.bridges:
       _run(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"])
@@ -329,12 +365,14 @@ def up(p: Plan) -> None:
 
 def host_argv(p: Plan, rank: int) -> list[str]:
   """The command prefix that runs a program as host ``rank``: in its network
-  namespace (with its ``/etc/hosts``), in a UTS namespace of its own named after it.
-  Every step execs the next, so the program keeps the process id it was started with."""
+  namespace (with its ``/etc/hosts``), in a UTS namespace of its own named after it,
+  with :data:`ENV_NETWORK` describing the network. Every step execs the next, so the
+  program keeps the process id it was started with."""
   return [
     "ip", "netns", "exec", p.hosts[rank],
     "unshare", "--uts", "--",
     "sh", "-c", 'hostname "$0" && exec "$@"', p.hostnames[rank],
+    "env", f"{ENV_NETWORK}={json.dumps(p.describe(), sort_keys=True)}",
   ]  # fmt: skip
 
 

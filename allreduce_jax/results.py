@@ -136,12 +136,25 @@ def fingerprint(obj: Any) -> str:
 
 
 def run_context() -> dict[str, Any]:
-  """The configuration every key carries by default: JAX version, backend, processes."""
-  return {
+  """The configuration every key carries by default: JAX version, backend, processes,
+  and on an emulated cluster (``allreduce-jax cluster``) its network: spec, hosts,
+  link rate, queue, MTU and TCP queue (``$ALLREDUCE_JAX_NETWORK``), so rows measured
+  on one network never resume or fit another's."""
+  context = {
     "jax_version": jax.__version__,
     "backend": jax.default_backend(),
     "process_count": jax.process_count(),
   }
+  network = os.environ.get("ALLREDUCE_JAX_NETWORK")
+  if network:
+    try:
+      context["network"] = json.loads(network)
+    except ValueError:
+      raise ValueError(
+        f"$ALLREDUCE_JAX_NETWORK is not JSON ({network[:60]!r}); it is set by"
+        " 'allreduce-jax cluster' for its hosts: unset it."
+      ) from None
+  return context
 
 
 def environment() -> dict[str, Any]:

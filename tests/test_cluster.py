@@ -130,7 +130,10 @@ def cluster_args(argv):
    (["--", "verify"], "--hosts N is required"),
    (["--hosts", "2", "--queue", "5", "--", "verify"], "--queue '5' is not a duration"),
    (["--hosts", "2", "--queue", "20s", "--", "verify"], "--queue must be more than 0 s and at most 10 s"),
-   (["--hosts", "2", "--mtu", "100", "--", "verify"], "--mtu must be from 576 to 65535 bytes, got 100")],
+   (["--hosts", "2", "--mtu", "100", "--", "verify"], "--mtu must be from 576 to 65535 bytes, got 100"),
+   (["--hosts", "2", "--tcp-queue", "lots", "--", "verify"], "--tcp-queue 'lots' is not a size"),
+   (["--hosts", "2", "--tcp-queue", "100", "--", "verify"],
+    "--tcp-queue must be from 1 KiB to 1 GiB, got 100 bytes")],
 )  # fmt: skip
 def test_bad_options_one_line_exit_2(argv, message, capsys):
   assert cluster.run(cluster_args(argv)) == 2
@@ -140,7 +143,7 @@ def test_bad_options_one_line_exit_2(argv, message, capsys):
 
 def test_up_and_down_leave_nothing_behind(privileged):
   for spec, n in (("switch", 3), ("fat_tree:2:2", 4), ("torus:2x2", 4)):
-    plan = netns.plan(spec, n, 25e6, queue=0.002, mtu=9000)
+    plan = netns.plan(spec, n, 25e6, queue=0.002, mtu=9000, tcp_queue=32 * 1024)
     try:
       netns.up(plan)
       assert set(netns.namespaces(plan.tag + "-")) == set(plan.namespaces)
@@ -155,6 +158,15 @@ def test_up_and_down_leave_nothing_behind(privileged):
           assert "mtu 9000" in link
       hosts = (netns.ETC_NETNS / plan.hosts[0] / "hosts").read_text()
       assert f"{plan.addresses[1]} {plan.hostnames[1]}" in hosts
+      # A program run as host 1 sees its own host name, the TCP queue asked for
+      # (--tcp-queue, the kernel's TSQ limit in its namespace) and the network described.
+      seen = subprocess.run(
+        [*netns.host_argv(plan, 1), "sh", "-c", f"hostname; cat {netns._TSQ};"
+         f' echo "${netns.ENV_NETWORK}"'], capture_output=True, text=True, check=True, timeout=30,
+      ).stdout.splitlines()  # fmt: skip
+      assert seen[:2] == [plan.hostnames[1], "32768"]
+      assert json.loads(seen[2]) == {"network": plan.network, "hosts": n, "link_Bps": 25e6,
+                                     "queue_s": 0.002, "mtu": 9000, "tcp_queue": 32768}  # fmt: skip
     finally:
       netns.down(plan.tag)
     assert netns.leftovers(plan.tag) == []

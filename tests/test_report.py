@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from allreduce_jax import cli, cost_model, names
+from allreduce_jax import cli, cost_model, names, netns
 from allreduce_jax.tools import report
 
 
@@ -194,6 +194,9 @@ def test_report_smoke_end_to_end(tmp_path, monkeypatch):
   assert expected <= {f.split("/")[-1] for f in figures}
   for f in figures:
     assert (out / f).is_file(), f
+  if netns.privilege_problem() is None:  # the network section ran on a 2-host cluster
+    # ... and says what network its rows were measured on (their keys carry it).
+    assert "at most 16KiB queued in a host per TCP socket" in text
   # Resuming: a second run finds every sweep done and rewrites the same sections.
   assert cli.main(["report", "--smoke", "--out", str(out), "--only", "scaling"]) == 0
   assert "*not run yet*" not in (out / "REPORT.md").read_text()

@@ -27,9 +27,26 @@ def test_rows_carry_schema_kind_and_key_and_resume_by_key(tmp_path):
   assert store.current() == store.rows() and other.current() == []
 
 
-def test_default_context_has_jax_version_backend_and_process_count(tmp_path):
+def test_default_context_has_jax_version_backend_and_process_count(tmp_path, monkeypatch):
+  monkeypatch.delenv("ALLREDUCE_JAX_NETWORK", raising=False)
   store = RowStore(tmp_path / "r.jsonl", "bench")
   assert set(store.context) == {"jax_version", "backend", "process_count"}
+
+
+def test_rows_on_an_emulated_cluster_carry_its_network_and_keep_apart(tmp_path, monkeypatch):
+  # allreduce-jax cluster describes its network to every host in this variable.
+  net = {"network": "switch", "hosts": 4, "link_Bps": 25e6, "queue_s": 0.1, "mtu": 1500}
+  monkeypatch.setenv("ALLREDUCE_JAX_NETWORK", json.dumps({**net, "tcp_queue": 16384}))
+  small = RowStore(tmp_path / "r.jsonl", "bench")
+  key = small.key(algorithm="ring")
+  small.append({"algorithm": "ring"}, key)
+  assert json.loads(key)["network"]["tcp_queue"] == 16384
+  monkeypatch.setenv("ALLREDUCE_JAX_NETWORK", json.dumps({**net, "tcp_queue": 4 << 20}))
+  deep = RowStore(tmp_path / "r.jsonl", "bench")
+  assert deep.key(algorithm="ring") not in deep.done() and deep.current() == []
+  monkeypatch.setenv("ALLREDUCE_JAX_NETWORK", "switch")
+  with pytest.raises(ValueError, match=r"ALLREDUCE_JAX_NETWORK is not JSON"):
+    RowStore(tmp_path / "r.jsonl", "bench").key()
 
 
 def test_torn_last_line_is_skipped_with_a_warning_and_cut_before_the_next_append(tmp_path, capsys):

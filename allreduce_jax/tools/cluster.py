@@ -151,6 +151,7 @@ def cluster(
   link: str = "200Mbit",
   queue: str = "100ms",
   mtu: int = 1500,
+  tcp_queue: str = "16KiB",
   devices_per_host: int = 1,
   counters_path: str | None = None,
   concurrent: bool = False,
@@ -166,7 +167,14 @@ def cluster(
   if devices_per_host < 1:
     raise ValueError(f"--devices-per-host must be at least 1, got {devices_per_host}.")
   rate = units.parse_rate(link, "--link")
-  plan = netns.plan(network, hosts, rate, queue=units.parse_duration(queue, "--queue"), mtu=mtu)
+  plan = netns.plan(
+    network,
+    hosts,
+    rate,
+    queue=units.parse_duration(queue, "--queue"),
+    mtu=mtu,
+    tcp_queue=units.parse_size(tcp_queue, "--tcp-queue"),
+  )
   launcher.command_argv(list(command))  # a missing command: before anything is built
   problem = netns.privilege_problem()
   if problem:
@@ -184,7 +192,8 @@ def _run(command, hosts, plan, rate, devices_per_host, counters_path, err, launc
     netns.up(plan)
     print(
       f"# cluster: {hosts} host(s) on {plan.network}, every link {units.tc_rate(rate)}"
-      f" each way ({rate / 1e6:.3g} MB/s, queues of {plan.queue * 1e3:g} ms, MTU {plan.mtu}),"
+      f" each way ({rate / 1e6:.3g} MB/s, queues of {plan.queue * 1e3:g} ms, MTU {plan.mtu},"
+      f" at most {units.format_bytes(plan.tcp_queue)} queued per TCP socket),"
       f" addresses {plan.addresses[0]}..{plan.addresses[-1]},"
       f" namespaces {plan.tag}-*",
       file=err,
@@ -266,6 +275,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     help="every link's MTU in bytes: 1500 (Ethernet, the default) or 9000 (jumbo frames)",
   )
   parser.add_argument(
+    "--tcp-queue",
+    default="16KiB",
+    help="bytes one TCP socket may keep in its host's queue (Linux's TCP Small Queues,"
+    " net.ipv4.tcp_limit_output_bytes, set in every host): 16KiB (the default: a host's"
+    " small messages pass its bulk data, as under a flow-fair qdisc) or 4MiB (this"
+    " kernel's own default: one flow can fill the link's whole queue)",
+  )
+  parser.add_argument(
     "--devices-per-host", type=int, default=1, help="emulated CPU devices per host process"
   )
   parser.add_argument(
@@ -305,6 +322,7 @@ def run(args: argparse.Namespace) -> int:
       link=args.link,
       queue=args.queue,
       mtu=args.mtu,
+      tcp_queue=args.tcp_queue,
       devices_per_host=args.devices_per_host,
       counters_path=args.counters,
       concurrent=args.concurrent or os.environ.get(ENV_CONCURRENT, "") not in ("", "0"),

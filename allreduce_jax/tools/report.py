@@ -540,9 +540,20 @@ def _render_network(out: Path) -> list[str]:
       "bound, half duplex (s)": half, "measured / bound": t / half,
       "bound, full duplex (s)": full,
     })  # fmt: skip
+  try:  # the cluster's network, as every row's key carries it
+    net = json.loads(rows[0]["key"]).get("network") or {}
+  except (KeyError, TypeError, ValueError):
+    net = {}
+  queues = (
+    f" Each link's queue holds {net['queue_s'] * 1e3:g} ms of traffic, frames of"
+    f" {net['mtu']} bytes, at most {format_bytes(net['tcp_queue'])} queued in a host per TCP"
+    " socket (`cluster --tcp-queue`)."
+    if {"queue_s", "mtu", "tcp_queue"} <= set(net)
+    else ""
+  )
   return [
-    f"{rows[0]['n_devices']} hosts, links {link} ({rate / 1e6:g} MB/s) each way. The bound is"
-    " the replayed bytes at the link rate (α = 0).",
+    f"{rows[0]['n_devices']} hosts, links {link} ({rate / 1e6:g} MB/s) each way.{queues} The"
+    " bound is the replayed bytes at the link rate (α = 0).",
     "",
     to_markdown(table),
     "",
