@@ -1,6 +1,6 @@
 """``auto`` fitted on the emulated network: its choice against the best measured algorithm.
 
-    python experiments/auto_on_cluster.py [docs/results/network]
+    python experiments/auto_on_cluster.py [docs/results/network] [PREFIX]
 
 For each emulated network with rows in ``bench_NET_HOSTS.jsonl`` (``allreduce-jax bench``
 on ``allreduce-jax cluster``) and each size from 1 MiB up, it fits the cost model
@@ -17,7 +17,11 @@ Why not the small rows: below about 1 MiB the emulated links are faster than the
 when its sends are buffered): halving_doubling_near's 64 KiB row takes 2.2 ms where the
 wire needs 3.9 ms. A least-squares α, β over those rows halves β (the fit on every
 size picks halving_doubling_near at 16 MiB on the 4-host switch, 1.9× the ring). Writes ``auto_fit.jsonl`` and
-``auto_fit.md`` next to the rows (no measurement here).
+``auto_fit.md`` next to the rows (no measurement here). With ``PREFIX`` (e.g. ``blocks_``:
+the rows timed in blocks) it reads ``PREFIX*_*.jsonl`` instead and writes
+``auto_fit_PREFIX.jsonl``/``.md``:
+
+    python experiments/auto_on_cluster.py docs/results/network/tcp_queue_16k blocks_
 """
 
 from __future__ import annotations
@@ -63,9 +67,10 @@ def judge(rows: list[dict], p: int) -> list[dict]:
 def main(argv=None) -> int:
   args = sys.argv[1:] if argv is None else argv
   root = Path(args[0] if args else "docs/results/network")
+  prefix = args[1] if len(args) > 1 else "bench_"
   table, lines = [], []
-  for path in sorted(root.glob("bench_*_*.jsonl")):
-    net, p = path.stem.removeprefix("bench_").rsplit("_", 1)
+  for path in sorted(root.glob(f"{prefix}*_*.jsonl")):
+    net, p = path.stem.removeprefix(prefix).rsplit("_", 1)
     for kind in ("fat_tree", "torus"):  # bench_fat_tree_4_2_8 -> fat_tree:4:2, 8 hosts
       if net.startswith(kind + "_"):
         net = kind + ":" + net.removeprefix(kind + "_").replace("_", ":")
@@ -87,7 +92,7 @@ def main(argv=None) -> int:
         f" | {r['auto_in_sample']} | {r['ratio_in_sample']:.2f} |"
       )
   worst = max(table, key=lambda r: r["ratio"], default=None)
-  head = "# auto fitted on the emulated network (from the committed bench rows)\n"
+  head = f"# auto fitted on the emulated network (from the committed rows {prefix}*.jsonl)\n"
   if worst:
     ok = sum(r["ratio"] <= 1.10 for r in table)
     head += (
@@ -96,8 +101,9 @@ def main(argv=None) -> int:
       f" {worst['hosts']} hosts, {units.format_bytes(worst['bytes'])}: picked"
       f" {worst['auto']}, best {worst['best']}).\n"
     )
-  (root / "auto_fit.jsonl").write_text("".join(json.dumps(r) + "\n" for r in table))
-  (root / "auto_fit.md").write_text(head + "\n".join(lines) + "\n")
+  name = "auto_fit" if prefix == "bench_" else f"auto_fit_{prefix.rstrip('_')}"
+  (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in table))
+  (root / f"{name}.md").write_text(head + "\n".join(lines) + "\n")
   print(head + "\n".join(lines))
   return 0
 

@@ -7,13 +7,16 @@ links of a known rate between them, e.g. on one Linux machine as root:
 
 or on any machines: ``JAX_COORDINATOR_ADDRESS=host0:1234 JAX_NUM_PROCESSES=4
 JAX_PROCESS_ID=i python gloo_exchange_half_duplex.py``. It times, with 16 MiB per
-process (median of 5 after a warm-up):
+process (median, min and max of 7 after a warm-up):
 
 - ``shift``: ``ppermute`` with pairs ``j -> j+1``: every host sends n and receives n,
   from different peers;
 - ``exchange``: pairs ``j <-> j^1``: every host sends n to and receives n from the
   same peer;
-- ``one_way``: ``j -> j^1`` for even j only: half the hosts send n.
+- ``one_way``: ``j -> j^1`` for even j only: half the hosts send n;
+- ``handshake``: the exchange right after an exchange of 4 bytes between the same
+  pairs (``lax.optimization_barrier`` orders the two), so the two peers post the big
+  exchange within a network latency of each other.
 
 On a full-duplex link the three take the same time (n / rate). Measured on 200 Mbit/s
 links (``docs/results/network/half_duplex.jsonl``) the exchange takes twice as long: the
@@ -25,6 +28,13 @@ receive writes the payload at once, and the "ready to receive" that the followin
 queue. The later of the two peers therefore sends its whole payload before the earlier
 one may start. Posting the receive first in ``CollectivePermute`` (or letting gloo's
 control messages overtake queued data) would let both directions flow at once.
+
+``handshake`` is the evidence for that order, and the reason it cannot be fixed from
+JAX: when both peers happen to post their send before the other's "ready to receive"
+has arrived, both sends wait, both notifications leave, and the exchange runs at full
+duplex (its fastest call matches ``shift``); when one peer is later by more than that
+latency, which on a loaded host is most calls, it is half duplex again (its median
+matches ``exchange``).
 """
 
 from __future__ import annotations
@@ -50,6 +60,13 @@ def _init() -> None:
   jax.distributed.initialize(address, int(num), int(pid))
 
 
+def _handshake(b, axis, perm):
+  """4 bytes to the peer, then (ordered after them) the whole buffer."""
+  t = jax.lax.ppermute(b[:, :1], axis, perm)
+  t, b = jax.lax.optimization_barrier((t, b))
+  return jax.lax.ppermute(b, axis, perm) + 0 * t
+
+
 def main() -> int:
   _init()
   p, n = jax.device_count(), 16 << 20
@@ -58,15 +75,17 @@ def main() -> int:
     "shift": [(j, (j + 1) % p) for j in range(p)],
     "exchange": [(j, j ^ 1) for j in range(p)],
     "one_way": [(j, j ^ 1) for j in range(0, p, 2)],
+    "handshake": [(j, j ^ 1) for j in range(p)],
   }
   x = jax.make_array_from_callback(
     (p, n // 4), NamedSharding(mesh, P("i")), lambda idx: np.ones((1, n // 4), np.float32)
   )
   rows = []
   for name, perm in perms.items():
+    body = _handshake if name == "handshake" else jax.lax.ppermute
     f = jax.jit(
       jax.shard_map(
-        lambda b, perm=perm: jax.lax.ppermute(b, "i", perm),
+        lambda b, perm=perm, body=body: body(b, "i", perm),
         mesh=mesh,
         in_specs=P("i"),
         out_specs=P("i"),
@@ -74,11 +93,12 @@ def main() -> int:
     )
     f(x).block_until_ready()
     times = []
-    for _ in range(5):
+    for _ in range(7):
       t0 = time.perf_counter()
       f(x).block_until_ready()
       times.append(time.perf_counter() - t0)
-    rows.append({"p": p, "bytes": n, "pattern": name, "median_s": statistics.median(times)})
+    rows.append({"p": p, "bytes": n, "pattern": name, "median_s": statistics.median(times),
+                 "min_s": min(times), "max_s": max(times)})  # fmt: skip
   if jax.process_index() == 0:
     for r in rows:
       print(json.dumps(r), flush=True)

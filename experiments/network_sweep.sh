@@ -1,41 +1,68 @@
 #!/usr/bin/env bash
 # The measurements behind docs/results/network/ (resumable: each step skips rows it has).
 # Needs root. Runs nice'd; about an hour on a 2-core machine at 200 Mbit/s.
-#   bash experiments/network_sweep.sh [PYTHON]
+#   bash experiments/network_sweep.sh [PYTHON]            # every step
+#   STEPS="5" bash experiments/network_sweep.sh [PYTHON]  # only the steps named
 set -u
 PY=${1:-python}
 OUT=docs/results/network
-CL="$PY -m allreduce_jax cluster --link 200Mbit --timeout 1800"
+# Steps 1-4 ran before --tcp-queue existed, at this kernel's own TCP queue (4 MiB a socket);
+# step 5 measures the cluster's default since (16 KiB).
+CL="$PY -m allreduce_jax cluster --link 200Mbit --timeout 1800 --tcp-queue 4MiB"
+CL16="$PY -m allreduce_jax cluster --link 200Mbit --timeout 1800 --tcp-queue 16KiB"
 ALL=ring,bidirectional_ring,tree,recursive_doubling,halving_doubling,halving_doubling_near,swing,double_binary_tree,naive,psum
 FAST=ring,bidirectional_ring,halving_doubling,halving_doubling_near,swing,double_binary_tree,psum
 BENCH="bench -n 3 -w 1 --no-uneven -a 3"  # -a 3: a row is the slowest process's median
 mkdir -p $OUT
 run() { echo "## $*" >&2; nice -n 5 "$@" 2>&1 | grep -v '^\[Gloo\]' ; }
+want() { [[ " ${STEPS:-1 2 3 4 5} " == *" $1 "* ]]; }
 # 1. the half-duplex exchange (minimal reproduction), p = 2 and 4
-for h in 2 4; do
-  f=$OUT/half_duplex_p$h.jsonl
-  if [ ! -s $f ]; then  # written only when the run printed its rows
-    run $CL --hosts $h -- $PY experiments/gloo_exchange_half_duplex.py > $f.tmp
-    grep -q '^{' $f.tmp && grep '^{' $f.tmp > $f
-    rm -f $f.tmp
-  fi
-done
+want 1 && {
+  for h in 2 4; do
+    f=$OUT/half_duplex_p$h.jsonl
+    if [ ! -s $f ]; then  # written only when the run printed its rows
+      run $CL --hosts $h -- $PY experiments/gloo_exchange_half_duplex.py > $f.tmp
+      grep -q '^{' $f.tmp && grep '^{' $f.tmp > $f
+      rm -f $f.tmp
+    fi
+  done
+}
 # 2. bytes on the wire, every algorithm, p = 2, 4, 8 (4 MiB per participant)
-for h in 2 4 8; do
-  run $CL --hosts $h -- $PY experiments/wire_bytes.py --bytes 4MiB --out $OUT/wire_bytes.jsonl
-done
+want 2 && {
+  for h in 2 4 8; do
+    run $CL --hosts $h -- $PY experiments/wire_bytes.py --bytes 4MiB --out $OUT/wire_bytes.jsonl
+  done
+}
 # 3. time of every algorithm, 1-16 MiB (all) and 64 MiB (the fast ones), small sizes for alpha
-for net in "switch 4" "switch 8" "fat_tree:4:2 8" "torus:8 8"; do
-  set -- $net
-  f=$OUT/bench_${1//:/_}_$2.jsonl
-  run $CL --hosts $2 --topology $1 -- $BENCH --algorithms $ALL -b 4KiB -e 64KiB -f 16 --out $f
-  run $CL --hosts $2 --topology $1 -- $BENCH --algorithms $ALL -b 1MiB -e 16MiB -f 4 --out $f
-  run $CL --hosts $2 --topology $1 -- $BENCH --algorithms $FAST -b 64MiB -e 64MiB --out $f
-done
+want 3 && {
+  for net in "switch 4" "switch 8" "fat_tree:4:2 8" "torus:8 8"; do
+    set -- $net
+    f=$OUT/bench_${1//:/_}_$2.jsonl
+    run $CL --hosts $2 --topology $1 -- $BENCH --algorithms $ALL -b 4KiB -e 64KiB -f 16 --out $f
+    run $CL --hosts $2 --topology $1 -- $BENCH --algorithms $ALL -b 1MiB -e 16MiB -f 4 --out $f
+    run $CL --hosts $2 --topology $1 -- $BENCH --algorithms $FAST -b 64MiB -e 64MiB --out $f
+  done
+}
 # 4. every network again in blocks (--order blocks: each algorithm's warm-up and calls
 #    together), against the round robin above, where one algorithm's traffic slowed the next's
-for net in "switch 4" "switch 8" "fat_tree:4:2 8" "torus:8 8"; do
-  set -- $net
-  run $CL --hosts $2 --topology $1 -- $BENCH --order blocks --algorithms $ALL -b 1MiB -e 16MiB \
-    -f 4 --out $OUT/blocks_${1//:/_}_$2.jsonl
-done
+want 4 && {
+  for net in "switch 4" "switch 8" "fat_tree:4:2 8" "torus:8 8"; do
+    set -- $net
+    run $CL --hosts $2 --topology $1 -- $BENCH --order blocks --algorithms $ALL -b 1MiB -e 16MiB \
+      -f 4 --out $OUT/blocks_${1//:/_}_$2.jsonl
+  done
+}
+# 5. every network in blocks again with 16 KiB of TCP queue a socket (cluster's default): a
+#    host's "ready to receive" no longer waits behind its own bulk data; 4 and 64 KiB for α
+want 5 && {
+  for net in "switch 4" "switch 8" "fat_tree:4:2 8" "torus:8 8"; do
+    set -- $net
+    f=$OUT/tcp_queue_16k/blocks_${1//:/_}_$2.jsonl
+    run $CL16 --hosts $2 --topology $1 -- $BENCH --order blocks --algorithms $ALL -b 4KiB -e 64KiB \
+      -f 16 --out $f
+    run $CL16 --hosts $2 --topology $1 -- $BENCH --order blocks --algorithms $ALL -b 1MiB -e 16MiB \
+      -f 4 --out $f
+    run $CL16 --hosts $2 --topology $1 -- $BENCH --order blocks --algorithms $FAST -b 64MiB \
+      -e 64MiB --out $f
+  done
+}

@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from allreduce_jax import gloo_model, topology
+from allreduce_jax import gloo_model, topology, units
 from allreduce_jax.tools import plot
 
 RATE = 25e6  # 200 Mbit/s
@@ -105,6 +105,126 @@ def order_tables(root: Path) -> tuple[list[str], list[dict]]:
       sizes, algs, tb, text,
     )  # fmt: skip
   return lines, summary
+
+
+def small_queue_tables(root: Path) -> tuple[list[str], list[dict]]:
+  """Each network timed in blocks with 16 KiB of TCP queue a socket (``cluster``'s
+  default since; ``tcp_queue_16k/blocks_NET_HOSTS.jsonl``, step 5 of the sweep) against
+  the same in blocks at the kernel's 4 MiB (``blocks_NET_HOSTS.jsonl``). α fitted from
+  this set's own 4 and 64 KiB rows."""
+  lines, summary = [], []
+  for net, p in NETS:
+    name = f"{net.replace(':', '_')}_{p}.jsonl"
+    rows, deep = _good(root / "tcp_queue_16k", "blocks_" + name), _good(root, "blocks_" + name)
+    if not rows:
+      continue
+    a_half, a_full = fit_alpha(rows, p, net, "half"), fit_alpha(rows, p, net, "full")
+    sizes = sorted({r["bytes"] for r in rows if r["bytes"] >= 1 << 20})
+    algs = list(dict.fromkeys(r["algorithm"] for r in rows))
+    t, td = _times(rows), _times(deep)
+
+    def text(a, n, t=t, td=td, net=net, p=p, a_half=a_half, a_full=a_full):
+      cell = {**_cell(net, p, a, n, t[(a, n)], a_half, a_full), "order": "blocks",
+              "tcp_queue": "16KiB"}  # fmt: skip
+      summary.append(cell)
+      ratio = f"{td[(a, n)] / t[(a, n)]:.2f}×" if (a, n) in td else "—"
+      return f"{t[(a, n)]:.3g} s ({t[(a, n)] / cell['model_half_s']:.2f}) {ratio}"
+
+    lines += _grid(
+      f"### {net}, {p} hosts, in blocks with `--tcp-queue 16KiB` vs 4 MiB",
+      f"α fitted from this set's 4 and 64 KiB rows: {a_half * 1e3:.2f} ms per step (half"
+      " duplex). Each cell: seconds (median of 3, the slowest process), then measured / model"
+      " at half duplex, then the 4 MiB TCP queue's seconds / these (> 1: 16 KiB is faster).",
+      sizes, algs, t, text,
+    )  # fmt: skip
+  return lines, summary
+
+
+def tcp_queue_table(root: Path) -> list[str]:
+  """The ring and psum against line rate with the kernel's TCP queue (4 MiB a socket)
+  and 16 KiB, in one run (``experiments/link_queue.py --tcp-queues``), and the incast."""
+  rows = [r for r in _rows(root / "tcp_queue.jsonl") if r.get("wrong") == 0]
+  if not rows:
+    return []
+  cells: dict = {}
+  for r in rows:
+    if r["set"] == "ring":
+      key = (r["hosts"], r["tcp_queue"], r["algorithm"], r["bytes"])
+      cells.setdefault(key, []).append(r["busbw_GBps"] * 1e9 / RATE)
+  lines = [
+    "### The TCP queue: ring and psum busbw / line rate (switch, 200 Mbit/s, 100 ms link queue)",
+    "",
+    "`python experiments/link_queue.py --queues 100ms --tcp-queues 4MiB,16KiB --order blocks"
+    " --incast` (`cluster --tcp-queue T -- bench --algorithms ring,psum -b 4MiB -e 16MiB -f 4"
+    " -n 5 -a 3 --order blocks`), the two settings taking turns. Each cell: the median over"
+    " repeats [min–max].",
+    "",
+    "| hosts | TCP queue | repeats | ring 4 MiB | ring 16 MiB | psum 4 MiB | psum 16 MiB |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for h, q in sorted({k[:2] for k in cells}, key=lambda k: (k[0], -units.parse_size(k[1]))):
+    row = []
+    for a in ("ring", "psum"):
+      for n in (4 << 20, 16 << 20):
+        v = cells.get((h, q, a, n), [])
+        row.append(f"{statistics.median(v):.2f} [{min(v):.2f}–{max(v):.2f}]" if v else "—")
+    reps = len(cells.get((h, q, "ring", 4 << 20), []))
+    lines.append(f"| {h} | {q} | {reps} | " + " | ".join(row) + " |")
+  incast = [r for r in rows if r["set"] == "incast"]
+  if incast:
+    qs = list(dict.fromkeys(r["tcp_queue"] for r in incast))
+    lines += ["", "Where messages converge (4 MiB on 8 hosts, median of 3 calls):", "",
+              "| algorithm | " + " | ".join(f"TCP queue {q}" for q in qs) + " |",
+              "|---|" + "---|" * len(qs)]  # fmt: skip
+    for a in dict.fromkeys(r["algorithm"] for r in incast):
+      t = {r["tcp_queue"]: r["time_us"] * 1e-6 for r in incast if r["algorithm"] == a}
+      lines.append(f"| {a} | " + " | ".join(f"{t[q]:.2f} s" if q in t else "—" for q in qs) + " |")
+  return [*lines, ""]
+
+
+def small_queue_targets(root: Path, summary: list[dict]) -> list[str]:
+  """The targets again at ``cluster``'s default TCP queue (16 KiB a socket)."""
+  if not summary:
+    return []
+  lines = ["### The targets at `--tcp-queue 16KiB` (cluster's default), timed in blocks", ""]
+  rows = [r for r in _rows(root / "tcp_queue.jsonl") if r.get("wrong") == 0]
+  for p in (4, 8):
+    v = {n: [r["busbw_GBps"] * 1e9 / RATE for r in rows if r["set"] == "ring" and r["hosts"] == p
+             and r["tcp_queue"] == "16KiB" and r["algorithm"] == "ring" and r["bytes"] == n]
+         for n in (4 << 20, 16 << 20)}  # fmt: skip
+    sweep = [s for s in summary if s["network"] == "switch" and s["p"] == p
+             and s["algorithm"] == "ring" and s["bytes"] >= 4 << 20]  # fmt: skip
+    if any(v.values()) or sweep:
+      med = {n: statistics.median(x) for n, x in v.items() if x}
+      ok = all(m >= 0.90 for m in med.values()) and all(s["busbw_over_line"] >= 0.90 for s in sweep)
+      lines.append(
+        f"- ring busbw / line rate on the {p}-host switch (target ≥ 0.90 from 4 MiB):"
+        + "".join(f" {_mib(n)} {m:.2f} (median of {len(v[n])})," for n, m in med.items())
+        + " in the sweep"
+        + ",".join(f" {_mib(s['bytes'])} {s['busbw_over_line']:.2f}" for s in sweep)
+        + f": {'met' if ok else 'not met'}."
+      )
+    for a in ("halving_doubling", "recursive_doubling"):
+      for c in (s for s in summary if s["network"] == "switch" and s["p"] == p
+                and s["algorithm"] == a and s["bytes"] == 16 << 20):  # fmt: skip
+        lines.append(
+          f"- {a} at 16 MiB on the {p}-host switch: {c['measured_s'] / c['bound_full_s']:.2f}×"
+          f" its full-duplex bound (target ≤ 1.2), {c['measured_s'] / c['bound_half_s']:.2f}× the"
+          " half-duplex one."
+        )
+  for net, p in NETS:
+    mine = [s for s in summary if s["network"] == net and s["p"] == p and s["algorithm"] != "psum"]
+    if not mine:
+      continue
+    off = [s for s in mine if not 0.8 <= s["measured_s"] / s["model_half_s"] <= 1.2]
+    names = ", ".join(f"{s['algorithm']} {_mib(s['bytes'])} {s['measured_s'] / s['model_half_s']:.2f}"
+                      for s in off)  # fmt: skip
+    lines.append(
+      f"- model (half duplex, α fitted) within 20 % on {net} ({p} hosts), hand-written"
+      f" algorithms at ≥ 1 MiB: {len(mine) - len(off)} of {len(mine)} cells"
+      + (f"; outside: {names}." if off else ".")
+    )
+  return [*lines, ""]
 
 
 def _times(rows: list[dict]) -> dict:
@@ -206,11 +326,23 @@ def half_duplex_table(root: Path) -> list[str]:
       lines = [
         "### One ppermute of 16 MiB per host (line rate: 0.671 s)",
         "",
-        "| p | shift j→j+1 | exchange j↔j^1 | one way j→j^1 (even j) |",
-        "|---|---|---|---|",
+        "Median of 7 calls [fastest–slowest]. The handshake: the exchange right after a"
+        " 4-byte exchange between the same pairs.",
+        "",
+        "| p | shift j→j+1 | exchange j↔j^1 | one way j→j^1 (even j) | handshake, then exchange |",
+        "|---|---|---|---|---|",
       ]
-    t = {r["pattern"]: r["median_s"] for r in rows}
-    lines.append(f"| {p} | {t['shift']:.3f} s | {t['exchange']:.3f} s | {t['one_way']:.3f} s |")
+    t = {r["pattern"]: r for r in rows}
+
+    def cell(name, t=t):
+      if name not in t:
+        return "—"
+      r = t[name]
+      spread = f" [{r['min_s']:.3f}–{r['max_s']:.3f}]" if "min_s" in r else ""
+      return f"{r['median_s']:.3f} s{spread}"
+
+    cells = " | ".join(cell(k) for k in ("shift", "exchange", "one_way", "handshake"))
+    lines.append(f"| {p} | {cells} |")
   return [*lines, ""] if lines else []
 
 
@@ -385,11 +517,14 @@ def main(argv=None) -> int:
   root = Path(args[0] if args else "docs/results/network")
   bench, summary = bench_tables(root)
   blocks, in_blocks = order_tables(root)
+  small, in_small = small_queue_tables(root)
   text = ["# Measured on an emulated network (tables from the committed rows)", ""]
+  text += small_queue_targets(root, in_small) + tcp_queue_table(root)
   text += targets(root, summary + in_blocks) + queue_table(root) + half_duplex_table(root)
-  text += wire_table(root) + torus_lesson(summary) + bench + blocks
+  text += wire_table(root) + torus_lesson(summary) + bench + blocks + small
+  cells = summary + in_blocks + in_small
   (root / "tables.md").write_text("\n".join(text) + "\n")
-  (root / "summary.jsonl").write_text("".join(json.dumps(s) + "\n" for s in summary + in_blocks))
+  (root / "summary.jsonl").write_text("".join(json.dumps(s) + "\n" for s in cells))
   figure(summary, root / "time_vs_model.png")
   print("\n".join(text))
   return 0
