@@ -15,7 +15,10 @@ Needs root (it builds and removes its own namespaces, as ``allreduce-jax cluster
 does). Run it while no cluster is running:
 
     python experiments/tcp_ring_ceiling.py --hosts 4,8 --bytes 4MiB,16MiB --link 200Mbit \\
-      --out docs/results/network/tcp_ring_ceiling.jsonl
+      --tcp-queue 16KiB --out docs/results/network/tcp_ring_ceiling.jsonl
+
+``--tcp-queue`` is the cluster's (default 16 KiB a socket); the rows without a
+``tcp_queue`` field ran before it existed, at this kernel's own 4 MiB.
 """
 
 from __future__ import annotations
@@ -61,9 +64,9 @@ print(" ".join(map(str, times)))
 """
 
 
-def measure(p: int, nbytes: int, rate: float, trials: int) -> dict:
+def measure(p: int, nbytes: int, rate: float, trials: int, tcp_queue: int) -> dict:
   chunk, steps = nbytes // p, 2 * (p - 1)
-  plan = netns.plan("switch", p, rate)
+  plan = netns.plan("switch", p, rate, tcp_queue=tcp_queue)
   procs: list[subprocess.Popen] = []
   try:
     netns.up(plan)
@@ -81,7 +84,8 @@ def measure(p: int, nbytes: int, rate: float, trials: int) -> dict:
   ideal = steps * chunk / rate
   t = statistics.median(times)
   return {
-    "hosts": p, "bytes": nbytes, "link_Bps": rate, "steps": steps, "trials": trials,
+    "hosts": p, "bytes": nbytes, "link_Bps": rate, "tcp_queue": tcp_queue, "steps": steps,
+    "trials": trials,
     "time_s": t, "time_s_min": min(times), "time_s_max": max(times),
     "busbw_over_line": ideal / t, "busbw_over_line_best": ideal / min(times),
   }  # fmt: skip
@@ -93,6 +97,9 @@ def main(argv=None) -> int:
   ap.add_argument("--bytes", default="4MiB,16MiB", help="bytes per participant")
   ap.add_argument("--link", default="200Mbit", help="each link's rate, each way")
   ap.add_argument("--trials", type=int, default=5)
+  ap.add_argument(
+    "--tcp-queue", default="16KiB", help="bytes a TCP socket may queue in its host (cluster's)"
+  )
   ap.add_argument("--out", default=None, help="JSON Lines file (appended)")
   a = ap.parse_args(argv)
   problem = netns.privilege_problem()
@@ -101,7 +108,7 @@ def main(argv=None) -> int:
   rate = units.parse_rate(a.link, "--link")
   for p in (int(h) for h in a.hosts.split(",")):
     for nbytes in (units.parse_size(b, "--bytes") for b in a.bytes.split(",")):
-      row = measure(p, nbytes, rate, a.trials)
+      row = measure(p, nbytes, rate, a.trials, units.parse_size(a.tcp_queue, "--tcp-queue"))
       print(json.dumps(row), flush=True)
       if a.out:
         with open(a.out, "a") as f:

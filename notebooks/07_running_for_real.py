@@ -133,6 +133,13 @@ else:
 # receive" behind its own payload; `experiments/gloo_exchange_half_duplex.py` is the
 # reproduction). The whole sweep, every algorithm on a switch, a 2:1 fat tree and a ring
 # of 8 hosts, is in `docs/results/network/` with the commands that made it.
+#
+# A host's queues matter as much as its links. Each emulated port is one FIFO, so the
+# cluster keeps at most 16 KiB of any one TCP socket in it (`cluster --tcp-queue`, Linux's
+# TCP Small Queues). With the kernel's own 4 MiB a socket, one bulk flow fills the port's
+# whole 100 ms queue and the ring's "ready to receive" waits behind it at every step: at
+# 4 MiB on 4 hosts the ring measured 0.84 of line rate that way and 0.94 with 16 KiB
+# (medians of 3, `docs/results/network/tcp_queue.jsonl`).
 
 # %% [markdown]
 # ## The same commands on a GPU cluster or a TPU pod
