@@ -6,7 +6,9 @@ per process, resolved through ``/etc/netns/NAME/hosts``, which ``ip netns exec``
 mounts over ``/etc/hosts``), so gloo advertises the right address to its peers.
 Links are veth pairs shaped with ``tc`` token buckets (``tbf``) on both ends, so
 each direction of a link carries at most its rate; there is no added delay
-(``netem`` is not used). The networks are the specs :func:`topology.parse` reads:
+(``netem`` is not used). A link's queue is one FIFO (this kernel has no flow-fair qdisc
+under ``tbf``), so each host caps what one TCP socket keeps in it
+(:data:`DEFAULT_TCP_QUEUE`, ``net.ipv4.tcp_limit_output_bytes`` in its namespace). The networks are the specs :func:`topology.parse` reads:
 
 - ``switch``: one bridge in a namespace of its own; each host's link to it shaped
   to the rate, both directions (a non-blocking switch with one port per host).

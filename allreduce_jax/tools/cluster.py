@@ -1,15 +1,19 @@
 """``allreduce-jax cluster``: run a subcommand on an emulated cluster of hosts on this machine.
 
-    allreduce-jax cluster --hosts 4 [--topology switch] [--link 200Mbit] \\
-        [--devices-per-host 1] [--timeout S] [--log-dir DIR] [--counters FILE] -- bench ...
+    allreduce-jax cluster --hosts 4 [--topology switch] [--link 200Mbit] [--queue 100ms] \\
+        [--mtu 1500] [--tcp-queue 16KiB] [--devices-per-host 1] [--timeout S] \\
+        [--log-dir DIR] [--counters FILE] -- bench ...
     allreduce-jax cluster down        # remove what killed runs left (down --all: every cluster)
 
 Builds N hosts, each a network namespace with its own address and host name, joined
 by the network ``--topology`` names (the specs ``scaling --topology`` reads:
 ``switch``, ``fat_tree:K:R``, ``torus:AxB``) whose links are shaped to ``--link``
-in each direction (:mod:`allreduce_jax.netns`), then runs the command after ``--``
+in each direction (:mod:`allreduce_jax.netns`; ``--queue``: each link's queue as time
+at its rate, ``--mtu``: its frames, ``--tcp-queue``: what one TCP socket may keep queued
+in its host, :data:`~allreduce_jax.netns.DEFAULT_TCP_QUEUE`), then runs the command after ``--``
 once per host, all joined into one ``jax.distributed`` runtime (gloo over the
-emulated links; the coordinator on host 0). The command is an ``allreduce-jax``
+emulated links; the coordinator on host 0), with ``$ALLREDUCE_JAX_NETWORK`` describing
+the network (rows measured there carry it in their key). The command is an ``allreduce-jax``
 subcommand or any program that calls
 :func:`allreduce_jax.distributed.initialize_from_env`.
 
