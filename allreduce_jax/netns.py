@@ -48,6 +48,7 @@ from pathlib import Path
 
 from allreduce_jax import topology as topology_lib
 from allreduce_jax import units
+from allreduce_jax.results import ENV_NETWORK
 
 #: Every namespace this module creates is named ``PREFIX-PID-...``.
 PREFIX = "arj"
@@ -70,10 +71,6 @@ DEFAULT_QUEUE = 0.1
 #: host's flow-fair default qdisc (``fq_codel``, ``fq``), which this kernel lacks under a
 #: shaped link, lets them pass. 16 KiB keeps each socket's share to about one segment.
 DEFAULT_TCP_QUEUE = 16 * 1024
-#: The variable ``cluster`` sets in every host's environment: the network as JSON
-#: (:meth:`Plan.describe`), which :func:`allreduce_jax.results.run_context` puts in
-#: every row's key.
-ENV_NETWORK = "ALLREDUCE_JAX_NETWORK"
 
 
 @dataclass(frozen=True)
@@ -368,7 +365,7 @@ def up(p: Plan) -> None:
 def host_argv(p: Plan, rank: int) -> list[str]:
   """The command prefix that runs a program as host ``rank``: in its network
   namespace (with its ``/etc/hosts``), in a UTS namespace of its own named after it,
-  with :data:`ENV_NETWORK` describing the network. Every step execs the next, so the
+  with :data:`~allreduce_jax.results.ENV_NETWORK` describing the network. Every step execs the next, so the
   program keeps the process id it was started with."""
   return [
     "ip", "netns", "exec", p.hosts[rank],

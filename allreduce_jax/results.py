@@ -135,6 +135,12 @@ def fingerprint(obj: Any) -> str:
   return hashlib.sha256(run_key(obj).encode()).hexdigest()[:16]
 
 
+#: The variable ``allreduce-jax cluster`` sets in every host's environment: its network
+#: as JSON (:meth:`allreduce_jax.netns.Plan.describe`), which :func:`run_context` puts
+#: in every row's key.
+ENV_NETWORK = "ALLREDUCE_JAX_NETWORK"
+
+
 def run_context() -> dict[str, Any]:
   """The configuration every key carries by default: JAX version, backend, processes,
   and on an emulated cluster (``allreduce-jax cluster``) its network: spec, hosts,
@@ -145,13 +151,13 @@ def run_context() -> dict[str, Any]:
     "backend": jax.default_backend(),
     "process_count": jax.process_count(),
   }
-  network = os.environ.get("ALLREDUCE_JAX_NETWORK")
+  network = os.environ.get(ENV_NETWORK)
   if network:
     try:
       context["network"] = json.loads(network)
     except ValueError:
       raise ValueError(
-        f"$ALLREDUCE_JAX_NETWORK is not JSON ({network[:60]!r}); it is set by"
+        f"${ENV_NETWORK} is not JSON ({network[:60]!r}); it is set by"
         " 'allreduce-jax cluster' for its hosts: unset it."
       ) from None
   return context

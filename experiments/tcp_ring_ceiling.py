@@ -98,7 +98,9 @@ def main(argv=None) -> int:
   ap.add_argument("--link", default="200Mbit", help="each link's rate, each way")
   ap.add_argument("--trials", type=int, default=5)
   ap.add_argument(
-    "--tcp-queue", default="16KiB", help="bytes a TCP socket may queue in its host (cluster's)"
+    "--tcp-queue",
+    default=units.format_bytes(netns.DEFAULT_TCP_QUEUE),
+    help="bytes a TCP socket may queue in its host (cluster's default)",
   )
   ap.add_argument("--out", default=None, help="JSON Lines file (appended)")
   a = ap.parse_args(argv)

@@ -155,7 +155,7 @@ def cluster(
   link: str = "200Mbit",
   queue: str = "100ms",
   mtu: int = 1500,
-  tcp_queue: str = "16KiB",
+  tcp_queue: str = units.format_bytes(netns.DEFAULT_TCP_QUEUE),
   devices_per_host: int = 1,
   counters_path: str | None = None,
   concurrent: bool = False,
@@ -280,7 +280,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
   )
   parser.add_argument(
     "--tcp-queue",
-    default="16KiB",
+    default=units.format_bytes(netns.DEFAULT_TCP_QUEUE),
     help="bytes one TCP socket may keep in its host's queue (Linux's TCP Small Queues,"
     " net.ipv4.tcp_limit_output_bytes, set in every host): 16KiB (the default: a host's"
     " small messages pass its bulk data, as under a flow-fair qdisc) or 4MiB (this"
