@@ -143,14 +143,10 @@ def small_queue_tables(root: Path) -> tuple[list[str], list[dict]]:
 def tcp_queue_table(root: Path) -> list[str]:
   """The ring and psum against line rate with the kernel's TCP queue (4 MiB a socket)
   and 16 KiB, in one run (``experiments/link_queue.py --tcp-queues``), and the incast."""
-  rows = [r for r in _rows(root / "tcp_queue.jsonl") if r.get("wrong") == 0]
-  if not rows:
+  rows = _rows(root / "tcp_queue.jsonl")
+  cells = _queue_cells(rows, ("tcp_queue",))
+  if not cells:
     return []
-  cells: dict = {}
-  for r in rows:
-    if r["set"] == "ring":
-      key = (r["hosts"], r["tcp_queue"], r["algorithm"], r["bytes"])
-      cells.setdefault(key, []).append(r["busbw_GBps"] * 1e9 / RATE)
   lines = [
     "### The TCP queue: ring and psum busbw / line rate (switch, 200 Mbit/s, 100 ms link queue)",
     "",
@@ -162,23 +158,11 @@ def tcp_queue_table(root: Path) -> list[str]:
     "| hosts | TCP queue | repeats | ring 4 MiB | ring 16 MiB | psum 4 MiB | psum 16 MiB |",
     "|---|---|---|---|---|---|---|",
   ]
-  for h, q in sorted({k[:2] for k in cells}, key=lambda k: (k[0], -units.parse_size(k[1]))):
-    row = []
-    for a in ("ring", "psum"):
-      for n in (4 << 20, 16 << 20):
-        v = cells.get((h, q, a, n), [])
-        row.append(f"{statistics.median(v):.2f} [{min(v):.2f}–{max(v):.2f}]" if v else "—")
-    reps = len(cells.get((h, q, "ring", 4 << 20), []))
-    lines.append(f"| {h} | {q} | {reps} | " + " | ".join(row) + " |")
-  incast = [r for r in rows if r["set"] == "incast"]
-  if incast:
-    qs = list(dict.fromkeys(r["tcp_queue"] for r in incast))
-    lines += ["", "Where messages converge (4 MiB on 8 hosts, median of 3 calls):", "",
-              "| algorithm | " + " | ".join(f"TCP queue {q}" for q in qs) + " |",
-              "|---|" + "---|" * len(qs)]  # fmt: skip
-    for a in dict.fromkeys(r["algorithm"] for r in incast):
-      t = {r["tcp_queue"]: r["time_us"] * 1e-6 for r in incast if r["algorithm"] == a}
-      lines.append(f"| {a} | " + " | ".join(f"{t[q]:.2f} s" if q in t else "—" for q in qs) + " |")
+  for config in sorted({k[:2] for k in cells}, key=lambda k: (k[0], -units.parse_size(k[1]))):
+    lines.append(_config_line(cells, config))
+  lines += _incast_lines(
+    rows, "tcp_queue", "TCP queue", "Where messages converge (4 MiB on 8 hosts, median of 3 calls):"
+  )
   return [*lines, ""]
 
 
@@ -187,11 +171,9 @@ def small_queue_targets(root: Path, summary: list[dict]) -> list[str]:
   if not summary:
     return []
   lines = ["### The targets at `--tcp-queue 16KiB` (cluster's default), timed in blocks", ""]
-  rows = [r for r in _rows(root / "tcp_queue.jsonl") if r.get("wrong") == 0]
+  cells = _queue_cells(_rows(root / "tcp_queue.jsonl"), ("tcp_queue",))
   for p in (4, 8):
-    v = {n: [r["busbw_GBps"] * 1e9 / RATE for r in rows if r["set"] == "ring" and r["hosts"] == p
-             and r["tcp_queue"] == "16KiB" and r["algorithm"] == "ring" and r["bytes"] == n]
-         for n in (4 << 20, 16 << 20)}  # fmt: skip
+    v = {n: cells.get((p, "16KiB", "ring", n), []) for n in (4 << 20, 16 << 20)}
     sweep = [s for s in summary if s["network"] == "switch" and s["p"] == p
              and s["algorithm"] == "ring" and s["bytes"] >= 4 << 20]  # fmt: skip
     if any(v.values()) or sweep:
@@ -351,14 +333,42 @@ def half_duplex_table(root: Path) -> list[str]:
   return [*lines, ""] if lines else []
 
 
-def _queue_cells(rows: list[dict]) -> dict:
-  """(hosts, queue, mtu, algorithm, bytes) -> busbw / line rate of each repeat."""
+def _queue_cells(rows: list[dict], fields: tuple[str, ...] = ("queue", "mtu")) -> dict:
+  """(hosts, *fields, algorithm, bytes) -> busbw / line rate of each repeat
+  (``experiments/link_queue.py``'s ring rows)."""
   cells: dict = {}
   for r in rows:
     if r.get("set") == "ring" and r.get("wrong") == 0:
-      key = (r["hosts"], r["queue"], r["mtu"], r["algorithm"], r["bytes"])
+      key = (r["hosts"], *(r[f] for f in fields), r["algorithm"], r["bytes"])
       cells.setdefault(key, []).append(r["busbw_GBps"] * 1e9 / RATE)
   return cells
+
+
+def _config_line(cells: dict, config: tuple) -> str:
+  """One table line of a configuration (hosts first): its repeats, then ring and psum at
+  4 and 16 MiB, each the median over repeats [min–max]."""
+  row = []
+  for a in ("ring", "psum"):
+    for n in (4 << 20, 16 << 20):
+      v = cells.get((*config, a, n), [])
+      row.append(f"{statistics.median(v):.2f} [{min(v):.2f}–{max(v):.2f}]" if v else "—")
+  reps = len(cells.get((*config, "ring", 4 << 20), []))
+  return "| " + " | ".join(map(str, config)) + f" | {reps} | " + " | ".join(row) + " |"
+
+
+def _incast_lines(rows: list[dict], field: str, label: str, caption: str) -> list[str]:
+  """The incast rows of ``experiments/link_queue.py``: each algorithm's seconds per value
+  of ``field``, one column each headed ``label value``."""
+  incast = [r for r in rows if r.get("set") == "incast" and r.get("wrong") == 0]
+  if not incast:
+    return []
+  qs = list(dict.fromkeys(r[field] for r in incast))
+  lines = ["", caption, "", "| algorithm | " + " | ".join(f"{label} {q}" for q in qs) + " |",
+           "|---|" + "---|" * len(qs)]  # fmt: skip
+  for a in dict.fromkeys(r["algorithm"] for r in incast):
+    t = {r[field]: r["time_us"] * 1e-6 for r in incast if r["algorithm"] == a}
+    lines.append(f"| {a} | " + " | ".join(f"{t[q]:.2f} s" if q in t else "—" for q in qs) + " |")
+  return lines
 
 
 def queue_table(root: Path) -> list[str]:
@@ -379,28 +389,12 @@ def queue_table(root: Path) -> list[str]:
     "|---|---|---|---|---|---|---|---|",
   ]
   configs = sorted({k[:3] for k in cells}, key=lambda k: (k[0], k[2], float(k[1][:-2])))
-  for h, q, m in configs:
-    row = []
-    for a in ("ring", "psum"):
-      for n in (4 << 20, 16 << 20):
-        v = cells.get((h, q, m, a, n), [])
-        row.append(f"{statistics.median(v):.2f} [{min(v):.2f}–{max(v):.2f}]" if v else "—")
-    reps = len(cells.get((h, q, m, "ring", 4 << 20), []))
-    lines.append(f"| {h} | {q} | {m} | {reps} | " + " | ".join(row) + " |")
-  incast = [r for r in rows if r.get("set") == "incast" and r.get("wrong") == 0]
-  if incast:
-    lines += [
-      "",
-      "Where messages converge on one port a short queue drops packets (incast): 4 MiB on 8"
-      " hosts, the slowest process's median of 3 calls:",
-      "",
-      "| algorithm | " + " | ".join(f"queue {q}" for q in dict.fromkeys(r["queue"] for r in incast)) + " |",
-      "|---|" + "---|" * len(dict.fromkeys(r["queue"] for r in incast)),
-    ]  # fmt: skip
-    for a in dict.fromkeys(r["algorithm"] for r in incast):
-      t = {r["queue"]: r["time_us"] * 1e-6 for r in incast if r["algorithm"] == a}
-      lines.append(f"| {a} | " + " | ".join(f"{t[q]:.2f} s" if q in t else "—"
-                                             for q in dict.fromkeys(r["queue"] for r in incast)) + " |")  # fmt: skip
+  lines += [_config_line(cells, config) for config in configs]
+  lines += _incast_lines(
+    rows, "queue", "queue",
+    "Where messages converge on one port a short queue drops packets (incast): 4 MiB on 8"
+    " hosts, the slowest process's median of 3 calls:",
+  )  # fmt: skip
   return [*lines, ""]
 
 
