@@ -391,6 +391,20 @@ def double_binary_tree_messages(
   return [[(e.src, e.dst, f, e.mode == _COMBINE) for e in rnd] for rnd in _rounds(p, k)]
 
 
+def double_binary_tree_ppermutes(
+  sizes: tuple[int, ...], n_bytes: float | None = None, chunks: int | None = None
+) -> list[list[tuple[int, int, float, bool]]]:
+  """:func:`double_binary_tree_messages` one ppermute per step, as
+  :func:`double_binary_tree_chunks` sends them: each round's upward permutations of
+  :func:`plan`, then its downward ones."""
+  p = math.prod(sizes)
+  k = chunks or (choose_chunks(p, n_bytes) if n_bytes else 1)
+  f = 1 / (2 * k)
+  return [
+    [(e.src, e.dst, f, e.mode == _COMBINE) for e in perm] for rnd in plan(p, k) for perm in rnd
+  ]
+
+
 def double_binary_tree_schedule(
   p: int, n: float, inner: int | None = None, chunks: int | None = None
 ) -> cost_model.Schedule:
@@ -416,6 +430,7 @@ register(
     double_binary_tree,
     schedule=double_binary_tree_schedule,
     messages=double_binary_tree_messages,
+    ppermutes=double_binary_tree_ppermutes,
     summary="NCCL's two complementary binary trees, half the buffer each, pipelined",
   )
 )

@@ -186,6 +186,15 @@ def bidirectional_ring_messages(sizes: Sequence[int]) -> list[list[tuple]]:
   return [rs] * (p - 1) + [ag] * (p - 1)
 
 
+def bidirectional_ring_ppermutes(sizes: Sequence[int]) -> list[list[tuple]]:
+  """:func:`bidirectional_ring_messages` one ppermute per step: each step's clockwise
+  lane, then its counter-clockwise one."""
+  (p,) = sizes
+  f = 1 / (2 * p)
+  lanes = [[_shift(p, d, f, comb) for d in (1, -1)] for comb in (True, False)]
+  return [lane for rs_or_ag in lanes for _ in range(p - 1) for lane in rs_or_ag] if p > 1 else []
+
+
 register(
   Algorithm(
     "ring",
@@ -202,6 +211,7 @@ register(
     bidirectional_ring,
     schedule=cost_model.bidirectional_ring_schedule,
     messages=bidirectional_ring_messages,
+    ppermutes=bidirectional_ring_ppermutes,
     summary="two rings in opposite directions, half the buffer each",
   )
 )

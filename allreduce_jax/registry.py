@@ -46,6 +46,13 @@ class Algorithm:
       ``(src, dst, fraction_of_n[, combined])`` with participants numbered in mesh
       (row-major) order; it must equal the schedule traced from ``fn``. None: not
       replayable.
+    ppermutes: the same schedule one step per ``ppermute``, for records whose
+      ``messages`` steps hold several ppermutes in flight together (a ``_comm.concurrent``
+      block: the bidirectional ring's two lanes, a double-tree round), same signature;
+      it must equal the traced schedule with every send its own step. A backend that
+      runs its collectives one at a time (XLA:CPU, over gloo) runs these steps in turn:
+      :mod:`allreduce_jax.gloo_model` prices them so. None: each ``messages`` step is
+      one ppermute.
     two_level: the time on a two-level machine (nodes of fast links joined by slow
       ones), ``two_level(p, n_bytes, machine: cost_model.TwoLevel) -> seconds``; None:
       no two-level model (``cost_model.predict_two_level_seconds`` then prices it on
@@ -68,6 +75,7 @@ class Algorithm:
   auto: bool = True
   schedule: Callable[..., Any] | None = None
   messages: Callable[..., list] | None = None
+  ppermutes: Callable[..., list] | None = None
   two_level: Callable[..., float] | None = None
   at_scale: bool = True
   summary: str = ""

@@ -214,15 +214,18 @@ def step_link_loads(step: Step, topology: Network) -> dict[str, np.ndarray]:
 TRACE_N = 3360
 
 
-def traced_messages(algorithm: str, p: int, n: int = TRACE_N) -> tuple[tuple[int, ...], Steps]:
+def traced_messages(
+  algorithm: str, p: int, n: int = TRACE_N, *, grouped: bool = True
+) -> tuple[tuple[int, ...], Steps]:
   """The executed schedule of ``ALGORITHMS[algorithm]`` on ``p`` participants, from its
   real trace: every ``_comm.send``'s pairs (mapped to row-major participant numbers),
   its bytes as a fraction of the ``n``-element buffer, and whether the receiver
   combines it (the received value reaches the reduction in the traced program).
 
   Returns ``(sizes, steps)``: the mesh axis sizes it ran on (``devices.mesh_for``) and
-  the steps (sends inside one ``_comm.concurrent()`` block form one step). Needs p
-  devices; imports JAX.
+  the steps (sends inside one ``_comm.concurrent()`` block form one step; with
+  ``grouped=False`` every send is its own step, as ``Algorithm.ppermutes`` lists them).
+  Needs p devices; imports JAX.
   """
   record = ALGORITHMS[algorithm]
   mesh, axis = devices.mesh_for(algorithm, p)
@@ -247,7 +250,7 @@ def traced_messages(algorithm: str, p: int, n: int = TRACE_N) -> tuple[tuple[int
     sub_axis, pairs, received = entry
     frac = received.shape[0] / n
     msgs = [(s, t, frac, comb) for s, t in _comm.global_pairs(sub_axis, pairs, axis, shape)]
-    group = getattr(entry, "step", None)
+    group = getattr(entry, "step", None) if grouped else None
     if group is not None and group == last:
       steps[-1].extend(msgs)
     else:

@@ -36,9 +36,11 @@ def _rows(path: Path) -> list[dict]:
 def _parts(alg: str, p: int, n: int, net: str, duplex: str) -> tuple[int, float]:
   """(steps, bandwidth seconds with α = 0) of the replay."""
   top = gloo_model.emulated(net)
-  steps = topology.messages(alg, topology.axis_sizes(alg, p, top), n)
-  if duplex == "half":
-    steps = gloo_model.half_duplex(steps)
+  sizes = topology.axis_sizes(alg, p, top)
+  if duplex == "half":  # as XLA:CPU and gloo run it: one ppermute at a time, exchanges in turn
+    steps = gloo_model.half_duplex(gloo_model.ppermute_steps(alg, sizes, n))
+  else:
+    steps = topology.messages(alg, sizes, n)
   prof = topology.profile(steps, top, p)
   return prof.steps, float(prof.seconds(n, gloo_model.link_params(RATE, 0.0)).sum())
 

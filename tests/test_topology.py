@@ -39,6 +39,19 @@ def test_generator_equals_trace(name):
     assert _canon(generated, flags) == _canon(traced, flags), (name, p, sizes)
 
 
+@pytest.mark.parametrize("name", REPLAYABLE)
+def test_ppermute_steps_equal_the_trace_one_send_a_step(name):
+  """``Algorithm.ppermutes`` (else ``messages``, whose steps must then be single sends)
+  equals the real trace with every send its own step, at p = 2..8: what XLA:CPU runs
+  one collective at a time."""
+  gen = ALGORITHMS[name].ppermutes or ALGORITHMS[name].messages
+  for p in range(2, 9):
+    sizes, traced = topology.traced_messages(name, p, grouped=False)
+    generated = gen(sizes, n_bytes=None) if topology.takes_size(gen) else gen(sizes)
+    flags = all(len(m) > 3 for s in generated for m in s)
+    assert _canon(generated, flags) == _canon(traced, flags), (name, p, sizes)
+
+
 def test_trace_marks_reduction_and_lanes():
   _, steps = topology.traced_messages("bidirectional_ring", 4)
   assert len(steps) == 6 and all(len(s) == 8 for s in steps)  # two lanes per step

@@ -261,7 +261,7 @@ def plan(out: Path, smoke: bool, devices: int) -> list[Section]:
              ["train", "table-c", *opts("compression_train"), "--devices", d,
               "--out", f"{o}/compression/table_c"]]),
     Section("network", "On a real network: an emulated cluster with shaped links",
-            f"{net['hosts']} hosts (network namespaces, one process and one device each) on one switch, every host link shaped to {net['link']} each way with `tc`; gloo carries the data over the emulated links. Each algorithm is timed in its own block (`--order blocks`: after a round robin one algorithm's traffic slowed the next one's calls) and each row is the slowest process's median (`-a 3`). Each time is set against its bound from the link rate, replayed with exchanges at half duplex (gloo runs a pairwise exchange one direction at a time: `allreduce_jax.gloo_model`). Needs root (network namespaces); skipped otherwise, with the reason.",
+            f"{net['hosts']} hosts (network namespaces, one process and one device each) on one switch, every host link shaped to {net['link']} each way with `tc`; gloo carries the data over the emulated links. Each algorithm is timed in its own block (`--order blocks`: after a round robin one algorithm's traffic slowed the next one's calls) and each row is the slowest process's median (`-a 3`). Each time is set against its bound from the link rate (less the TCP/IP headers), replayed as XLA:CPU and gloo run it: one ppermute at a time, a pairwise exchange one direction at a time (`allreduce_jax.gloo_model`). Needs root (network namespaces); skipped otherwise, with the reason.",
             [["cluster", "--hosts", str(net["hosts"]), "--topology", "switch", "--link", net["link"],
               "--timeout", "1800", "--", "bench", "--algorithms", NETWORK_ALGORITHMS,
               "--min-bytes", net["min_bytes"], "--max-bytes", net["max_bytes"], "--factor", "4",
@@ -527,7 +527,11 @@ def _render_network(out: Path) -> list[str]:
   argv = (state.get("network") or {}).get("commands", [[]])[0]
   link = argv[argv.index("--link") + 1] if "--link" in argv else "200Mbit"
   rate = units.parse_rate(link)
-  params = gloo_model.link_params(rate, 0.0)
+  try:  # the cluster's network, as every row's key carries it
+    net = json.loads(rows[0]["key"]).get("network") or {}
+  except (KeyError, TypeError, ValueError):
+    net = {}
+  params = gloo_model.link_params(rate, 0.0, int(net.get("mtu", 1500)))
   top = gloo_model.emulated("switch")
   table = []
   for r in sorted(rows, key=lambda r: (r["bytes"], r["time_us"])):
@@ -540,10 +544,6 @@ def _render_network(out: Path) -> list[str]:
       "bound, half duplex (s)": half, "measured / bound": t / half,
       "bound, full duplex (s)": full,
     })  # fmt: skip
-  try:  # the cluster's network, as every row's key carries it
-    net = json.loads(rows[0]["key"]).get("network") or {}
-  except (KeyError, TypeError, ValueError):
-    net = {}
   queues = (
     f" Each link's queue holds {net['queue_s'] * 1e3:g} ms of traffic, frames of"
     f" {net['mtu']} bytes, at most {format_bytes(net['tcp_queue'])} queued in a host per TCP"
@@ -553,7 +553,9 @@ def _render_network(out: Path) -> list[str]:
   )
   return [
     f"{rows[0]['n_devices']} hosts, links {link} ({rate / 1e6:g} MB/s) each way.{queues} The"
-    " bound is the replayed bytes at the link rate (α = 0).",
+    " bounds are the replayed bytes at the link rate less the frames' TCP/IP headers"
+    " (`gloo_model.payload_share`), α = 0; the half-duplex one as XLA:CPU and gloo run"
+    " them: one ppermute at a time, an exchange's two directions in turn.",
     "",
     to_markdown(table),
     "",
