@@ -22,6 +22,13 @@ the rows timed in blocks) it reads ``PREFIX*_*.jsonl`` instead and writes
 ``auto_fit_PREFIX.jsonl``/``.md``:
 
     python experiments/auto_on_cluster.py docs/results/network/tcp_queue_16k blocks_
+
+With a third argument, another run's folder (``FIT_ROOT``), a fit on every size of that
+run's rows of the same network picks too, judged by these rows: a fit made on the network
+and used on a run it never saw (the sweep's step 6 against step 5):
+
+    python experiments/auto_on_cluster.py docs/results/network/tcp_queue_16k/repeat blocks_ \
+        docs/results/network/tcp_queue_16k
 """
 
 from __future__ import annotations
@@ -39,11 +46,22 @@ def _rows(path: Path) -> list[dict]:
   return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def judge(rows: list[dict], p: int) -> list[dict]:
-  """One row per size ≥ 1 MiB: auto's pick (left-out fit and in-sample), the best."""
-  rows = [r for r in rows if r.get("wrong") == 0 and not r.get("wire")]
+def _sample(rows: list[dict], p: int) -> list[tuple]:
+  return [(r["algorithm"], p, r["bytes"], r["time_us"] * 1e-6) for r in rows if r["bytes"] >= MIB]
+
+
+def _usable(rows: list[dict]) -> list[dict]:
+  return [r for r in rows if r.get("wrong") == 0 and not r.get("wire")]
+
+
+def judge(rows: list[dict], p: int, other: list[dict] | None = None) -> list[dict]:
+  """One row per size ≥ 1 MiB: auto's pick (left-out fit and in-sample), the best; with
+  ``other`` (another run's rows of the same network), also the pick of a fit on all of
+  those, judged by these rows, which that fit never saw."""
+  rows = _usable(rows)
   cands = set(cost_model.auto_candidates())
-  sample = [(r["algorithm"], p, r["bytes"], r["time_us"] * 1e-6) for r in rows if r["bytes"] >= MIB]
+  sample = _sample(rows, p)
+  other_fit = cost_model.fit_all(_sample(_usable(other), p)) if other else None
   out = []
   for size in sorted({r["bytes"] for r in rows if r["bytes"] >= MIB}):
     here = {r["algorithm"]: r["time_us"] for r in rows if r["bytes"] == size}
@@ -61,6 +79,9 @@ def judge(rows: list[dict], p: int) -> list[dict]:
       "auto_in_sample": pick_in, "ratio_in_sample": here[pick_in] / here[best],
       "psum_us": here.get("psum"), "candidates": sorted(cands & set(mine)),
     })  # fmt: skip
+    if other_fit is not None:
+      pick_other = cost_model.choose(p, size, other_fit, candidates=mine)
+      out[-1].update(auto_other_run=pick_other, ratio_other_run=here[pick_other] / here[best])
   return out
 
 
@@ -68,20 +89,23 @@ def main(argv=None) -> int:
   args = sys.argv[1:] if argv is None else argv
   root = Path(args[0] if args else "docs/results/network")
   prefix = args[1] if len(args) > 1 else "bench_"
+  fit_root = Path(args[2]) if len(args) > 2 else None
+  other_col = f" auto (fit on {fit_root}) | ratio |" if fit_root else ""
   table, lines = [], []
   for path in sorted(root.glob(f"{prefix}*_*.jsonl")):
     net, p = path.stem.removeprefix(prefix).rsplit("_", 1)
     for kind in ("fat_tree", "torus"):  # bench_fat_tree_4_2_8 -> fat_tree:4:2, 8 hosts
       if net.startswith(kind + "_"):
         net = kind + ":" + net.removeprefix(kind + "_").replace("_", ":")
-    rows = judge(_rows(path), int(p))
+    other = _rows(fit_root / path.name) if fit_root and (fit_root / path.name).exists() else None
+    rows = judge(_rows(path), int(p), other)
     if not rows:
       continue
     lines += [
       f"\n### {net}, {p} hosts\n",
       "| per participant | best measured | auto (fit without this size) | ratio |"
-      " auto (fit on all sizes) | ratio |",
-      "|---|---|---|---|---|---|",
+      " auto (fit on all sizes) | ratio |" + other_col,
+      "|---|---|---|---|---|---|" + "---|---|" * bool(fit_root),
     ]
     for r in rows:
       r.update(network=net, hosts=int(p))
@@ -90,6 +114,9 @@ def main(argv=None) -> int:
         f"| {units.format_bytes(r['bytes'])} | {r['best']} {r['best_us'] / 1e3:.0f} ms"
         f" | {r['auto']} {r['auto_us'] / 1e3:.0f} ms | {r['ratio']:.2f}"
         f" | {r['auto_in_sample']} | {r['ratio_in_sample']:.2f} |"
+        + (
+          f" {r['auto_other_run']} | {r['ratio_other_run']:.2f} |" if "auto_other_run" in r else ""
+        )
       )
   worst = max(table, key=lambda r: r["ratio"], default=None)
   head = f"# auto fitted on the emulated network (from the committed rows {prefix}*.jsonl)\n"
@@ -101,6 +128,13 @@ def main(argv=None) -> int:
       f" {worst['hosts']} hosts, {units.format_bytes(worst['bytes'])}: picked"
       f" {worst['auto']}, best {worst['best']}).\n"
     )
+    crossed = [r for r in table if "ratio_other_run" in r]
+    if crossed:
+      head += (
+        f"\nFitted on every size of {fit_root} (another run) and judged by these rows: within"
+        f" 1.10× in {sum(r['ratio_other_run'] <= 1.10 for r in crossed)} of {len(crossed)}"
+        f" cells; worst {max(r['ratio_other_run'] for r in crossed):.2f}×.\n"
+      )
   name = "auto_fit" if prefix == "bench_" else f"auto_fit_{prefix.rstrip('_')}"
   (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in table))
   (root / f"{name}.md").write_text(head + "\n".join(lines) + "\n")

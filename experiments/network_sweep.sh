@@ -15,7 +15,7 @@ FAST=ring,bidirectional_ring,halving_doubling,halving_doubling_near,swing,double
 BENCH="bench -n 3 -w 1 --no-uneven -a 3"  # -a 3: a row is the slowest process's median
 mkdir -p $OUT
 run() { echo "## $*" >&2; nice -n 5 "$@" 2>&1 | grep -v '^\[Gloo\]' ; }
-want() { [[ " ${STEPS:-1 2 3 4 5} " == *" $1 "* ]]; }
+want() { [[ " ${STEPS:-1 2 3 4 5 6} " == *" $1 "* ]]; }
 # 1. the half-duplex exchange (minimal reproduction), p = 2 and 4
 want 1 && {
   for h in 2 4; do
@@ -54,10 +54,13 @@ want 4 && {
 }
 # 5. every network in blocks again with 16 KiB of TCP queue a socket (cluster's default): a
 #    host's "ready to receive" no longer waits behind its own bulk data; 4 and 64 KiB for α
-want 5 && {
+# 6. step 5 once more, into tcp_queue_16k/repeat/: the spread from one run to the next
+small_queue() {  # DIR: every network in blocks at 16 KiB, 4 KiB-64 MiB
+  local dir=$1
+  mkdir -p $dir
   for net in "switch 4" "switch 8" "fat_tree:4:2 8" "torus:8 8"; do
     set -- $net
-    f=$OUT/tcp_queue_16k/blocks_${1//:/_}_$2.jsonl
+    f=$dir/blocks_${1//:/_}_$2.jsonl
     run $CL16 --hosts $2 --topology $1 -- $BENCH --order blocks --algorithms $ALL -b 4KiB -e 64KiB \
       -f 16 --out $f
     run $CL16 --hosts $2 --topology $1 -- $BENCH --order blocks --algorithms $ALL -b 1MiB -e 16MiB \
@@ -66,3 +69,5 @@ want 5 && {
       -e 64MiB --out $f
   done
 }
+want 5 && small_queue $OUT/tcp_queue_16k
+want 6 && small_queue $OUT/tcp_queue_16k/repeat

@@ -109,37 +109,74 @@ def order_tables(root: Path) -> tuple[list[str], list[dict]]:
   return lines, summary
 
 
-def small_queue_tables(root: Path) -> tuple[list[str], list[dict]]:
-  """Each network timed in blocks with 16 KiB of TCP queue a socket (``cluster``'s
-  default since; ``tcp_queue_16k/blocks_NET_HOSTS.jsonl``, step 5 of the sweep) against
-  the same in blocks at the kernel's 4 MiB (``blocks_NET_HOSTS.jsonl``). α fitted from
-  this set's own 4 and 64 KiB rows."""
+def _set_tables(
+  where: Path, against: Path, title: str, versus: str, tags: dict
+) -> tuple[list[str], list[dict]]:
+  """Each network's blocks rows in ``where`` (``blocks_NET_HOSTS.jsonl``): per cell the
+  seconds, measured / model at half duplex (α fitted from the set's own 4 and 64 KiB
+  rows), and ``against``'s seconds for the same cell / these."""
   lines, summary = [], []
   for net, p in NETS:
     name = f"{net.replace(':', '_')}_{p}.jsonl"
-    rows, deep = _good(root / "tcp_queue_16k", "blocks_" + name), _good(root, "blocks_" + name)
+    rows, other = _good(where, "blocks_" + name), _good(against, "blocks_" + name)
     if not rows:
       continue
     a_half, a_full = fit_alpha(rows, p, net, "half"), fit_alpha(rows, p, net, "full")
     sizes = sorted({r["bytes"] for r in rows if r["bytes"] >= 1 << 20})
     algs = list(dict.fromkeys(r["algorithm"] for r in rows))
-    t, td = _times(rows), _times(deep)
+    t, to = _times(rows), _times(other)
 
-    def text(a, n, t=t, td=td, net=net, p=p, a_half=a_half, a_full=a_full):
-      cell = {**_cell(net, p, a, n, t[(a, n)], a_half, a_full), "order": "blocks",
-              "tcp_queue": "16KiB"}  # fmt: skip
+    def text(a, n, t=t, to=to, net=net, p=p, a_half=a_half, a_full=a_full):
+      cell = {**_cell(net, p, a, n, t[(a, n)], a_half, a_full), **tags}
       summary.append(cell)
-      ratio = f"{td[(a, n)] / t[(a, n)]:.2f}×" if (a, n) in td else "—"
+      ratio = f"{to[(a, n)] / t[(a, n)]:.2f}×" if (a, n) in to else "—"
       return f"{t[(a, n)]:.3g} s ({t[(a, n)] / cell['model_half_s']:.2f}) {ratio}"
 
     lines += _grid(
-      f"### {net}, {p} hosts, in blocks with `--tcp-queue 16KiB` vs 4 MiB",
+      f"### {net}, {p} hosts, {title}",
       f"α fitted from this set's 4 and 64 KiB rows: {a_half * 1e3:.2f} ms per step (half"
       " duplex). Each cell: seconds (median of 3, the slowest process), then measured / model"
-      " at half duplex, then the 4 MiB TCP queue's seconds / these (> 1: 16 KiB is faster).",
+      f" at half duplex, then {versus}.",
       sizes, algs, t, text,
     )  # fmt: skip
   return lines, summary
+
+
+def small_queue_tables(root: Path) -> tuple[list[str], list[dict]]:
+  """Each network timed in blocks with 16 KiB of TCP queue a socket (``cluster``'s
+  default since; ``tcp_queue_16k/blocks_NET_HOSTS.jsonl``, step 5 of the sweep) against
+  the same in blocks at the kernel's 4 MiB (``blocks_NET_HOSTS.jsonl``)."""
+  return _set_tables(
+    root / "tcp_queue_16k", root, "in blocks with `--tcp-queue 16KiB` vs 4 MiB",
+    "the 4 MiB TCP queue's seconds / these (> 1: 16 KiB is faster)",
+    {"order": "blocks", "tcp_queue": "16KiB"},
+  )  # fmt: skip
+
+
+def repeat_tables(root: Path) -> tuple[list[str], list[dict]]:
+  """Step 5 run again (``tcp_queue_16k/repeat/``, step 6 of the sweep) against the first
+  run: the spread from one run to the next."""
+  return _set_tables(
+    root / "tcp_queue_16k" / "repeat", root / "tcp_queue_16k",
+    "in blocks with `--tcp-queue 16KiB`, run again",
+    "the first run's seconds / these (> 1: the repeat was faster)",
+    {"order": "blocks", "tcp_queue": "16KiB", "run": "repeat"},
+  )  # fmt: skip
+
+
+def repeat_spread(first: list[dict], again: list[dict]) -> list[str]:
+  """How far one run's cells (≥ 1 MiB, every algorithm) land from the other's."""
+  key = lambda s: (s["network"], s["p"], s["algorithm"], s["bytes"])  # noqa: E731
+  one = {key(s): s["measured_s"] for s in first}
+  ratios = sorted(s["measured_s"] / one[key(s)] for s in again if key(s) in one)
+  if not ratios:
+    return []
+  close = sum(0.9 <= r <= 1.1 for r in ratios)
+  return [
+    f"- run to run (step 6 / step 5, every network, algorithm and size ≥ 1 MiB): median"
+    f" {statistics.median(ratios):.2f}, range {ratios[0]:.2f}–{ratios[-1]:.2f}; {close} of"
+    f" {len(ratios)} cells within 10 %."
+  ]
 
 
 def tcp_queue_table(root: Path) -> list[str]:
@@ -168,24 +205,33 @@ def tcp_queue_table(root: Path) -> list[str]:
   return [*lines, ""]
 
 
-def small_queue_targets(root: Path, summary: list[dict]) -> list[str]:
-  """The targets again at ``cluster``'s default TCP queue (16 KiB a socket)."""
+def small_queue_targets(root: Path, summary: list[dict], again: list[dict] = ()) -> list[str]:
+  """The targets again at ``cluster``'s default TCP queue (16 KiB a socket), in the
+  sweep (``summary``) and in its repeat (``again``)."""
   if not summary:
     return []
   lines = ["### The targets at `--tcp-queue 16KiB` (cluster's default), timed in blocks", ""]
   cells = _queue_cells(_rows(root / "tcp_queue.jsonl"), ("tcp_queue",))
   for p in (4, 8):
     v = {n: cells.get((p, "16KiB", "ring", n), []) for n in (4 << 20, 16 << 20)}
-    sweep = [s for s in summary if s["network"] == "switch" and s["p"] == p
-             and s["algorithm"] == "ring" and s["bytes"] >= 4 << 20]  # fmt: skip
+
+    def ring(cells, p=p):
+      return [s for s in cells if s["network"] == "switch" and s["p"] == p
+              and s["algorithm"] == "ring" and s["bytes"] >= 4 << 20]  # fmt: skip
+
+    sweep, repeat = ring(summary), ring(again)
     if any(v.values()) or sweep:
       med = {n: statistics.median(x) for n, x in v.items() if x}
-      ok = all(m >= 0.90 for m in med.values()) and all(s["busbw_over_line"] >= 0.90 for s in sweep)
+      ok = all(m >= 0.90 for m in med.values()) and all(
+        s["busbw_over_line"] >= 0.90 for s in sweep + repeat
+      )
       lines.append(
         f"- ring busbw / line rate on the {p}-host switch (target ≥ 0.90 from 4 MiB):"
         + "".join(f" {_mib(n)} {m:.2f} (median of {len(v[n])})," for n, m in med.items())
         + " in the sweep"
         + ",".join(f" {_mib(s['bytes'])} {s['busbw_over_line']:.2f}" for s in sweep)
+        + ("; in its repeat" if repeat else "")
+        + ",".join(f" {_mib(s['bytes'])} {s['busbw_over_line']:.2f}" for s in repeat)
         + f": {'met' if ok else 'not met'}."
       )
     for a in ("halving_doubling", "recursive_doubling"):
@@ -196,10 +242,11 @@ def small_queue_targets(root: Path, summary: list[dict]) -> list[str]:
           f" its full-duplex bound (target ≤ 1.2), {c['measured_s'] / c['bound_half_s']:.2f}× the"
           " half-duplex one."
         )
-  for net, p in NETS:
-    mine = [s for s in summary if s["network"] == net and s["p"] == p and s["algorithm"] != "psum"]
-    lines += _model_line(mine, f"{net} ({p} hosts)")
-  return [*lines, ""]
+  for cells, run in ((summary, ""), (again, ", the repeat")):
+    for net, p in NETS:
+      mine = [s for s in cells if s["network"] == net and s["p"] == p and s["algorithm"] != "psum"]
+      lines += _model_line(mine, f"{net} ({p} hosts{run})")
+  return [*lines, *repeat_spread(summary, again), ""]
 
 
 def _model_line(mine: list[dict], where: str) -> list[str]:
@@ -507,7 +554,9 @@ def redraw(root: Path) -> None:
   """Each blocks file's figure from all its rows (``bench`` draws only one run's rows),
   dashed: the α-β-γ model fitted on its rows from 1 MiB (as ``bench --fit --fit-min-bytes
   1MiB`` would), not the in-process defaults."""
-  for path in sorted([*root.glob("blocks_*.jsonl"), *root.glob("tcp_queue_16k/blocks_*.jsonl")]):
+  for path in sorted(root.glob("blocks_*.jsonl")) + sorted(
+    root.glob("tcp_queue_16k/**/blocks_*.jsonl")
+  ):
     rows = [r for r in _rows(path) if r.get("wrong") == 0]
     sample = [(r["algorithm"], r["n_devices"], r["bytes"], r["time_us"] * 1e-6)
               for r in rows if r["bytes"] >= 1 << 20]  # fmt: skip
@@ -522,11 +571,12 @@ def main(argv=None) -> int:
   bench, summary = bench_tables(root)
   blocks, in_blocks = order_tables(root)
   small, in_small = small_queue_tables(root)
+  again, in_again = repeat_tables(root)
   text = ["# Measured on an emulated network (tables from the committed rows)", ""]
-  text += small_queue_targets(root, in_small) + tcp_queue_table(root)
+  text += small_queue_targets(root, in_small, in_again) + tcp_queue_table(root)
   text += targets(root, summary + in_blocks) + queue_table(root) + half_duplex_table(root)
-  text += wire_table(root) + torus_lesson(summary) + bench + blocks + small
-  cells = summary + in_blocks + in_small
+  text += wire_table(root) + torus_lesson(summary) + bench + blocks + small + again
+  cells = summary + in_blocks + in_small + in_again
   (root / "tables.md").write_text("\n".join(text) + "\n")
   (root / "summary.jsonl").write_text("".join(json.dumps(s) + "\n" for s in cells))
   figure(summary, root / "time_vs_model.png")
