@@ -205,6 +205,50 @@ def tcp_queue_table(root: Path) -> list[str]:
   return [*lines, ""]
 
 
+def mtu_table(root: Path) -> list[str]:
+  """The ring and psum against line rate at MTU 1500 and 9000, both with the cluster's
+  16 KiB TCP queue (``mtu_16k.jsonl``, ``experiments/link_queue.py --mtus 1500,9000
+  --tcp-queues 16KiB``). Line rate counts frames: 1500 carries at most 0.956 of it as
+  TCP payload, 9000 0.993 (``gloo_model.payload_share``)."""
+  cells = _queue_cells(_rows(root / "mtu_16k.jsonl"), ("mtu",))
+  if not cells:
+    return []
+  return [
+    "### Jumbo frames at `--tcp-queue 16KiB`: ring and psum busbw / line rate (switch, 200 Mbit/s)",
+    "",
+    "`python experiments/link_queue.py --hosts 4,8 --queues 100ms --mtus 1500,9000"
+    " --tcp-queues 16KiB --order blocks --repeats 3` (`cluster --mtu M -- bench --algorithms"
+    " ring,psum -b 4MiB -e 16MiB -f 4 -n 5 -a 3 --order blocks`), the MTUs taking turns. Each"
+    " cell: the median over repeats [min–max]; the payload ceiling is 0.956 at MTU 1500, 0.993"
+    " at 9000.",
+    "",
+    "| hosts | MTU | repeats | ring 4 MiB | ring 16 MiB | psum 4 MiB | psum 16 MiB |",
+    "|---|---|---|---|---|---|---|",
+    *(_config_line(cells, c) for c in sorted({k[:2] for k in cells})),
+    "",
+  ]
+
+
+def _jumbo_line(root: Path, p: int) -> list[str]:
+  """The ring on the ``p``-host switch with jumbo frames (MTU 9000) at the 16 KiB TCP
+  queue: ``mtu_16k.jsonl`` (4, 16 MiB) and ``jumbo_64mib/`` (64 MiB), medians over runs."""
+  v = {n: x for (h, mtu, a, n), x in _queue_cells(_rows(root / "mtu_16k.jsonl"), ("mtu",)).items()
+       if h == p and mtu == 9000 and a == "ring"}  # fmt: skip
+  for path in sorted((root / "jumbo_64mib").glob(f"switch_{p}_run*.jsonl")):
+    for r in _rows(path):
+      if r["algorithm"] == "ring" and r.get("wrong") == 0:
+        v.setdefault(r["bytes"], []).append(r["busbw_GBps"] * 1e9 / RATE)
+  if not v:
+    return []
+  ok = all(min(x) >= 0.90 for x in v.values())
+  return [
+    "  - with `--mtu 9000` (jumbo frames; median of runs [min–max]):"
+    + ",".join(f" {_mib(n)} {statistics.median(x):.2f} [{min(x):.2f}–{max(x):.2f}]"
+               for n, x in sorted(v.items()))
+    + f": {'met' if ok else 'not met'} in every run."
+  ]  # fmt: skip
+
+
 def small_queue_targets(root: Path, summary: list[dict], again: list[dict] = ()) -> list[str]:
   """The targets again at ``cluster``'s default TCP queue (16 KiB a socket), in the
   sweep (``summary``) and in its repeat (``again``)."""
@@ -234,6 +278,7 @@ def small_queue_targets(root: Path, summary: list[dict], again: list[dict] = ())
         + ",".join(f" {_mib(s['bytes'])} {s['busbw_over_line']:.2f}" for s in repeat)
         + f": {'met' if ok else 'not met'}."
       )
+    lines += _jumbo_line(root, p)
     for a in ("halving_doubling", "recursive_doubling"):
       for c in (s for s in summary if s["network"] == "switch" and s["p"] == p
                 and s["algorithm"] == a and s["bytes"] == 16 << 20):  # fmt: skip
@@ -573,7 +618,7 @@ def main(argv=None) -> int:
   small, in_small = small_queue_tables(root)
   again, in_again = repeat_tables(root)
   text = ["# Measured on an emulated network (tables from the committed rows)", ""]
-  text += small_queue_targets(root, in_small, in_again) + tcp_queue_table(root)
+  text += small_queue_targets(root, in_small, in_again) + tcp_queue_table(root) + mtu_table(root)
   text += targets(root, summary + in_blocks) + queue_table(root) + half_duplex_table(root)
   text += wire_table(root) + torus_lesson(summary) + bench + blocks + small + again
   cells = summary + in_blocks + in_small + in_again

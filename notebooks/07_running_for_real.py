@@ -127,10 +127,13 @@ else:
   print(measured[["algorithm", "bytes", "time_s", "bound_s", "measured / bound"]].to_string())
 
 # %% [markdown]
-# The bound is the schedule's bytes at the link rate, with a pairwise exchange priced at
-# half duplex: over gloo, A ↔ B in one `ppermute` runs one direction after the other
-# (XLA posts the send before the receive, and gloo's TCP pair queues the "ready to
-# receive" behind its own payload; `experiments/gloo_exchange_half_duplex.py` is the
+# The bound is the schedule's bytes at the link's payload rate (a 1500-byte frame carries
+# 1448 bytes of TCP payload: `gloo_model.payload_share`), priced as XLA:CPU and gloo run
+# it. XLA:CPU runs one collective at a time, so ppermutes issued together (the
+# bidirectional ring's two lanes) go in turn; and a pairwise exchange is priced at half
+# duplex: over gloo, A ↔ B in one `ppermute` runs one direction after the other (XLA
+# posts the send before the receive, and gloo's TCP pair queues the "ready to receive"
+# behind its own payload; `experiments/gloo_exchange_half_duplex.py` is the
 # reproduction). The whole sweep, every algorithm on a switch, a 2:1 fat tree and a ring
 # of 8 hosts, is in `docs/results/network/` with the commands that made it.
 #
