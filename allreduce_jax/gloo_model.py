@@ -1,7 +1,7 @@
-"""gloo on a real wire: bytes per host from a schedule, and the half-duplex pairwise exchange.
+"""gloo on a real wire: bytes per host, the half-duplex exchange, one collective at a time.
 
-Measured on an emulated cluster (``allreduce-jax cluster``, shaped 200 Mbit/s links),
-two things the replay (:mod:`allreduce_jax.topology`) did not know:
+Measured on an emulated cluster (``allreduce-jax cluster``, shaped 200 Mbit/s links) and
+traced to the sources, what the replay (:mod:`allreduce_jax.topology`) did not know:
 
 - **Bytes per host** are the schedule's: :func:`schedule_bytes` sums a host's messages
   (the ring's ~2n, the parameter server root's (p-1)n) and the interface counters
