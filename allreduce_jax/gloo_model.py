@@ -93,6 +93,19 @@ def half_duplex(steps: topology.Steps) -> topology.Steps:
   return out
 
 
+def steps_as_run(
+  algorithm: str, sizes: tuple[int, ...], n_bytes: float, duplex: str = "half"
+) -> topology.Steps:
+  """The steps :func:`predict_seconds` replays: ``duplex="half"``, as XLA:CPU and gloo run
+  them (:func:`ppermute_steps`, then :func:`half_duplex`); ``"full"``, the record's
+  ``messages`` as :mod:`allreduce_jax.topology` replays them."""
+  if duplex == "half":
+    return half_duplex(ppermute_steps(algorithm, sizes, n_bytes))
+  if duplex == "full":
+    return topology.messages(algorithm, sizes, n_bytes)
+  raise ValueError(f"duplex={duplex!r}: expected 'half' or 'full'.")
+
+
 def predict_seconds(
   algorithm: str,
   p: int,
@@ -111,11 +124,7 @@ def predict_seconds(
   if p < 2:
     return 0.0
   top = top or topology.switch()
-  sizes = topology.axis_sizes(algorithm, p, top)
-  if duplex == "half":
-    steps = half_duplex(ppermute_steps(algorithm, sizes, n_bytes))
-  else:
-    steps = topology.messages(algorithm, sizes, n_bytes)
+  steps = steps_as_run(algorithm, topology.axis_sizes(algorithm, p, top), n_bytes, duplex)
   prof = topology.profile(steps, top, p)
   return float(prof.seconds(n_bytes, cost_model.resolve(params, algorithm)).sum())
 

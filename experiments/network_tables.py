@@ -7,9 +7,9 @@ Reads ``bench_NET_HOSTS.jsonl`` (``allreduce-jax bench`` on ``allreduce-jax clus
 (``experiments/gloo_exchange_half_duplex.py``), all from ``experiments/network_sweep.sh``,
 and writes ``tables.md`` and ``*.png`` next to them. The model: the topology replay of
 each algorithm's schedule on the emulated network (:func:`allreduce_jax.gloo_model.emulated`),
-β from the link rate, one α per network fitted by least squares on the 4 KiB and 64 KiB
+β from the link's payload rate (`gloo_model.link_params`), one α per network fitted on the 4 KiB and 64 KiB
 rows, priced at full duplex (the replay as it was) and at half duplex for exchanges
-(:func:`allreduce_jax.gloo_model.half_duplex`, what the wire showed).
+(:func:`allreduce_jax.gloo_model.steps_as_run`: one ppermute at a time, exchanges in turn).
 """
 
 from __future__ import annotations
@@ -36,11 +36,7 @@ def _rows(path: Path) -> list[dict]:
 def _parts(alg: str, p: int, n: int, net: str, duplex: str) -> tuple[int, float]:
   """(steps, bandwidth seconds with α = 0) of the replay."""
   top = gloo_model.emulated(net)
-  sizes = topology.axis_sizes(alg, p, top)
-  if duplex == "half":  # as XLA:CPU and gloo run it: one ppermute at a time, exchanges in turn
-    steps = gloo_model.half_duplex(gloo_model.ppermute_steps(alg, sizes, n))
-  else:
-    steps = topology.messages(alg, sizes, n)
+  steps = gloo_model.steps_as_run(alg, topology.axis_sizes(alg, p, top), n, duplex)
   prof = topology.profile(steps, top, p)
   return prof.steps, float(prof.seconds(n, gloo_model.link_params(RATE, 0.0)).sum())
 
