@@ -40,6 +40,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -110,6 +111,9 @@ class Plan:
       0.99 of the line as TCP payload where 1500 carries 0.956).
     tcp_queue: bytes one TCP socket may keep queued in its host
       (``net.ipv4.tcp_limit_output_bytes`` in every host's namespace).
+    congestion_control: the hosts' TCP congestion control
+      (``net.ipv4.tcp_congestion_control`` in every host's namespace); None: what a new
+      namespace inherits, the machine's default.
   """
 
   tag: str
@@ -125,6 +129,7 @@ class Plan:
   queue: float = DEFAULT_QUEUE
   mtu: int = 1500
   tcp_queue: int = DEFAULT_TCP_QUEUE
+  congestion_control: str | None = None
 
   @property
   def namespaces(self) -> tuple[str, ...]:
@@ -136,8 +141,9 @@ class Plan:
     return [lk.a_dev if lk.a == ns else lk.b_dev for lk in self.links if ns in (lk.a, lk.b)]
 
   def describe(self) -> dict:
-    """The network as data, for rows: spec, hosts, rate, queue, MTU, TCP queue."""
-    return {
+    """The network as data, for rows: spec, hosts, rate, queue, MTU, TCP queue, and
+    the congestion control where one was asked for."""
+    out = {
       "network": self.network,
       "hosts": len(self.hosts),
       "link_Bps": self.rate,
@@ -145,6 +151,9 @@ class Plan:
       "mtu": self.mtu,
       "tcp_queue": self.tcp_queue,
     }
+    if self.congestion_control:
+      out["congestion_control"] = self.congestion_control
+    return out
 
 
 def tag_for(pid: int | None = None) -> str:
@@ -163,12 +172,15 @@ def plan(
   queue: float = DEFAULT_QUEUE,
   mtu: int = 1500,
   tcp_queue: int = DEFAULT_TCP_QUEUE,
+  congestion_control: str | None = None,
 ) -> Plan:
   """The cluster of ``hosts`` hosts on ``network`` (a :func:`topology.parse` spec:
   ``switch``, ``fat_tree:K:R``, ``torus:AxB``), links of ``rate`` bytes/s whose queues
   hold ``queue`` seconds of traffic, frames of ``mtu`` bytes, hosts whose TCP sockets
-  each keep at most ``tcp_queue`` bytes queued. ``ValueError`` (naming ``--topology`` /
-  ``--hosts`` / ``--queue`` / ``--mtu`` / ``--tcp-queue``) for what cannot be emulated."""
+  each keep at most ``tcp_queue`` bytes queued, with TCP congestion control
+  ``congestion_control`` (None: the machine's default). ``ValueError`` (naming
+  ``--topology`` / ``--hosts`` / ``--queue`` / ``--mtu`` / ``--tcp-queue`` /
+  ``--congestion-control``) for what cannot be emulated."""
   if hosts < 1:
     raise ValueError(f"--hosts must be at least 1, got {hosts}.")
   if hosts > 250:
@@ -181,6 +193,13 @@ def plan(
     raise ValueError(f"--mtu must be from 576 to 65535 bytes, got {mtu}.")
   if not 1024 <= tcp_queue <= 1 << 30:
     raise ValueError(f"--tcp-queue must be from 1 KiB to 1 GiB, got {tcp_queue} bytes.")
+  if congestion_control is not None and not re.fullmatch(
+    r"[a-z][a-z0-9_]{0,15}", congestion_control
+  ):
+    raise ValueError(
+      f"--congestion-control must be a kernel's algorithm name (reno, cubic, bbr...),"
+      f" got {congestion_control!r}."
+    )
   top = topology_lib.parse(network)
   if isinstance(top, topology_lib.Switch) and top.ports is not None:
     raise ValueError(f"--topology {network!r}: switch:PORTS (several NICs) is not emulated.")
@@ -213,7 +232,7 @@ def plan(
   name = "switch" if isinstance(top, topology_lib.Switch) else top.name
   return Plan(
     tag, name, rate, names, hostnames, addresses, devices, bridges, links, routes, queue, mtu,
-    tcp_queue,
+    tcp_queue, congestion_control,
   )  # fmt: skip
 
 
@@ -310,6 +329,43 @@ _SYSCTL = (
 
 
 _TSQ = "/proc/sys/net/ipv4/tcp_limit_output_bytes"  # per network namespace
+_CC = "/proc/sys/net/ipv4/tcp_congestion_control"  # per network namespace
+_CC_AVAILABLE = "/proc/sys/net/ipv4/tcp_available_congestion_control"
+_CC_ALLOWED = "/proc/sys/net/ipv4/tcp_allowed_congestion_control"  # the machine's
+
+
+def default_congestion_control() -> str | None:
+  """The TCP congestion control a new network namespace starts with (this machine's
+  default, ``net.ipv4.tcp_congestion_control``), or None where it cannot be read."""
+  try:
+    return Path(_CC).read_text().strip() or None
+  except OSError:
+    return None
+
+
+def congestion_control_problem(name: str | None) -> str | None:
+  """Why the hosts cannot use TCP congestion control ``name`` (one line), or None.
+  Inside a network namespace Linux lets a process choose only the algorithms the
+  machine lists in ``net.ipv4.tcp_allowed_congestion_control``."""
+  if name is None:
+    return None
+  try:
+    available = Path(_CC_AVAILABLE).read_text().split()
+    allowed = Path(_CC_ALLOWED).read_text().split()
+  except OSError as e:
+    return f"--congestion-control {name}: cannot read the kernel's list ({e})."
+  if name not in available:
+    return (
+      f"--congestion-control {name}: this kernel has {' '.join(available)}"
+      f" (net.ipv4.tcp_available_congestion_control; a module may add more: modprobe tcp_{name})."
+    )
+  if name not in allowed and name != default_congestion_control():
+    return (
+      f"--congestion-control {name}: a network namespace may use only {' '.join(allowed)}"
+      f" here (net.ipv4.tcp_allowed_congestion_control); to allow it, as root: sysctl -w"
+      f" net.ipv4.tcp_allowed_congestion_control='{' '.join([*allowed, name])}'."
+    )
+  return None
 
 
 def _shape(ns: str, dev: str, rate: float, queue: float = DEFAULT_QUEUE) -> list[str]:
@@ -329,7 +385,10 @@ def up(p: Plan) -> None:
       _run(["ip", "netns", "add", ns])
       host = ns in p.hosts
       _run(_in(ns, _SYSCTL + ("; echo 1 > /proc/sys/net/ipv4/ip_forward" if p.routes else "")
-                           + (f"; echo {p.tcp_queue} > {_TSQ}" if host else "")))  # fmt: skip
+                           + (f"; echo {p.tcp_queue} > {_TSQ}" if host else "")
+                           + (f"; [ \"$(cat {_CC})\" = {p.congestion_control} ]"
+                              f" || echo {p.congestion_control} > {_CC}"
+                              if host and p.congestion_control else "")))  # fmt: skip
       _run(["ip", "-n", ns, "link", "set", "lo", "up"])
     for ns in p.bridges:
       _run(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"])

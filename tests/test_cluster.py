@@ -116,6 +116,43 @@ def test_without_privilege_one_line_says_what_is_needed(monkeypatch, capsys):
   assert err.count("\n") == 1 and "needs root" in err
 
 
+def test_congestion_control_problem_names_the_kernels_lists(monkeypatch, tmp_path):
+  files = {"_CC": "bbr\n", "_CC_AVAILABLE": "reno bbr cubic\n", "_CC_ALLOWED": "reno bbr\n"}
+  for name, text in files.items():
+    (tmp_path / name).write_text(text)
+    monkeypatch.setattr(netns, name, str(tmp_path / name))
+  assert netns.default_congestion_control() == "bbr"
+  assert netns.congestion_control_problem(None) is None
+  assert netns.congestion_control_problem("reno") is None
+  missing = netns.congestion_control_problem("dctcp")
+  assert "--congestion-control dctcp" in missing and "has reno bbr cubic" in missing
+  refused = netns.congestion_control_problem("cubic")
+  assert "may use only reno bbr" in refused
+  assert "tcp_allowed_congestion_control='reno bbr cubic'" in refused
+  # The machine's default is what a namespace starts with: asking for it needs no write.
+  (tmp_path / "_CC_ALLOWED").write_text("reno\n")
+  assert netns.congestion_control_problem("bbr") is None
+  assert (
+    netns.plan("switch", 2, 25e6, congestion_control="cubic").describe()["congestion_control"]
+    == "cubic"
+  )
+  assert "congestion_control" not in netns.plan("switch", 2, 25e6).describe()
+
+
+def test_a_refused_congestion_control_is_one_line_before_anything_is_built(
+  monkeypatch, capsys, tmp_path
+):
+  monkeypatch.setattr(netns, "privilege_problem", lambda: None)
+  monkeypatch.setattr(netns, "congestion_control_problem", lambda name: f"{name}: refused (test)")
+  monkeypatch.setattr(netns, "up", lambda plan: pytest.fail("built a cluster"))
+  assert (
+    cluster.run(cluster_args(["--hosts", "2", "--congestion-control", "cubic", "--", "verify"]))
+    == 1
+  )
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "cubic: refused (test)" in err
+
+
 def cluster_args(argv):
   from allreduce_jax import cli
 
@@ -133,7 +170,9 @@ def cluster_args(argv):
    (["--hosts", "2", "--mtu", "100", "--", "verify"], "--mtu must be from 576 to 65535 bytes, got 100"),
    (["--hosts", "2", "--tcp-queue", "lots", "--", "verify"], "--tcp-queue 'lots' is not a size"),
    (["--hosts", "2", "--tcp-queue", "100", "--", "verify"],
-    "--tcp-queue must be from 1 KiB to 1 GiB, got 100 bytes")],
+    "--tcp-queue must be from 1 KiB to 1 GiB, got 100 bytes"),
+   (["--hosts", "2", "--congestion-control", "Bad!", "--", "verify"],
+    "--congestion-control must be a kernel's algorithm name")],
 )  # fmt: skip
 def test_bad_options_one_line_exit_2(argv, message, capsys):
   assert cluster.run(cluster_args(argv)) == 2
@@ -143,7 +182,9 @@ def test_bad_options_one_line_exit_2(argv, message, capsys):
 
 def test_up_and_down_leave_nothing_behind(privileged):
   for spec, n in (("switch", 3), ("fat_tree:2:2", 4), ("torus:2x2", 4)):
-    plan = netns.plan(spec, n, 25e6, queue=0.002, mtu=9000, tcp_queue=32 * 1024)
+    plan = netns.plan(
+      spec, n, 25e6, queue=0.002, mtu=9000, tcp_queue=32 * 1024, congestion_control="reno"
+    )
     try:
       netns.up(plan)
       assert set(netns.namespaces(plan.tag + "-")) == set(plan.namespaces)
@@ -159,14 +200,17 @@ def test_up_and_down_leave_nothing_behind(privileged):
       hosts = (netns.ETC_NETNS / plan.hosts[0] / "hosts").read_text()
       assert f"{plan.addresses[1]} {plan.hostnames[1]}" in hosts
       # A program run as host 1 sees its own host name, the TCP queue asked for
-      # (--tcp-queue, the kernel's TSQ limit in its namespace) and the network described.
+      # (--tcp-queue, the kernel's TSQ limit in its namespace), the congestion control
+      # asked for (reno: every kernel has it, every namespace may use it) and the
+      # network described.
       seen = subprocess.run(
-        [*netns.host_argv(plan, 1), "sh", "-c", f"hostname; cat {netns._TSQ};"
+        [*netns.host_argv(plan, 1), "sh", "-c", f"hostname; cat {netns._TSQ}; cat {netns._CC};"
          f' echo "${netns.ENV_NETWORK}"'], capture_output=True, text=True, check=True, timeout=30,
       ).stdout.splitlines()  # fmt: skip
-      assert seen[:2] == [plan.hostnames[1], "32768"]
-      assert json.loads(seen[2]) == {"network": plan.network, "hosts": n, "link_Bps": 25e6,
-                                     "queue_s": 0.002, "mtu": 9000, "tcp_queue": 32768}  # fmt: skip
+      assert seen[:3] == [plan.hostnames[1], "32768", "reno"]
+      assert json.loads(seen[3]) == {"network": plan.network, "hosts": n, "link_Bps": 25e6,
+                                     "queue_s": 0.002, "mtu": 9000, "tcp_queue": 32768,
+                                     "congestion_control": "reno"}  # fmt: skip
     finally:
       netns.down(plan.tag)
     assert netns.leftovers(plan.tag) == []

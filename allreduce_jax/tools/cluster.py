@@ -1,7 +1,8 @@
 """``allreduce-jax cluster``: run a subcommand on an emulated cluster of hosts on this machine.
 
     allreduce-jax cluster --hosts 4 [--topology switch] [--link 200Mbit] [--queue 100ms] \\
-        [--mtu 1500] [--tcp-queue 16KiB] [--devices-per-host 1] [--timeout S] \\
+        [--mtu 1500] [--tcp-queue 16KiB] [--congestion-control bbr] [--devices-per-host 1] \\
+        [--timeout S] \\
         [--log-dir DIR] [--counters FILE] -- bench ...
     allreduce-jax cluster down        # remove what killed runs left (down --all: every cluster)
 
@@ -10,7 +11,8 @@ by the network ``--topology`` names (the specs ``scaling --topology`` reads:
 ``switch``, ``fat_tree:K:R``, ``torus:AxB``) whose links are shaped to ``--link``
 in each direction (:mod:`allreduce_jax.netns`; ``--queue``: each link's queue as time
 at its rate, ``--mtu``: its frames, ``--tcp-queue``: what one TCP socket may keep queued
-in its host, :data:`~allreduce_jax.netns.DEFAULT_TCP_QUEUE`), then runs the command after ``--``
+in its host, :data:`~allreduce_jax.netns.DEFAULT_TCP_QUEUE`; ``--congestion-control``:
+the hosts' TCP congestion control, else the machine's default, which the banner names), then runs the command after ``--``
 once per host, all joined into one ``jax.distributed`` runtime (gloo over the
 emulated links; the coordinator on host 0), with ``$ALLREDUCE_JAX_NETWORK`` describing
 the network (rows measured there carry it in their key). The command is an ``allreduce-jax``
@@ -156,6 +158,7 @@ def cluster(
   queue: str = "100ms",
   mtu: int = 1500,
   tcp_queue: str = units.format_bytes(netns.DEFAULT_TCP_QUEUE),
+  congestion_control: str | None = None,
   devices_per_host: int = 1,
   counters_path: str | None = None,
   concurrent: bool = False,
@@ -178,9 +181,10 @@ def cluster(
     queue=units.parse_duration(queue, "--queue"),
     mtu=mtu,
     tcp_queue=units.parse_size(tcp_queue, "--tcp-queue"),
+    congestion_control=congestion_control,
   )
   launcher.command_argv(list(command))  # a missing command: before anything is built
-  problem = netns.privilege_problem()
+  problem = netns.privilege_problem() or netns.congestion_control_problem(congestion_control)
   if problem:
     raise netns.ClusterError(problem)
   with _one_at_a_time(concurrent, err):
@@ -197,7 +201,9 @@ def _run(command, hosts, plan, rate, devices_per_host, counters_path, err, launc
     print(
       f"# cluster: {hosts} host(s) on {plan.network}, every link {units.tc_rate(rate)}"
       f" each way ({rate / 1e6:.3g} MB/s, queues of {plan.queue * 1e3:g} ms, MTU {plan.mtu},"
-      f" at most {units.format_bytes(plan.tcp_queue)} queued per TCP socket),"
+      f" at most {units.format_bytes(plan.tcp_queue)} queued per TCP socket, TCP congestion"
+      f" control {plan.congestion_control or netns.default_congestion_control() or 'unknown'}"
+      f"{'' if plan.congestion_control else ' (the machine default)'}),"
       f" addresses {plan.addresses[0]}..{plan.addresses[-1]},"
       f" namespaces {plan.tag}-*",
       file=err,
@@ -287,6 +293,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     " kernel's own default: one flow can fill the link's whole queue)",
   )
   parser.add_argument(
+    "--congestion-control",
+    default=None,
+    help="the hosts' TCP congestion control (net.ipv4.tcp_congestion_control, set in every"
+    " host): reno, cubic (most distributions' default), bbr... (default: the machine's own,"
+    " which the banner names)",
+  )
+  parser.add_argument(
     "--devices-per-host", type=int, default=1, help="emulated CPU devices per host process"
   )
   parser.add_argument(
@@ -327,6 +340,7 @@ def run(args: argparse.Namespace) -> int:
       queue=args.queue,
       mtu=args.mtu,
       tcp_queue=args.tcp_queue,
+      congestion_control=args.congestion_control,
       devices_per_host=args.devices_per_host,
       counters_path=args.counters,
       concurrent=args.concurrent or os.environ.get(ENV_CONCURRENT, "") not in ("", "0"),

@@ -551,6 +551,9 @@ def _render_network(out: Path) -> list[str]:
     if {"queue_s", "mtu", "tcp_queue"} <= set(net)
     else ""
   )
+  # The hosts' TCP congestion control: asked for (in the key) or this machine's default.
+  cc = net.get("congestion_control") or netns.default_congestion_control()
+  queues += f" TCP congestion control {cc} (`cluster --congestion-control`)." if cc else ""
   return [
     f"{rows[0]['n_devices']} hosts, links {link} ({rate / 1e6:g} MB/s) each way.{queues} The"
     " bounds are the replayed bytes at the link rate less the frames' TCP/IP headers"
