@@ -225,6 +225,47 @@ def mtu_table(root: Path) -> list[str]:
   ]
 
 
+def congestion_control_table(root: Path) -> list[str]:
+  """The ring and psum against line rate with the hosts' TCP congestion control chosen
+  (``congestion_control.jsonl``, ``experiments/link_queue.py --congestion-controls``),
+  at MTU 1500 and the 16 KiB TCP queue, 4 to 64 MiB."""
+  cells = _queue_cells(_rows(root / "congestion_control.jsonl"), ("congestion_control",))
+  if not cells:
+    return []
+  sizes = (4 << 20, 16 << 20, 64 << 20)
+  head = " | ".join(f"{a} {_mib(n)}" for a in ("ring", "psum") for n in sizes)
+  return [
+    "### The hosts' TCP congestion control: ring and psum busbw / line rate (switch, 200 Mbit/s)",
+    "",
+    "`python experiments/link_queue.py --hosts 8 --queues 100ms --tcp-queues 16KiB"
+    " --congestion-controls bbr,cubic --max-bytes 64MiB --order blocks` (`cluster"
+    " --congestion-control C -- bench --algorithms ring,psum -b 4MiB -e 64MiB -f 4 -n 5 -a 3"
+    " --order blocks`), the two taking turns; bbr is this machine's default, which every other"
+    " table here ran with. Each cell: the median over repeats [min–max].",
+    "",
+    f"| hosts | congestion control | repeats | {head} |",
+    "|---|---|---|" + "---|" * len(head.split(" | ")),
+    *(_config_line(cells, c, sizes) for c in sorted({k[:2] for k in cells})),
+    "",
+  ]
+
+
+def _congestion_control_lines(root: Path, p: int) -> list[str]:
+  """The ring on the ``p``-host switch per congestion control (``congestion_control.jsonl``)."""
+  cells = _queue_cells(_rows(root / "congestion_control.jsonl"), ("congestion_control",))
+  lines = []
+  for cc in sorted({k[1] for k in cells if k[0] == p}):
+    v = {k[3]: x for k, x in cells.items() if k[:3] == (p, cc, "ring")}
+    ok = all(min(x) >= 0.90 for x in v.values())
+    lines.append(
+      f"  - with `--congestion-control {cc}` (median of runs [min–max]):"
+      + ",".join(f" {_mib(n)} {statistics.median(x):.2f} [{min(x):.2f}–{max(x):.2f}]"
+                 for n, x in sorted(v.items()))
+      + (": met in every run." if ok else ": not met.")
+    )  # fmt: skip
+  return lines
+
+
 def _jumbo_line(root: Path, p: int) -> list[str]:
   """The ring on the ``p``-host switch with jumbo frames (MTU 9000) at the 16 KiB TCP
   queue: ``mtu_16k.jsonl`` (4, 16 MiB) and ``jumbo_64mib/`` (64 MiB), medians over runs."""
@@ -274,7 +315,7 @@ def small_queue_targets(root: Path, summary: list[dict], again: list[dict] = ())
         + ",".join(f" {_mib(s['bytes'])} {s['busbw_over_line']:.2f}" for s in repeat)
         + f": {'met' if ok else 'not met'}."
       )
-    lines += _jumbo_line(root, p)
+    lines += _jumbo_line(root, p) + _congestion_control_lines(root, p)
     for a in ("halving_doubling", "recursive_doubling"):
       for c in (s for s in summary if s["network"] == "switch" and s["p"] == p
                 and s["algorithm"] == a and s["bytes"] == 16 << 20):  # fmt: skip
@@ -434,12 +475,12 @@ def _queue_cells(rows: list[dict], fields: tuple[str, ...] = ("queue", "mtu")) -
   return cells
 
 
-def _config_line(cells: dict, config: tuple) -> str:
+def _config_line(cells: dict, config: tuple, sizes=(4 << 20, 16 << 20)) -> str:
   """One table line of a configuration (hosts first): its repeats, then ring and psum at
-  4 and 16 MiB, each the median over repeats [min–max]."""
+  ``sizes`` (4 and 16 MiB), each the median over repeats [min–max]."""
   row = []
   for a in ("ring", "psum"):
-    for n in (4 << 20, 16 << 20):
+    for n in sizes:
       v = cells.get((*config, a, n), [])
       row.append(f"{statistics.median(v):.2f} [{min(v):.2f}–{max(v):.2f}]" if v else "—")
   reps = len(cells.get((*config, "ring", 4 << 20), []))
@@ -615,6 +656,7 @@ def main(argv=None) -> int:
   again, in_again = repeat_tables(root)
   text = ["# Measured on an emulated network (tables from the committed rows)", ""]
   text += small_queue_targets(root, in_small, in_again) + tcp_queue_table(root) + mtu_table(root)
+  text += congestion_control_table(root)
   text += targets(root, summary + in_blocks) + queue_table(root) + half_duplex_table(root)
   text += wire_table(root) + torus_lesson(summary) + bench + blocks + small + again
   cells = summary + in_blocks + in_small + in_again

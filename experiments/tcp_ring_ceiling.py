@@ -64,9 +64,11 @@ print(" ".join(map(str, times)))
 """
 
 
-def measure(p: int, nbytes: int, rate: float, trials: int, tcp_queue: int) -> dict:
+def measure(
+  p: int, nbytes: int, rate: float, trials: int, tcp_queue: int, cc: str | None = None
+) -> dict:
   chunk, steps = nbytes // p, 2 * (p - 1)
-  plan = netns.plan("switch", p, rate, tcp_queue=tcp_queue)
+  plan = netns.plan("switch", p, rate, tcp_queue=tcp_queue, congestion_control=cc)
   procs: list[subprocess.Popen] = []
   try:
     netns.up(plan)
@@ -85,7 +87,7 @@ def measure(p: int, nbytes: int, rate: float, trials: int, tcp_queue: int) -> di
   t = statistics.median(times)
   return {
     "hosts": p, "bytes": nbytes, "link_Bps": rate, "tcp_queue": tcp_queue, "steps": steps,
-    "trials": trials,
+    "trials": trials, **({"congestion_control": cc} if cc else {}),
     "time_s": t, "time_s_min": min(times), "time_s_max": max(times),
     "busbw_over_line": ideal / t, "busbw_over_line_best": ideal / min(times),
   }  # fmt: skip
@@ -102,19 +104,34 @@ def main(argv=None) -> int:
     default=units.format_bytes(netns.DEFAULT_TCP_QUEUE),
     help="bytes a TCP socket may queue in its host (cluster's default)",
   )
+  ap.add_argument(
+    "--congestion-controls",
+    default="",
+    help="the hosts' TCP congestion controls to compare, comma-separated, taking turns"
+    " (cluster --congestion-control; default: the machine's own)",
+  )
+  ap.add_argument("--repeats", type=int, default=1, help="rounds over the congestion controls")
   ap.add_argument("--out", default=None, help="JSON Lines file (appended)")
   a = ap.parse_args(argv)
-  problem = netns.privilege_problem()
+  ccs = [c or None for c in a.congestion_controls.split(",")]
+  problem = netns.privilege_problem() or next(
+    filter(None, map(netns.congestion_control_problem, ccs)), None
+  )
   if problem:
     raise SystemExit(problem)
   rate = units.parse_rate(a.link, "--link")
-  for p in (int(h) for h in a.hosts.split(",")):
-    for nbytes in (units.parse_size(b, "--bytes") for b in a.bytes.split(",")):
-      row = measure(p, nbytes, rate, a.trials, units.parse_size(a.tcp_queue, "--tcp-queue"))
-      print(json.dumps(row), flush=True)
-      if a.out:
-        with open(a.out, "a") as f:
-          f.write(json.dumps(row) + "\n")
+  tcp_queue = units.parse_size(a.tcp_queue, "--tcp-queue")
+  for repeat in range(1, a.repeats + 1):
+    for p in (int(h) for h in a.hosts.split(",")):
+      for nbytes in (units.parse_size(b, "--bytes") for b in a.bytes.split(",")):
+        for cc in ccs:
+          row = measure(p, nbytes, rate, a.trials, tcp_queue, cc)
+          if a.repeats > 1:
+            row["repeat"] = repeat
+          print(json.dumps(row), flush=True)
+          if a.out:
+            with open(a.out, "a") as f:
+              f.write(json.dumps(row) + "\n")
   return 0
 
 
