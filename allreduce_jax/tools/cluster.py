@@ -1,9 +1,8 @@
 """``allreduce-jax cluster``: run a subcommand on an emulated cluster of hosts on this machine.
 
     allreduce-jax cluster --hosts 4 [--topology switch] [--link 200Mbit] [--queue 100ms] \\
-        [--mtu 1500] [--tcp-queue 16KiB] [--congestion-control bbr] [--devices-per-host 1] \\
-        [--timeout S] \\
-        [--log-dir DIR] [--counters FILE] -- bench ...
+        [--mtu 1500] [--tcp-queue 16KiB] [--congestion-control cubic] [--devices-per-host 1] \\
+        [--timeout S] [--log-dir DIR] [--counters FILE] -- bench ...
     allreduce-jax cluster down        # remove what killed runs left (down --all: every cluster)
 
 Builds N hosts, each a network namespace with its own address and host name, joined
