@@ -28,8 +28,8 @@ root; nothing else should run meanwhile.
     python experiments/link_queue.py --queues 100ms --tcp-queues 4MiB,16KiB --order blocks \\
         --incast --out docs/results/network/tcp_queue.jsonl
     python experiments/link_queue.py --hosts 8 --queues 100ms --tcp-queues 16KiB \\
-        --congestion-controls bbr,cubic,reno --max-bytes 64MiB --order blocks \\
-        --out docs/results/network/congestion_control.jsonl
+        --congestion-controls bbr,cubic --max-bytes 64MiB --order blocks \\
+        --out docs/results/network/congestion_control.jsonl        # then --hosts 4
 """
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def run_one(
     out = Path(tmp) / "rows.jsonl"
     cmd = [sys.executable, "-m", "allreduce_jax", "cluster", "--hosts", str(hosts),
            "--link", "200Mbit", "--queue", queue, "--mtu", str(mtu), "--tcp-queue", tcp_queue,
-           *(["--congestion-control", cc] if cc else []), "--", "bench", "--algorithms", algorithms, *bench, "--out", str(out), "--fresh"]  # fmt: skip
+           *(["--congestion-control", cc] if cc else []), "--", "bench", "--algorithms",
+           algorithms, *bench, "--out", str(out), "--fresh"]  # fmt: skip
     print("#", " ".join(cmd[1:]), file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env={**os.environ})
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
