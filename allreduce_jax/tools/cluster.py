@@ -13,9 +13,9 @@ at its rate, ``--mtu``: its frames, ``--tcp-queue``: what one TCP socket may kee
 in its host, :data:`~allreduce_jax.netns.DEFAULT_TCP_QUEUE`; ``--congestion-control``:
 the hosts' TCP congestion control, else the machine's default, which the banner names),
 then runs the command after ``--`` once per host, all joined into one
-``jax.distributed`` runtime (gloo over the emulated links; the coordinator on host 0), with ``$ALLREDUCE_JAX_NETWORK`` describing
-the network (rows measured there carry it in their key). The command is an ``allreduce-jax``
-subcommand or any program that calls
+``jax.distributed`` runtime (gloo over the emulated links; the coordinator on host 0),
+with ``$ALLREDUCE_JAX_NETWORK`` describing the network (rows measured there carry it in
+their key). The command is an ``allreduce-jax`` subcommand or any program that calls
 :func:`allreduce_jax.distributed.initialize_from_env`.
 
 The processes are supervised by ``allreduce-jax launch``'s code
