@@ -55,8 +55,12 @@ want 4 && {
 # 5. every network in blocks again with 16 KiB of TCP queue a socket (cluster's default): a
 #    host's "ready to receive" no longer waits behind its own bulk data; 4 and 64 KiB for α
 # 6. step 5 once more, into tcp_queue_16k/repeat/: the spread from one run to the next
-small_queue() {  # DIR: every network in blocks at 16 KiB, 4 KiB-64 MiB
+# 7. (only when asked: STEPS=7) step 5 with the hosts at cubic, into tcp_queue_16k/cubic/;
+#    needs cubic in net.ipv4.tcp_allowed_congestion_control (cluster says so otherwise)
+small_queue() {  # DIR [CLUSTER OPTIONS...]: every network in blocks at 16 KiB, 4 KiB-64 MiB
   local dir=$1
+  shift
+  local CL16="$CL16 $*"
   mkdir -p $dir
   for net in "switch 4" "switch 8" "fat_tree:4:2 8" "torus:8 8"; do
     set -- $net
@@ -71,3 +75,4 @@ small_queue() {  # DIR: every network in blocks at 16 KiB, 4 KiB-64 MiB
 }
 want 5 && small_queue $OUT/tcp_queue_16k
 want 6 && small_queue $OUT/tcp_queue_16k/repeat
+[[ " ${STEPS:-} " == *" 7 "* ]] && small_queue $OUT/tcp_queue_16k/cubic --congestion-control cubic

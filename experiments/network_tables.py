@@ -160,7 +160,9 @@ def repeat_tables(root: Path) -> tuple[list[str], list[dict]]:
   )  # fmt: skip
 
 
-def repeat_spread(first: list[dict], again: list[dict]) -> list[str]:
+def repeat_spread(
+  first: list[dict], again: list[dict], label: str = "run to run (step 6 / step 5"
+) -> list[str]:
   """How far one run's cells (≥ 1 MiB, every algorithm) land from the other's."""
   key = lambda s: (s["network"], s["p"], s["algorithm"], s["bytes"])  # noqa: E731
   one = {key(s): s["measured_s"] for s in first}
@@ -169,7 +171,7 @@ def repeat_spread(first: list[dict], again: list[dict]) -> list[str]:
     return []
   close = sum(0.9 <= r <= 1.1 for r in ratios)
   return [
-    f"- run to run (step 6 / step 5, every network, algorithm and size ≥ 1 MiB): median"
+    f"- {label}, every network, algorithm and size ≥ 1 MiB): median"
     f" {statistics.median(ratios):.2f}, range {ratios[0]:.2f}–{ratios[-1]:.2f}; {close} of"
     f" {len(ratios)} cells within 10 %."
   ]
@@ -286,9 +288,22 @@ def _jumbo_line(root: Path, p: int) -> list[str]:
   ]  # fmt: skip
 
 
-def small_queue_targets(root: Path, summary: list[dict], again: list[dict] = ()) -> list[str]:
+def cubic_tables(root: Path) -> tuple[list[str], list[dict]]:
+  """Step 5 with the hosts at ``cubic`` (``tcp_queue_16k/cubic/``, step 7 of the sweep)
+  against the first run, whose hosts ran this machine's default, ``bbr``."""
+  return _set_tables(
+    root / "tcp_queue_16k" / "cubic", root / "tcp_queue_16k",
+    "in blocks with `--tcp-queue 16KiB`, the hosts at `--congestion-control cubic`",
+    "the first run's seconds (at bbr) / these (> 1: cubic was faster)",
+    {"order": "blocks", "tcp_queue": "16KiB", "congestion_control": "cubic"},
+  )  # fmt: skip
+
+
+def small_queue_targets(
+  root: Path, summary: list[dict], again: list[dict] = (), cubic: list[dict] = ()
+) -> list[str]:
   """The targets again at ``cluster``'s default TCP queue (16 KiB a socket), in the
-  sweep (``summary``) and in its repeat (``again``)."""
+  sweep (``summary``), in its repeat (``again``) and with the hosts at ``cubic``."""
   if not summary:
     return []
   lines = ["### The targets at `--tcp-queue 16KiB` (cluster's default), timed in blocks", ""]
@@ -324,11 +339,16 @@ def small_queue_targets(root: Path, summary: list[dict], again: list[dict] = ())
           f" its full-duplex bound (target ≤ 1.2), {c['measured_s'] / c['bound_half_s']:.2f}× the"
           " half-duplex one."
         )
-  for cells, run in ((summary, ""), (again, ", the repeat")):
+  for cells, run in ((summary, ""), (again, ", the repeat"), (cubic, ", cubic")):
     for net, p in NETS:
       mine = [s for s in cells if s["network"] == net and s["p"] == p and s["algorithm"] != "psum"]
       lines += _model_line(mine, f"{net} ({p} hosts{run})")
-  return [*lines, *repeat_spread(summary, again), ""]
+  return [
+    *lines,
+    *repeat_spread(summary, again),
+    *repeat_spread(summary, cubic, "the hosts at cubic against bbr (step 7 / step 5"),
+    "",
+  ]
 
 
 def _model_line(mine: list[dict], where: str) -> list[str]:
@@ -654,12 +674,14 @@ def main(argv=None) -> int:
   blocks, in_blocks = order_tables(root)
   small, in_small = small_queue_tables(root)
   again, in_again = repeat_tables(root)
+  cubic, in_cubic = cubic_tables(root)
   text = ["# Measured on an emulated network (tables from the committed rows)", ""]
-  text += small_queue_targets(root, in_small, in_again) + tcp_queue_table(root) + mtu_table(root)
+  text += small_queue_targets(root, in_small, in_again, in_cubic)
+  text += tcp_queue_table(root) + mtu_table(root)
   text += congestion_control_table(root)
   text += targets(root, summary + in_blocks) + queue_table(root) + half_duplex_table(root)
-  text += wire_table(root) + torus_lesson(summary) + bench + blocks + small + again
-  cells = summary + in_blocks + in_small + in_again
+  text += wire_table(root) + torus_lesson(summary) + bench + blocks + small + again + cubic
+  cells = summary + in_blocks + in_small + in_again + in_cubic
   (root / "tables.md").write_text("\n".join(text) + "\n")
   (root / "summary.jsonl").write_text("".join(json.dumps(s) + "\n" for s in cells))
   figure(summary, root / "time_vs_model.png")
