@@ -142,7 +142,11 @@ else:
 # TCP Small Queues). With the kernel's own 4 MiB a socket, one bulk flow fills the port's
 # whole 100 ms queue and the ring's "ready to receive" waits behind it at every step: at
 # 4 MiB on 4 hosts the ring measured 0.84 of line rate that way and 0.94 with 16 KiB
-# (medians of 3, `docs/results/network/tcp_queue.jsonl`).
+# (medians of 3, `docs/results/network/tcp_queue.jsonl`). So does the hosts' TCP: they run
+# the machine's congestion control unless `cluster --congestion-control` says otherwise
+# (the banner names it). On the machine that measured these, `bbr`, the hand-written ring
+# on 8 hosts reached 0.87 of line rate at 16 MiB, and 0.94 with `cubic`, most
+# distributions' default (medians of 3, `docs/results/network/congestion_control.jsonl`).
 
 # %% [markdown]
 # ## The same commands on a GPU cluster or a TPU pod
