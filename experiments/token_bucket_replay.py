@@ -15,7 +15,8 @@ byte at the rate. This replays the same steps with a bucket on every directed li
 
 α is fitted per network from the 4 and 64 KiB rows, as ``network_tables.py`` fits it
 (least squares; with the bucket by a bounded 1-D search). For the committed sets timed
-in blocks with ``--tcp-queue 16KiB`` (``tcp_queue_16k/`` and its repeat) it prints how
+in blocks with ``--tcp-queue 16KiB`` (``tcp_queue_16k/``, its repeat, and the hosts at
+``cubic``) it prints how
 many hand-written algorithm × size cells at ≥ 1 MiB each model prices within 20 %, and
 every cell's measured / model with and without the bucket. No measurement here.
 
@@ -124,6 +125,7 @@ def main(argv=None) -> int:
   ]
   lines += compare(root / "tcp_queue_16k", "`tcp_queue_16k/` (step 5 of the sweep)")
   lines += compare(root / "tcp_queue_16k" / "repeat", "`tcp_queue_16k/repeat/` (step 6)")
+  lines += compare(root / "tcp_queue_16k" / "cubic", "`tcp_queue_16k/cubic/` (step 7: cubic)")
   print("\n".join(lines))
   return 0
 
