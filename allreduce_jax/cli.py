@@ -12,9 +12,11 @@ import importlib
 import importlib.metadata
 import importlib.util
 import re
+import signal
 import sys
+import threading
 
-from allreduce_jax import distributed
+from allreduce_jax import distributed, results
 from allreduce_jax.results import RowsError, release_locks
 from allreduce_jax.tools import COMMANDS
 
@@ -121,6 +123,16 @@ def main(argv: list[str] | None = None) -> int:
 
   global _depth
   _depth += 1
+  # Ctrl-C: Python's KeyboardInterrupt, noted, so one lost in a GC callback still stops
+  # the command at its next row (results.on_sigint); only where the default is in place.
+  guard = (
+    _depth == 1
+    and threading.current_thread() is threading.main_thread()
+    and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  )
+  if guard:
+    results.clear_interrupt()
+    signal.signal(signal.SIGINT, results.on_sigint)
   try:
     try:
       return _noted(int(module.run(args) or 0))
@@ -136,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     raise
   finally:
     _depth -= 1
+    if guard:
+      signal.signal(signal.SIGINT, signal.default_int_handler)
+      results.clear_interrupt()
     release_locks()
 
 

@@ -67,6 +67,25 @@ _PREFIX = b'{"schema": "' + SCHEMA.encode() + b'"'
 RENAMED_FIELDS = {"algbw_gbps": "algbw_GBps", "busbw_gbps": "busbw_GBps"}
 
 
+_interrupted = False
+
+
+def on_sigint(signum, frame) -> None:
+  """SIGINT handler for the commands (``cli.main`` installs it): KeyboardInterrupt, as
+  Python's own, and a note of it. Where the KeyboardInterrupt lands in a
+  garbage-collection callback (JAX registers one), Python prints "Exception ignored"
+  and goes on; the next row written (:meth:`RowStore.extend`) then raises it again, so a
+  sweep stops at the next row instead of running to its end."""
+  global _interrupted
+  _interrupted = True
+  raise KeyboardInterrupt
+
+
+def clear_interrupt() -> None:
+  global _interrupted
+  _interrupted = False
+
+
 def upgrade(row: dict[str, Any]) -> dict[str, Any]:
   """``row`` with the current name of every renamed field (:data:`RENAMED_FIELDS`).
 
@@ -372,6 +391,8 @@ class RowStore:
     half-written last line left by an interrupted run is cut off first, so the new
     rows start on a fresh line.
     """
+    if _interrupted:  # a Ctrl-C that was lost where Python ignores exceptions
+      raise KeyboardInterrupt
     rows = list(rows)
     keys = [r.get("key") for r in rows] if keys is None else list(keys)
     if len(keys) != len(rows) or any(k is None for k in keys):
