@@ -258,14 +258,20 @@ def _congestion_control_lines(root: Path, p: int) -> list[str]:
   lines = []
   for cc in sorted({k[1] for k in cells if k[0] == p}):
     v = {k[3]: x for k, x in cells.items() if k[:3] == (p, cc, "ring")}
-    ok = all(min(x) >= 0.90 for x in v.values())
-    lines.append(
-      f"  - with `--congestion-control {cc}` (median of runs [min–max]):"
-      + ",".join(f" {_mib(n)} {statistics.median(x):.2f} [{min(x):.2f}–{max(x):.2f}]"
-                 for n, x in sorted(v.items()))
-      + (": met in every run." if ok else ": not met.")
-    )  # fmt: skip
+    lines.append(_runs_line(f"with `--congestion-control {cc}` (median of runs", v))
   return lines
+
+
+def _runs_line(label: str, v: dict) -> str:
+  """A target sub-line: the ring's busbw / line rate per size ``v`` (one value a run),
+  median [min–max], and whether every run reached 0.90."""
+  ok = all(min(x) >= 0.90 for x in v.values())
+  return (
+    f"  - {label} [min–max]):"
+    + ",".join(f" {_mib(n)} {statistics.median(x):.2f} [{min(x):.2f}–{max(x):.2f}]"
+               for n, x in sorted(v.items()))
+    + (": met in every run." if ok else ": not met.")
+  )  # fmt: skip
 
 
 def _jumbo_line(root: Path, p: int) -> list[str]:
@@ -277,15 +283,7 @@ def _jumbo_line(root: Path, p: int) -> list[str]:
     for r in _rows(path):
       if r["algorithm"] == "ring" and r.get("wrong") == 0:
         v.setdefault(r["bytes"], []).append(r["busbw_GBps"] * 1e9 / RATE)
-  if not v:
-    return []
-  ok = all(min(x) >= 0.90 for x in v.values())
-  return [
-    "  - with `--mtu 9000` (jumbo frames; median of runs [min–max]):"
-    + ",".join(f" {_mib(n)} {statistics.median(x):.2f} [{min(x):.2f}–{max(x):.2f}]"
-               for n, x in sorted(v.items()))
-    + f": {'met' if ok else 'not met'} in every run."
-  ]  # fmt: skip
+  return [_runs_line("with `--mtu 9000` (jumbo frames; median of runs", v)] if v else []
 
 
 def cubic_tables(root: Path) -> tuple[list[str], list[dict]]:
