@@ -25,6 +25,11 @@ traced to the sources, what the replay (:mod:`allreduce_jax.topology`) did not k
   a double-tree round). :func:`ppermute_steps` lists a schedule that way (one step per
   ppermute: its own α, its own half-duplex check), so the two lanes of the
   bidirectional ring are two shifts in turn, not one exchange between neighbours.
+- **Each link is a token bucket.** ``tc``'s ``tbf`` holds 4 ms of a link's rate
+  (:func:`allreduce_jax.netns.bucket_bytes`); a link that was idle passes that much at
+  veth speed, and every step's α of software time refills it. ``predict_seconds(...,
+  bucket_s=)`` prices that (:func:`link_bucket_s` gives an emulated link's): it matters
+  where a step's message is a few buckets long (1–4 MiB on 8 hosts).
 
 NumPy over the replay's schedules; it traces nothing and touches no device.
 """
@@ -33,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from allreduce_jax import cost_model, topology
+from allreduce_jax import cost_model, netns, topology
 from allreduce_jax.registry import ALGORITHMS
 
 
@@ -113,20 +118,95 @@ def predict_seconds(
   params: cost_model.Params,
   top=None,
   duplex: str = "half",
+  bucket_s: float = 0.0,
 ) -> float:
   """The replayed time of ``algorithm`` (generated schedule) on ``top`` (default the
   switch) with ``params``; ``duplex="half"`` prices it as XLA:CPU and gloo run it (one
   ppermute at a time, :func:`ppermute_steps`; exchanges at half duplex), ``"full"`` is
   :func:`topology.predict_seconds`'s assumption (a step's ppermutes together, every
-  link full duplex)."""
+  link full duplex). ``bucket_s > 0``: every directed link is a token bucket of that
+  many seconds of its rate (:func:`bucket_replay`); 0 prices every byte at the rate."""
   if duplex not in ("half", "full"):
     raise ValueError(f"duplex={duplex!r}: expected 'half' or 'full'.")
+  if not bucket_s >= 0:
+    raise ValueError(f"bucket_s={bucket_s!r}: expected seconds >= 0 (0: no bucket).")
   if p < 2:
     return 0.0
   top = top or topology.switch()
   steps = steps_as_run(algorithm, topology.axis_sizes(algorithm, p, top), n_bytes, duplex)
+  params = cost_model.resolve(params, algorithm)
+  if bucket_s:
+    return float(bucket_replay(steps, top, p, n_bytes, params, bucket_s).sum())
   prof = topology.profile(steps, top, p)
-  return float(prof.seconds(n_bytes, cost_model.resolve(params, algorithm)).sum())
+  return float(prof.seconds(n_bytes, params).sum())
+
+
+def _link_vector(step: topology.Step, top, p: int) -> np.ndarray:
+  """Every directed link's load in one step (units of n per capacity), in one fixed
+  order for any step on ``p`` participants (a zero message p-1 → p-1 pads the per-host
+  classes to p)."""
+  src = np.array([m[0] for m in step] + [p - 1])
+  dst = np.array([m[1] for m in step] + [p - 1])
+  frac = np.array([m[2] for m in step] + [0.0])
+  loads = top.link_loads(src, dst, frac)
+  return np.concatenate([np.ravel(loads[c]) for c in sorted(loads)])
+
+
+def bucket_replay(
+  steps: topology.Steps, top, p: int, n_bytes: float, params: cost_model.Params, bucket_s: float
+) -> np.ndarray:
+  """``float[steps]``: each step's time when every directed link of ``top`` is a token
+  bucket holding ``bucket_s`` seconds of its own rate (``tc``'s ``tbf``).
+
+  Every bucket starts full. A step first spends its fixed time ``f`` (α, the hops'
+  latency, γ's reduction: the replay's step time at β = 0), during which every link
+  refills: ``have = min(bucket, tokens + f)``. Each link then owes ``need`` seconds at
+  the rate (its load × n·β) and passes ``have`` of them at once; the step's data time
+  is the most any link still owes, ``d = max(0, max(need - have))``, during which every
+  link refills again: ``tokens = min(bucket, have - need + d)``. With ``bucket_s = 0``
+  this is the replay's own ``f + max(need)`` per step.
+
+  Needs a network whose hosts have links (``switch(ports)``, ``torus``, ``fat_tree``):
+  a message's own link (``switch()``) has no bucket to carry over, and ``islands``
+  price by level."""
+  if isinstance(top, topology.Islands) or (isinstance(top, topology.Switch) and top.ports is None):
+    raise ValueError(
+      f"top={top!r}: a token bucket needs a network of physical links (switch(1), torus,"
+      " fat_tree; gloo_model.emulated(spec) gives the one a cluster builds)."
+    )
+  fit = top.fit(p)
+  prof = topology.profile(steps, fit, p)
+  fixed = prof.seconds(n_bytes, cost_model.Params(params.alpha, 0.0, params.gamma))
+  scale = n_bytes * params.beta
+  memo: dict[int, np.ndarray | None] = {}
+  tokens = None
+  out = np.empty(len(steps))
+  for i, step in enumerate(steps):
+    if id(step) not in memo:
+      memo[id(step)] = _link_vector(step, fit, p) * scale if step else None
+    need = memo[id(step)]
+    if need is None:
+      out[i] = fixed[i]
+      if tokens is not None:
+        tokens = np.minimum(bucket_s, tokens + fixed[i])
+      continue
+    if tokens is None:
+      tokens = np.full(need.shape, float(bucket_s))
+    have = np.minimum(bucket_s, tokens + fixed[i])
+    data = max(0.0, float(np.max(need - have)))
+    tokens = np.minimum(bucket_s, have - need + data)
+    out[i] = fixed[i] + data
+  return out
+
+
+def link_bucket_s(rate_bytes_per_s: float) -> float:
+  """Seconds of its own rate that an emulated link's token bucket holds
+  (:func:`allreduce_jax.netns.bucket_bytes` / rate): 4 ms from 16.4 MB/s up. A fat
+  tree's uplinks, at k/r host links' rate, hold 4 ms of theirs too (for rates where
+  64 KiB is not the floor)."""
+  if not rate_bytes_per_s > 0:
+    raise ValueError(f"rate_bytes_per_s={rate_bytes_per_s!r}: expected bytes/s > 0.")
+  return netns.bucket_bytes(rate_bytes_per_s) / rate_bytes_per_s
 
 
 def payload_share(mtu: int = 1500) -> float:

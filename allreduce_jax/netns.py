@@ -368,11 +368,18 @@ def congestion_control_problem(name: str | None) -> str | None:
   return None
 
 
+def bucket_bytes(rate: float) -> int:
+  """The bytes a shaped link's token bucket holds (tbf's ``burst``): 4 ms of ``rate``
+  bytes/s, at least 64 KiB (a GSO segment). A link idle that long passes them at veth
+  speed; :func:`allreduce_jax.gloo_model.predict_seconds` prices it (``bucket_s``)."""
+  return max(64 * 1024, int(rate * 0.004))
+
+
 def _shape(ns: str, dev: str, rate: float, queue: float = DEFAULT_QUEUE) -> list[str]:
   """A token bucket on ``dev``'s egress: at most ``rate`` bytes/s leave through it.
-  The bucket holds 4 ms of traffic (at least 64 KiB, a GSO segment); its queue holds
-  ``queue`` seconds (tbf's ``latency``), beyond which packets are dropped."""
-  burst = max(64 * 1024, int(rate * 0.004))
+  The bucket holds :func:`bucket_bytes`; its queue holds ``queue`` seconds (tbf's
+  ``latency``), beyond which packets are dropped."""
+  burst = bucket_bytes(rate)
   return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate",
           units.tc_rate(rate), "burst", str(burst), "latency", f"{queue * 1e6:.0f}us"]  # fmt: skip
 

@@ -84,3 +84,82 @@ def test_emulated_switch_has_one_link_per_host():
   assert gloo_model.emulated("torus:8") == topology.parse("torus:8")
   with pytest.raises(ValueError, match="duplex='both'"):
     gloo_model.predict_seconds("ring", 4, N, cost_model.Params(0, 1e-9), duplex="both")
+
+
+# Each link a token bucket (tc's tbf): ``bucket_s`` seconds of its rate pass at once.
+RATE = 25e6
+BETA = gloo_model.link_params(RATE, 0.0).beta
+
+
+@pytest.mark.parametrize("net", ["switch", "fat_tree:4:2", "torus:8"])
+@pytest.mark.parametrize("alg", ["ring", "halving_doubling", "double_binary_tree", "naive"])
+def test_a_bucket_of_zero_is_the_replay_without_one(net, alg):
+  params, top = gloo_model.link_params(RATE, 1.3e-3), gloo_model.emulated(net)
+  plain = gloo_model.predict_seconds(alg, 8, N, params, top)
+  steps = gloo_model.steps_as_run(alg, topology.axis_sizes(alg, 8, top), N, "half")
+  per = gloo_model.bucket_replay(steps, top, 8, N, params, 0.0)
+  assert per.sum() == pytest.approx(plain)
+  assert per == pytest.approx(topology.profile(steps, top, 8).seconds(N, params))
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_the_ring_saves_one_bucket_and_pays_one_alpha_when_its_steps_outlast_the_bucket(p):
+  """Each of the ring's 2(p-1) shifts owes T = n/p·β on every host link; α < B < T.
+  The first step finds the buckets full (T - B of data), every later one only the α it
+  just spent (T - α): α + (T - B) + (2(p-1) - 1)·T = 2(p-1)·T + α - B in all.
+  (p = 2: the shift is an exchange, so T is both directions in turn.)"""
+  alpha, bucket = 1e-3, 4e-3
+  t = N / p * BETA * (2 if p == 2 else 1)
+  got = gloo_model.predict_seconds(
+    "ring", p, N, gloo_model.link_params(RATE, alpha), gloo_model.emulated("switch"),
+    bucket_s=bucket,
+  )  # fmt: skip
+  assert got == pytest.approx(2 * (p - 1) * t + alpha - bucket)
+
+
+def test_a_bucket_larger_than_every_message_leaves_only_alpha():
+  params = gloo_model.link_params(RATE, 2e-3)
+  n = 64 << 10  # the ring's messages: 16 KiB = 0.69 ms a link, the bucket 10 s
+  for p, steps in [(4, 6), (8, 14)]:
+    got = gloo_model.predict_seconds(
+      "ring", p, n, params, gloo_model.emulated("switch"), bucket_s=10.0
+    )
+    assert got == pytest.approx(steps * 2e-3)
+
+
+def test_a_bucket_refills_between_small_steps_only_by_the_time_spent():
+  """The ring on 4 hosts, T = 3 ms a message, α = 1 ms, B = 4 ms: step 1 is free (1 ms
+  left), step 2 finds 1 + 1 = 2 ms (owes 1), steps 3-6 find α (owe 2 each)."""
+  alpha, bucket = 1e-3, 4e-3
+  n = 4 * 3e-3 / BETA
+  top = gloo_model.emulated("switch")
+  params = gloo_model.link_params(RATE, alpha)
+  steps = gloo_model.steps_as_run("ring", (4,), n, "half")
+  per = gloo_model.bucket_replay(steps, top, 4, n, params, bucket)
+  assert per * 1e3 == pytest.approx([1, 2, 3, 3, 3, 3])
+  assert gloo_model.predict_seconds("ring", 4, n, params, top, bucket_s=bucket) == pytest.approx(
+    15e-3
+  )
+
+
+def test_a_bucket_needs_physical_links_and_seconds():
+  params = gloo_model.link_params(RATE, 0.0)
+  with pytest.raises(ValueError, match="physical links"):
+    gloo_model.predict_seconds("ring", 4, N, params, topology.switch(), bucket_s=4e-3)
+  with pytest.raises(ValueError, match="physical links"):
+    gloo_model.predict_seconds(
+      "ring", 4, N, params, topology.parse("islands:2:nvlink4:ib_ndr"), bucket_s=4e-3
+    )
+  with pytest.raises(ValueError, match="bucket_s=-1"):
+    gloo_model.predict_seconds("ring", 4, N, params, gloo_model.emulated("switch"), bucket_s=-1)
+
+
+def test_an_emulated_links_bucket_is_tbf_burst_over_its_rate():
+  from allreduce_jax import netns
+
+  assert gloo_model.link_bucket_s(RATE) == pytest.approx(0.004)  # 100 KB at 200 Mbit/s
+  assert gloo_model.link_bucket_s(1e6) == pytest.approx(65536 / 1e6)  # the 64 KiB floor
+  cmd = netns._shape("ns", "dev", RATE)
+  assert cmd[cmd.index("burst") + 1] == str(netns.bucket_bytes(RATE)) == "100000"
+  with pytest.raises(ValueError, match="rate_bytes_per_s=0"):
+    gloo_model.link_bucket_s(0)
