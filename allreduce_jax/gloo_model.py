@@ -143,8 +143,9 @@ def predict_seconds(
 
 def _link_vector(step: topology.Step, top, p: int) -> np.ndarray:
   """Every directed link's load in one step (units of n per capacity), in one fixed
-  order for any step on ``p`` participants (a zero message p-1 → p-1 pads the per-host
-  classes to p)."""
+  order for any step on ``p`` participants, an empty one included: the vector form of
+  :func:`topology.step_link_loads`, whose per-host classes end at the step's highest
+  participant (a zero message p-1 → p-1 pads them to p here)."""
   src = np.array([m[0] for m in step] + [p - 1])
   dst = np.array([m[1] for m in step] + [p - 1])
   frac = np.array([m[2] for m in step] + [0.0])
@@ -178,20 +179,13 @@ def bucket_replay(
   prof = topology.profile(steps, fit, p)
   fixed = prof.seconds(n_bytes, cost_model.Params(params.alpha, 0.0, params.gamma))
   scale = n_bytes * params.beta
-  memo: dict[int, np.ndarray | None] = {}
-  tokens = None
+  memo: dict[int, np.ndarray] = {}
+  tokens = np.full(_link_vector([], fit, p).shape, float(bucket_s))
   out = np.empty(len(steps))
   for i, step in enumerate(steps):
     if id(step) not in memo:
-      memo[id(step)] = _link_vector(step, fit, p) * scale if step else None
+      memo[id(step)] = _link_vector(step, fit, p) * scale
     need = memo[id(step)]
-    if need is None:
-      out[i] = fixed[i]
-      if tokens is not None:
-        tokens = np.minimum(bucket_s, tokens + fixed[i])
-      continue
-    if tokens is None:
-      tokens = np.full(need.shape, float(bucket_s))
     have = np.minimum(bucket_s, tokens + fixed[i])
     data = max(0.0, float(np.max(need - have)))
     tokens = np.minimum(bucket_s, have - need + data)

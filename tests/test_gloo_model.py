@@ -119,7 +119,7 @@ def test_the_ring_saves_one_bucket_and_pays_one_alpha_when_its_steps_outlast_the
 
 def test_a_bucket_larger_than_every_message_leaves_only_alpha():
   params = gloo_model.link_params(RATE, 2e-3)
-  n = 64 << 10  # the ring's messages: 16 KiB = 0.69 ms a link, the bucket 10 s
+  n = 64 << 10  # the ring's messages: 16 and 8 KiB, under 1 ms a link; the bucket 10 s
   for p, steps in [(4, 6), (8, 14)]:
     got = gloo_model.predict_seconds(
       "ring", p, n, params, gloo_model.emulated("switch"), bucket_s=10.0
