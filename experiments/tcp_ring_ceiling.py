@@ -17,6 +17,10 @@ does). Run it while no cluster is running:
     python experiments/tcp_ring_ceiling.py --hosts 4,8 --bytes 4MiB,16MiB --link 200Mbit \\
       --tcp-queue 16KiB --out docs/results/network/tcp_ring_ceiling.jsonl
 
+``--variants work,handshake`` adds, one at a time, what the hand-written ring does besides
+the transfer (its local float32 work between steps; gloo's "ready to receive" before each
+send), to find which of them costs the ring its line rate.
+
 ``--tcp-queue`` is the cluster's (default 16 KiB a socket); the rows without a
 ``tcp_queue`` field ran before it existed, at this kernel's own 4 MiB.
 """
@@ -35,7 +39,8 @@ from allreduce_jax import netns, units
 # 2(p-1) steps ``trials`` times; print the seconds of each trial.
 _HOST = r"""
 import socket, sys, threading, time
-r, p, chunk, steps, trials = map(int, sys.argv[1:6]); addrs = sys.argv[6].split(",")
+import numpy as np
+r, p, chunk, steps, trials, work, handshake = map(int, sys.argv[1:8]); addrs = sys.argv[8].split(",")
 srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 srv.bind((addrs[r], 40000)); srv.listen(1)
 for _ in range(100):
@@ -45,34 +50,59 @@ for _ in range(100):
         time.sleep(0.1)
 out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 inn, _ = srv.accept()
-buf = bytearray(chunk); data = bytes(chunk); mv = memoryview(buf)
-def recv_exactly(k):
-    got = 0
+inn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+f32 = chunk // 4  # the chunk as float32 elements, as the ring combines them
+mine = np.ones(p * f32, np.float32)  # this host's buffer, T[p*c]
+gathered = np.zeros(p * f32, np.float32)  # the all-gather's output
+bufs = [np.empty(f32, np.float32) for _ in range(2)]  # step s receives into bufs[s % 2]
+def recv_exactly(k, s=0):
+    mv, got = memoryview(bufs[s % 2]).cast("B"), 0
     while got < k:
         got += inn.recv_into(mv[got:k])
+def send(a):
+    if handshake:  # gloo's rendezvous: wait for the receiver's "ready to receive"
+        out.recv(1)
+    out.sendall(memoryview(a).cast("B"))
 def barrier():  # a token around the ring and back: every host has started
     out.sendall(b"x"); recv_exactly(1)
 times = []
 for _ in range(trials):
     barrier()
     t0 = time.perf_counter()
-    for _ in range(steps):
-        th = threading.Thread(target=out.sendall, args=(data,)); th.start()
-        recv_exactly(chunk); th.join()
+    acc = mine[:f32].copy()
+    for s in range(steps):
+        th = threading.Thread(target=send, args=(acc,)); th.start()
+        if handshake:
+            inn.sendall(b"r")
+        recv_exactly(chunk, s); th.join()
+        if work and s < p - 1:  # reduce-scatter: slice our own chunk, add what arrived
+            k = (r - s - 2) % p
+            acc = bufs[s % 2] + mine[k * f32:(k + 1) * f32]
+        elif work:  # all-gather: store the block that arrived, forward it as it is
+            k = (r - (s - p + 1) - 1) % p
+            gathered[k * f32:(k + 1) * f32] = acc = bufs[s % 2]
     times.append(time.perf_counter() - t0)
 print(" ".join(map(str, times)))
 """
 
 
 def measure(
-  p: int, nbytes: int, rate: float, trials: int, tcp_queue: int, cc: str | None = None
+  p: int,
+  nbytes: int,
+  rate: float,
+  trials: int,
+  tcp_queue: int,
+  cc: str | None = None,
+  work: bool = False,
+  handshake: bool = False,
 ) -> dict:
   chunk, steps = nbytes // p, 2 * (p - 1)
   plan = netns.plan("switch", p, rate, tcp_queue=tcp_queue, congestion_control=cc)
   procs: list[subprocess.Popen] = []
   try:
     netns.up(plan)
-    args = [str(chunk), str(steps), str(trials), ",".join(plan.addresses)]
+    args = [str(chunk), str(steps), str(trials), str(int(work)), str(int(handshake))]
+    args.append(",".join(plan.addresses))
     for r in range(p):
       argv = ["ip", "netns", "exec", plan.hosts[r], sys.executable, "-c", _HOST, str(r), str(p)]
       procs.append(subprocess.Popen(argv + args, stdout=subprocess.PIPE, text=True))
@@ -88,6 +118,7 @@ def measure(
   return {
     "hosts": p, "bytes": nbytes, "link_Bps": rate, "tcp_queue": tcp_queue, "steps": steps,
     "trials": trials, **({"congestion_control": cc} if cc else {}),
+    **({"work": "ring"} if work else {}), **({"handshake": True} if handshake else {}),
     "time_s": t, "time_s_min": min(times), "time_s_max": max(times),
     "busbw_over_line": ideal / t, "busbw_over_line_best": ideal / min(times),
   }  # fmt: skip
@@ -110,10 +141,22 @@ def main(argv=None) -> int:
     help="the hosts' TCP congestion controls to compare, comma-separated, taking turns"
     " (cluster --congestion-control; default: the machine's own)",
   )
+  ap.add_argument(
+    "--variants",
+    default="plain",
+    help="what each step does besides the transfer, comma-separated, taking turns: plain"
+    " (nothing), work (the ring's local work: add the arriving chunk to this host's own,"
+    " store the gathered ones, as float32 in NumPy), handshake (the sender waits for the"
+    " receiver's one-byte 'ready to receive', as gloo's rendezvous does), work+handshake",
+  )
   ap.add_argument("--repeats", type=int, default=1, help="rounds over the congestion controls")
   ap.add_argument("--out", default=None, help="JSON Lines file (appended)")
   a = ap.parse_args(argv)
   ccs = [c or None for c in a.congestion_controls.split(",")]
+  variants = a.variants.split(",")
+  known = ("plain", "work", "handshake", "work+handshake")
+  if bad := [v for v in variants if v not in known]:
+    raise SystemExit(f"--variants: expected some of {', '.join(known)}, got {bad[0]!r}")
   problem = netns.privilege_problem() or next(
     filter(None, map(netns.congestion_control_problem, ccs)), None
   )
@@ -124,8 +167,8 @@ def main(argv=None) -> int:
   for repeat in range(1, a.repeats + 1):
     for p in (int(h) for h in a.hosts.split(",")):
       for nbytes in (units.parse_size(b, "--bytes") for b in a.bytes.split(",")):
-        for cc in ccs:
-          row = measure(p, nbytes, rate, a.trials, tcp_queue, cc)
+        for cc, v in ((cc, v) for cc in ccs for v in variants):
+          row = measure(p, nbytes, rate, a.trials, tcp_queue, cc, "work" in v, "handshake" in v)
           if a.repeats > 1:
             row["repeat"] = repeat
           print(json.dumps(row), flush=True)
