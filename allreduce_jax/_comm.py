@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -148,6 +149,50 @@ def settle(x: jax.Array) -> jax.Array:
   changes nothing.
   """
   return _wire.roundtrip(_wire.active(), x)
+
+
+@dataclass
+class Finishing:
+  """The op's finish (``mean``'s division, canonical NaNs) for one ``all_reduce``
+  over ``axes``; ``applied`` turns true when an algorithm applied it to its pieces."""
+
+  axes: tuple[str, ...]
+  fn: Callable[[jax.Array], jax.Array]
+  applied: bool = False
+
+
+_finishing: Finishing | None = None
+
+
+@contextlib.contextmanager
+def finishing(fn: Callable[[jax.Array], jax.Array], axis_name: AxisName):
+  """Within: :func:`finished` applies ``fn`` to the finished pieces of an all-reduce
+  over the whole ``axis_name``. Yields the :class:`Finishing`; when its ``applied``
+  is false afterwards, the caller applies ``fn`` to the whole result itself."""
+  global _finishing
+  saved, _finishing = _finishing, Finishing(axes_tuple(axis_name), fn)
+  try:
+    yield _finishing
+  finally:
+    _finishing = saved
+
+
+def finished(x: jax.Array, axis_name: AxisName) -> jax.Array:
+  """``x`` is a finished piece of the result (reduced over all of ``axis_name``)
+  that its owner is about to hand out unchanged: apply the op's finish here, once,
+  to n/p elements instead of the whole result on every participant.
+
+  An algorithm calls it only where *every* element of its result passes through it
+  (the ring's, two-shot's and the butterfly's reduced slices before their
+  all-gather). Over a sub-axis (a stage of a hierarchical scheme) or outside
+  :func:`finishing` it returns ``x`` and the whole result is finished at the end.
+  Elementwise, so the bits are those of finishing the whole result.
+  """
+  f = _finishing
+  if f is None or axes_tuple(axis_name) != f.axes:
+    return x
+  f.applied = True
+  return f.fn(x)
 
 
 def _ppermute(x: jax.Array, axes: tuple[str, ...], pairs: list[tuple[int, int]]) -> jax.Array:

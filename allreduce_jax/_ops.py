@@ -1,7 +1,10 @@
 """Reduction operators: how two partial results combine, and how the total is finished.
 
-Each custom algorithm only ever calls ``op.combine(a, b)`` on pairs of blocks and
-``op.finalize(total, p)`` once at the end, so an operator is fully described by
+Each custom algorithm only ever calls ``op.combine(a, b)`` on pairs of blocks, and
+``op.finalize(total, p)`` is applied once to every element of the total (by
+``all_reduce`` to the whole result, or, where an algorithm hands each participant's
+reduced slice out, by the algorithm to that slice: ``_comm.finished``; it is
+elementwise, so the bits are the same), so an operator is fully described by
 those two functions, plus the XLA collective of the same name and :func:`oracle`,
 the NumPy statement of what the result must be.
 
@@ -59,8 +62,8 @@ class Op:
     combine: elementwise binary reduction of two partial results, following the
       special-value semantics of the module docstring (NaN propagates through
       ``max``/``min``, ``-0.0 < +0.0``).
-    finalize: ``(total, p) -> result``; divides by ``p`` for ``mean``; every NaN
-      becomes the canonical one.
+    finalize: ``(total, p) -> result``, elementwise; divides by ``p`` for ``mean``;
+      every NaN becomes the canonical one.
     reference: the XLA collective of the same name (``lax.psum`` ...). It is the
       backend's and need not follow these semantics for special values.
   """

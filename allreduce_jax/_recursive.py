@@ -191,6 +191,7 @@ def butterfly(
     keep = lax.dynamic_slice_in_dim(x, upper * half, half)  # T[half]
     give = lax.dynamic_slice_in_dim(x, (1 - upper) * half, half)
     x = combine(keep, _comm.send(give, axis_name, step_pairs))
+  x = _comm.finished(x, axis_name)  # the owner's reduced slice; folded-out ranks: unused
   x = _comm.settle(x)  # lossy wire: the owner holds what it sends
   for step_pairs, table in zip(reversed(pairs), reversed(tables)):  # all-gather by doubling
     h = x.shape[0]

@@ -135,6 +135,7 @@ def ring(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Array:
   p, n = _comm.size(axis_name), flat.shape[0]
   padded = _comm.pad_to_multiple(flat, p)  # T[p*c]
   block = ring_reduce_scatter(padded, axis_name, combine)  # T[c]
+  block = _comm.finished(block, axis_name)  # mean's division, canonical NaNs: on n/p
   return ring_all_gather(block, axis_name)[:n]
 
 
@@ -158,6 +159,7 @@ def bidirectional_ring(flat: jax.Array, axis_name: AxisName, combine: Combine) -
   lanes = [padded[:half], padded[half:]]  # 2 x T[p*c]
   dirs = [1, -1]
   blocks = _reduce_scatter_lanes(lanes, dirs, axis_name, combine)  # 2 x T[c]
+  blocks = [_comm.finished(b, axis_name) for b in blocks]
   outs = _all_gather_lanes(blocks, dirs, axis_name)  # 2 x T[p*c]
   return jnp.concatenate(outs)[:n]
 

@@ -63,7 +63,8 @@ def two_shot(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Arra
   for d in range(1, p):
     send = _comm.chunk(padded, (i + d) % p, c)  # T[c]: the slice participant i+d owns
     acc = combine(acc, _comm.send(send, axis_name, _comm.shift_pairs(p, d)).astype(acc_dtype))
-  block = _comm.settle(acc.astype(flat.dtype))  # T[c]; lossy wire: hold what others get
+  block = _comm.finished(acc.astype(flat.dtype), axis_name)  # T[c]
+  block = _comm.settle(block)  # lossy wire: hold what others get
   out = _comm.make_varying(jnp.zeros((p * c,), flat.dtype), axis_name)
   out = lax.dynamic_update_slice_in_dim(out, block, i * c, 0)
   for d in range(1, p):

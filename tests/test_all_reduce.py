@@ -5,6 +5,8 @@ Inputs and comparison rules live in ``allreduce_jax.tools.verify`` (the same cod
 ``mean``, the summation bound for random floats, and identical replicas always.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -161,3 +163,63 @@ def test_results_keep_shape_and_dtype_and_work_with_check_vma_false(algorithm):
   y = jax.jit(f)(x)
   assert y.shape == (1, 2, 3) and y.dtype == jnp.bfloat16
   np.testing.assert_array_equal(np.asarray(y, np.float32), 1.0)
+
+
+#: Algorithms whose participants each hand out a reduced slice (the all-gather after a
+#: reduce-scatter): the op's finish (mean's division, canonical NaNs) runs on that slice.
+FINISHED_PER_SLICE = {
+  "ring": [(8,)],
+  "bidirectional_ring": [(4,), (4,)],  # one slice per lane
+  "two_shot": [(8,)],
+  "halving_doubling": [(8,)],
+  "halving_doubling_near": [(8,)],
+  "swing": [(8,)],
+}
+
+
+def _finish_shapes(monkeypatch, algorithm, axes, mesh_shape, names_, wire=None):
+  """The shapes the op's finish ran on in one traced ``mean`` over 8 participants with
+  64 elements each, and the result (checked against NumPy: exact, as 8 divides exactly)."""
+  from allreduce_jax import _api
+
+  seen, real = [], _api.get_op
+
+  def spy(op, dtype):
+    r = real(op, dtype)
+    return dataclasses.replace(r, finalize=lambda t, p: (seen.append(t.shape), r.finalize(t, p))[1])
+
+  monkeypatch.setattr(_api, "get_op", spy)
+  mesh = submesh(mesh_shape, names_)
+  x = verify.verifiable_input(8, (64,), "float32")
+  x[1, 3] = np.nan  # canonical NaN bits in the result, whoever finished them
+  f = jax.jit(
+    jax.shard_map(
+      lambda b: all_reduce(b[0], axes, op="mean", algorithm=algorithm, wire=wire)[None],
+      mesh=mesh,
+      in_specs=P(names_),
+      out_specs=P(names_),
+    )
+  )
+  got = np.asarray(f(jax.device_put(x, NamedSharding(mesh, P(names_)))))
+  want = x.sum(0) / 8
+  for k in range(8):
+    if wire is None:
+      np.testing.assert_array_equal(got[k], want, err_msg=f"{algorithm} participant {k}")
+    assert got[k].view(np.uint32)[3] == np.float32(np.nan).view(np.uint32)
+  return seen
+
+
+@pytest.mark.parametrize("algorithm", sorted(set(names()) - {"hierarchical", "auto"}))
+def test_the_ops_finish_runs_once_on_what_each_participant_hands_out(algorithm, monkeypatch):
+  # A slice per participant where the algorithm hands finished slices out (a pass over
+  # n/p elements), the whole result otherwise; never twice, never on a partial sum.
+  seen = _finish_shapes(monkeypatch, algorithm, "i", (8,), ("i",))
+  assert seen == FINISHED_PER_SLICE.get(algorithm, [(64,)])
+
+
+def test_the_finish_stays_whole_under_a_lossy_wire_and_for_a_stage_of_a_hierarchy(monkeypatch):
+  # A lossy wire finishes the decoded result; hierarchical's stages (a ring over one
+  # axis of two) hold partial sums, so the finish waits for the whole result.
+  assert _finish_shapes(monkeypatch, "ring", "i", (8,), ("i",), wire="bf16") == [(64,)]
+  two_axes = ("outer", "inner")
+  assert _finish_shapes(monkeypatch, "hierarchical", two_axes, (2, 4), two_axes) == [(64,)]
