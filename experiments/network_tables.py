@@ -246,38 +246,53 @@ def mtu_table(root: Path) -> list[str]:
   ]
 
 
+#: The rows measured per congestion control, and what changed in between: before and
+#: after ``all_reduce`` finished each reduced slice instead of the whole result.
+CC_SETS = (
+  ("congestion_control.jsonl", "the whole result finished on every participant", ""),
+  ("finish_per_slice.jsonl", "each reduced slice finished by its owner", ", finish per slice"),
+)
+
+
 def congestion_control_table(root: Path) -> list[str]:
   """The ring and psum against line rate with the hosts' TCP congestion control chosen
-  (``congestion_control.jsonl``, ``experiments/link_queue.py --congestion-controls``),
-  at MTU 1500 and the 16 KiB TCP queue, 4 to 64 MiB."""
-  cells = _queue_cells(_rows(root / "congestion_control.jsonl"), ("congestion_control",))
-  if not cells:
-    return []
+  (``experiments/link_queue.py --congestion-controls``), at MTU 1500 and the 16 KiB TCP
+  queue, 4 to 64 MiB: ``congestion_control.jsonl``, then ``finish_per_slice.jsonl``
+  (the same runs after ``all_reduce`` finished each reduced slice, ``_comm.finished``)."""
   sizes = (4 << 20, 16 << 20, 64 << 20)
   head = " | ".join(f"{a} {_mib(n)}" for a in ("ring", "psum") for n in sizes)
-  return [
-    "### The hosts' TCP congestion control: ring and psum busbw / line rate (switch, 200 Mbit/s)",
-    "",
-    "`python experiments/link_queue.py --hosts 8 --queues 100ms --tcp-queues 16KiB"
-    " --congestion-controls bbr,cubic --max-bytes 64MiB --order blocks` (`cluster"
-    " --congestion-control C -- bench --algorithms ring,psum -b 4MiB -e 64MiB -f 4 -n 5 -a 3"
-    " --order blocks`), the two taking turns; bbr is this machine's default, which every other"
-    " table here ran with. Each cell: the median over repeats [min–max].",
-    "",
-    f"| hosts | congestion control | repeats | {head} |",
-    "|---|---|---|" + "---|" * len(head.split(" | ")),
-    *(_config_line(cells, c, sizes) for c in sorted({k[:2] for k in cells})),
-    "",
-  ]
+  lines = []
+  for name, what, _ in CC_SETS:
+    cells = _queue_cells(_rows(root / name), ("congestion_control",))
+    if not cells:
+      continue
+    lines += [
+      f"### The hosts' TCP congestion control, {what}: ring and psum busbw / line rate"
+      " (switch, 200 Mbit/s)",
+      "",
+      f"`python experiments/link_queue.py --hosts 8,4 --queues 100ms --tcp-queues 16KiB"
+      f" --congestion-controls bbr,cubic --max-bytes 64MiB --order blocks"
+      f" --out docs/results/network/{name}`"
+      " (`cluster --congestion-control C -- bench --algorithms ring,psum -b 4MiB -e 64MiB -f 4"
+      " -n 5 -a 3 --order blocks`), the two taking turns; bbr is this machine's default, which"
+      " every other table here ran with. Each cell: the median over repeats [min–max].",
+      "",
+      f"| hosts | congestion control | repeats | {head} |",
+      "|---|---|---|" + "---|" * len(head.split(" | ")),
+      *(_config_line(cells, c, sizes) for c in sorted({k[:2] for k in cells})),
+      "",
+    ]
+  return lines
 
 
 def _congestion_control_lines(root: Path, p: int) -> list[str]:
-  """The ring on the ``p``-host switch per congestion control (``congestion_control.jsonl``)."""
-  cells = _queue_cells(_rows(root / "congestion_control.jsonl"), ("congestion_control",))
+  """The ring on the ``p``-host switch per congestion control, in each of ``CC_SETS``."""
   lines = []
-  for cc in sorted({k[1] for k in cells if k[0] == p}):
-    v = {k[3]: x for k, x in cells.items() if k[:3] == (p, cc, "ring")}
-    lines.append(_runs_line(f"with `--congestion-control {cc}` (median of runs", v))
+  for name, _, label in CC_SETS:
+    cells = _queue_cells(_rows(root / name), ("congestion_control",))
+    for cc in sorted({k[1] for k in cells if k[0] == p}):
+      v = {k[3]: x for k, x in cells.items() if k[:3] == (p, cc, "ring")}
+      lines.append(_runs_line(f"with `--congestion-control {cc}`{label} (median of runs", v))
   return lines
 
 
