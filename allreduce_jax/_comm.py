@@ -184,12 +184,13 @@ def finished(x: jax.Array, axis_name: AxisName) -> jax.Array:
 
   An algorithm calls it only where *every* element of its result passes through it
   (the ring's, two-shot's and the butterfly's reduced slices before their
-  all-gather). Over a sub-axis (a stage of a hierarchical scheme) or outside
+  all-gather). Over a sub-axis (a stage of a hierarchical scheme), under a lossy
+  wire (the decoded result is finished, as its error analysis assumes) or outside
   :func:`finishing` it returns ``x`` and the whole result is finished at the end.
   Elementwise, so the bits are those of finishing the whole result.
   """
   f = _finishing
-  if f is None or axes_tuple(axis_name) != f.axes:
+  if f is None or axes_tuple(axis_name) != f.axes or _wire.active() is not None:
     return x
   f.applied = True
   return f.fn(x)
