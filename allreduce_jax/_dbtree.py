@@ -424,6 +424,12 @@ def double_binary_tree_schedule(
   )
 
 
+def double_binary_tree_choices(p: int, n_bytes: float) -> dict[str, int]:
+  """The chunk count :func:`double_binary_tree` traces with for ``n_bytes`` on ``p``
+  participants under the cost parameters in effect (:func:`choose_chunks`)."""
+  return {"chunks": choose_chunks(p, n_bytes)}
+
+
 register(
   Algorithm(
     "double_binary_tree",
@@ -431,6 +437,7 @@ register(
     schedule=double_binary_tree_schedule,
     messages=double_binary_tree_messages,
     ppermutes=double_binary_tree_ppermutes,
+    choices=double_binary_tree_choices,
     summary="NCCL's two complementary binary trees, half the buffer each, pipelined",
   )
 )

@@ -36,6 +36,8 @@ NumPy over the replay's schedules; it traces nothing and touches no device.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from allreduce_jax import cost_model, netns, topology
@@ -53,25 +55,36 @@ def emulated(network: str):
   return top
 
 
-def schedule_bytes(algorithm: str, p: int, n_bytes: float, top=None) -> np.ndarray:
+def schedule_bytes(
+  algorithm: str, p: int, n_bytes: float, top=None, choices: dict | None = None
+) -> np.ndarray:
   """``float[p]``: bytes participant i sends in ``algorithm``'s generated schedule for
-  ``n_bytes`` per participant (its messages' fractions × n, summed over steps)."""
+  ``n_bytes`` per participant (its messages' fractions × n, summed over steps;
+  ``choices``: its trace-time choices, default those of the cost parameters in effect)."""
   top = top or topology.switch()
   sizes = topology.axis_sizes(algorithm, p, top)
   sent = np.zeros(p)
-  for step in topology.messages(algorithm, sizes, n_bytes):
+  for step in topology.messages(algorithm, sizes, n_bytes, choices):
     for m in step:
       sent[m[0]] += m[2] * n_bytes
   return sent
 
 
-def ppermute_steps(algorithm: str, sizes: tuple[int, ...], n_bytes: float) -> topology.Steps:
+def ppermute_steps(
+  algorithm: str, sizes: tuple[int, ...], n_bytes: float, choices: dict | None = None
+) -> topology.Steps:
   """``algorithm``'s schedule one step per ``ppermute``, as XLA:CPU runs it: the
   record's ``ppermutes`` generator where its message steps hold several ppermutes,
-  else its ``messages`` steps (each already one ppermute)."""
+  else its ``messages`` steps (each already one ppermute). ``choices``: the
+  schedule's trace-time choices (:func:`topology.trace_choices`; a bench row's
+  ``choices``), default those the cost parameters in effect make."""
   record = ALGORITHMS[algorithm]
   if record.ppermutes is None:
-    return topology.messages(algorithm, sizes, n_bytes)
+    return topology.messages(algorithm, sizes, n_bytes, choices)
+  if choices is None:
+    choices = topology.trace_choices(algorithm, math.prod(sizes), n_bytes)
+  if choices:
+    return record.ppermutes(tuple(sizes), **choices)
   if topology.takes_size(record.ppermutes):
     return record.ppermutes(tuple(sizes), n_bytes=n_bytes)
   return record.ppermutes(tuple(sizes))
@@ -99,15 +112,20 @@ def half_duplex(steps: topology.Steps) -> topology.Steps:
 
 
 def steps_as_run(
-  algorithm: str, sizes: tuple[int, ...], n_bytes: float, duplex: str = "half"
+  algorithm: str,
+  sizes: tuple[int, ...],
+  n_bytes: float,
+  duplex: str = "half",
+  choices: dict | None = None,
 ) -> topology.Steps:
   """The steps :func:`predict_seconds` replays: ``duplex="half"``, as XLA:CPU and gloo run
   them (:func:`ppermute_steps`, then :func:`half_duplex`); ``"full"``, the record's
-  ``messages`` as :mod:`allreduce_jax.topology` replays them."""
+  ``messages`` as :mod:`allreduce_jax.topology` replays them. ``choices`` as
+  :func:`ppermute_steps` takes them."""
   if duplex == "half":
-    return half_duplex(ppermute_steps(algorithm, sizes, n_bytes))
+    return half_duplex(ppermute_steps(algorithm, sizes, n_bytes, choices))
   if duplex == "full":
-    return topology.messages(algorithm, sizes, n_bytes)
+    return topology.messages(algorithm, sizes, n_bytes, choices)
   raise ValueError(f"duplex={duplex!r}: expected 'half' or 'full'.")
 
 
@@ -119,13 +137,17 @@ def predict_seconds(
   top=None,
   duplex: str = "half",
   bucket_s: float = 0.0,
+  choices: dict | None = None,
 ) -> float:
   """The replayed time of ``algorithm`` (generated schedule) on ``top`` (default the
   switch) with ``params``; ``duplex="half"`` prices it as XLA:CPU and gloo run it (one
   ppermute at a time, :func:`ppermute_steps`; exchanges at half duplex), ``"full"`` is
   :func:`topology.predict_seconds`'s assumption (a step's ppermutes together, every
   link full duplex). ``bucket_s > 0``: every directed link is a token bucket of that
-  many seconds of its rate (:func:`bucket_replay`); 0 prices every byte at the rate."""
+  many seconds of its rate (:func:`bucket_replay`); 0 prices every byte at the rate.
+  ``choices``: the schedule's trace-time choices, as the run made them (a bench row's
+  ``choices``, e.g. the double binary tree's chunk count); default those the cost
+  parameters in effect make, which are the run's only if it traced with the same."""
   if duplex not in ("half", "full"):
     raise ValueError(f"duplex={duplex!r}: expected 'half' or 'full'.")
   if not bucket_s >= 0:
@@ -133,7 +155,8 @@ def predict_seconds(
   if p < 2:
     return 0.0
   top = top or topology.switch()
-  steps = steps_as_run(algorithm, topology.axis_sizes(algorithm, p, top), n_bytes, duplex)
+  sizes = topology.axis_sizes(algorithm, p, top)
+  steps = steps_as_run(algorithm, sizes, n_bytes, duplex, choices)
   params = cost_model.resolve(params, algorithm)
   if bucket_s:
     return float(bucket_replay(steps, top, p, n_bytes, params, bucket_s).sum())

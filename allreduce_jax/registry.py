@@ -66,6 +66,12 @@ class Algorithm:
       checks it against an error bound, and ``auto`` never picks it).
     wires: the wire formats (``all_reduce(..., wire=...)``) it can send in; every
       hand-written algorithm sends through ``_comm.send``, so all of ``_wire.WIRES``.
+    choices: the choices its schedule makes at trace time, ``choices(p, n_bytes) ->
+      dict``, from the cost parameters in effect (``cost_model.use_params``, else the
+      backend's), as keyword arguments its ``messages``, ``ppermutes`` and
+      ``schedule`` take (the double binary tree: ``{"chunks": k}``). ``bench`` records
+      them in each row (``choices``), the replay keys its caches on them, and a model
+      handed a row's choices prices the schedule that ran. None: it makes none.
   """
 
   name: str
@@ -81,6 +87,7 @@ class Algorithm:
   summary: str = ""
   lossy: bool = False
   wires: tuple[str | None, ...] = _wire.WIRES
+  choices: Callable[..., dict] | None = None
 
   def __call__(self, flat, axis_name, combine):
     return self.fn(flat, axis_name, combine)

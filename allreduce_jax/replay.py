@@ -344,18 +344,45 @@ def takes_size(generator) -> bool:
     return False
 
 
-def messages(algorithm: str, sizes: tuple[int, ...], n_bytes: float | None = None) -> Steps:
-  """``ALGORITHMS[algorithm].messages(sizes)`` (with ``n_bytes=`` for generators whose
-  schedule depends on the size, like the pipelined double binary tree), cached: the
-  most recent schedules up to :data:`CACHE_MESSAGES` messages in all (always the
-  newest one)."""
+def trace_choices(algorithm: str, p: int, n_bytes: float | None) -> dict:
+  """The choices ``algorithm``'s schedule makes at trace time for ``n_bytes`` on ``p``
+  participants under the cost parameters in effect (``ALGORITHMS[a].choices``; the
+  double binary tree's chunk count): ``{}`` for an algorithm that makes none or
+  without a size."""
+  record = ALGORITHMS[algorithm]
+  if record.choices is None or n_bytes is None:
+    return {}
+  return dict(record.choices(p, n_bytes))
+
+
+def _generator_kwargs(algorithm: str, generator, sizes: tuple[int, ...], n_bytes, choices) -> dict:
+  """The keyword arguments a message generator is called with: the trace-time
+  ``choices`` (given, else :func:`trace_choices` now), else ``n_bytes=`` for a
+  generator that takes the size; they are also what its schedule is cached under."""
+  if choices is None:
+    choices = trace_choices(algorithm, math.prod(sizes), n_bytes)
+  if choices:
+    return dict(choices)
+  return {"n_bytes": n_bytes} if n_bytes is not None and takes_size(generator) else {}
+
+
+def messages(
+  algorithm: str,
+  sizes: tuple[int, ...],
+  n_bytes: float | None = None,
+  choices: dict | None = None,
+) -> Steps:
+  """``ALGORITHMS[algorithm].messages(sizes)``, cached: the most recent schedules up to
+  :data:`CACHE_MESSAGES` messages in all (always the newest one). A schedule that
+  depends on the size is generated for ``n_bytes`` as the algorithm would trace it
+  (its ``choices``: given, else under the cost parameters in effect, like the
+  pipelined double binary tree's chunk count), and cached under those choices."""
   record = ALGORITHMS[algorithm]
   if record.messages is None:
     raise ValueError(f"algorithm={algorithm!r} has no message generator to replay.")
-  sized = takes_size(record.messages) and n_bytes is not None
-  key = (algorithm, tuple(sizes), n_bytes if sized else None)
+  kwargs = _generator_kwargs(algorithm, record.messages, sizes, n_bytes, choices)
+  key = (algorithm, tuple(sizes), tuple(sorted(kwargs.items())))
   if key not in _GENERATED:
-    kwargs = {"n_bytes": n_bytes} if sized else {}
     steps = record.messages(tuple(sizes), **kwargs)
     count = distinct_messages(steps)
     held = sum(c for _, c in _GENERATED.values())
@@ -374,17 +401,18 @@ def algorithm_profile(
   topology: Network,
   n_bytes: float | None = None,
   sizes: tuple[int, ...] | None = None,
+  choices: dict | None = None,
 ) -> Profile:
   """:func:`profile` of ``algorithm``'s generated schedule at ``p`` (cached; ``n_bytes``
-  only matters to generators that take it; ``sizes``: the mesh axis sizes, default
-  :func:`axis_sizes` on this topology)."""
+  and ``choices`` as :func:`messages` takes them; ``sizes``: the mesh axis sizes,
+  default :func:`axis_sizes` on this topology)."""
   sizes = tuple(sizes) if sizes is not None else axis_sizes(algorithm, p, topology)
-  sized = takes_size(ALGORITHMS[algorithm].messages)
-  key = (algorithm, sizes, topology, n_bytes if sized else None)
+  kwargs = _generator_kwargs(algorithm, ALGORITHMS[algorithm].messages, sizes, n_bytes, choices)
+  key = (algorithm, sizes, topology, tuple(sorted(kwargs.items())))
   if key not in _PROFILES:
     if len(_PROFILES) > 4096:
       _PROFILES.clear()
-    _PROFILES[key] = profile(messages(algorithm, sizes, n_bytes), topology, p)
+    _PROFILES[key] = profile(messages(algorithm, sizes, n_bytes, kwargs), topology, p)
   return _PROFILES[key]
 
 
@@ -395,16 +423,19 @@ def predict_seconds(
   params,
   topology: Network | None = None,
   sizes: tuple[int, ...] | None = None,
+  choices: dict | None = None,
 ) -> float:
   """Replayed time of ``algorithm`` on ``p`` participants of ``topology`` (default the
   flat :func:`switch`); ``params`` a ``Params`` or ``FittedParams`` (its entry for the
-  algorithm); ``sizes``: the mesh axis sizes (default :func:`axis_sizes`)."""
+  algorithm); ``sizes``: the mesh axis sizes (default :func:`axis_sizes`);
+  ``choices``: the schedule's trace-time choices (:func:`trace_choices`; a bench row's
+  ``choices``), default those the cost parameters in effect make."""
   if p < 2:
     return 0.0
   q = resolve(params, algorithm)
   topology = topology or switch()
   sizes = tuple(sizes) if sizes is not None else axis_sizes(algorithm, p, topology)
-  prof = algorithm_profile(algorithm, p, topology, n_bytes, sizes)
+  prof = algorithm_profile(algorithm, p, topology, n_bytes, sizes, choices)
   t = float(prof.seconds(n_bytes, q).sum())
   record = ALGORITHMS[algorithm]
   if not prof.flagged and record.schedule is not None and q.gamma:

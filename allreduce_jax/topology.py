@@ -56,6 +56,7 @@ from allreduce_jax.replay import (
   replay,
   step_link_loads,
   takes_size,
+  trace_choices,
   traced_messages,
 )
 
@@ -99,6 +100,7 @@ __all__ = [
   "switch",
   "takes_size",
   "torus",
+  "trace_choices",
   "traced_messages",
   "tree_messages",
 ]

@@ -57,6 +57,9 @@ want 4 && {
 # 6. step 5 once more, into tcp_queue_16k/repeat/: the spread from one run to the next
 # 7. (only when asked: STEPS=7) step 5 with the hosts at cubic, into tcp_queue_16k/cubic/;
 #    needs cubic in net.ipv4.tcp_allowed_congestion_control (cluster says so otherwise)
+# 8. (only when asked: STEPS=8) step 7 again, into tcp_queue_16k/cubic_finish/: after
+#    all_reduce finished each reduced slice before the all-gather, and with every row
+#    recording its schedule's trace-time choices (the double binary tree's chunk count)
 small_queue() {  # DIR [CLUSTER OPTIONS...]: every network in blocks at 16 KiB, 4 KiB-64 MiB
   local dir=$1
   shift
@@ -76,3 +79,4 @@ small_queue() {  # DIR [CLUSTER OPTIONS...]: every network in blocks at 16 KiB, 
 want 5 && small_queue $OUT/tcp_queue_16k
 want 6 && small_queue $OUT/tcp_queue_16k/repeat
 [[ " ${STEPS:-} " == *" 7 "* ]] && small_queue $OUT/tcp_queue_16k/cubic --congestion-control cubic
+[[ " ${STEPS:-} " == *" 8 "* ]] && small_queue $OUT/tcp_queue_16k/cubic_finish --congestion-control cubic

@@ -707,9 +707,38 @@ def redraw(root: Path) -> None:
       plot.save(fig, path.with_suffix(".png"))
 
 
+def traced_params(root: Path):
+  """The cost parameters the rows under ``root`` traced with, which chose the double
+  binary tree's chunk count (``ALGORITHMS[a].choices``): every row here is ``bench`` on
+  the cluster's CPU hosts without a fit file, so the shipped CPU fit
+  (``cost_model.backend_params("cpu")``). Checked, not assumed: each ring row's
+  ``predicted_us`` (priced with the run's parameters) and each row's recorded ``choices``
+  must be that fit's, else a ``ValueError`` names the row."""
+  params = cost_model.backend_params("cpu")
+  with cost_model.use_params(params):
+    for path in sorted(root.rglob("*.jsonl")):
+      for r in _rows(path):
+        if r.get("kind") != "bench":
+          continue
+        alg, p, n = r["algorithm"], r["n_devices"], r["bytes"]
+        ours = cost_model.predict_us(alg, p, n, params) if alg == "ring" else None
+        off = ours is not None and abs(ours - r["predicted_us"]) > 1e-6 * ours
+        if off or r.get("choices") not in (None, topology.trace_choices(alg, p, n) or None):
+          raise ValueError(
+            f"{path}: the {alg} row at {n} bytes traced with other cost parameters than"
+            " the shipped CPU fit; the model would price another schedule than the one that ran."
+          )
+  return params
+
+
 def main(argv=None) -> int:
   args = sys.argv[1:] if argv is None else argv
   root = Path(args[0] if args else "docs/results/network")
+  with cost_model.use_params(traced_params(root)):  # the schedules as they ran
+    return _write(root)
+
+
+def _write(root: Path) -> int:
   bench, summary = bench_tables(root)
   blocks, in_blocks = order_tables(root)
   small, in_small = small_queue_tables(root)

@@ -341,3 +341,18 @@ def test_bench_rows_in_blocks_say_so_and_are_keyed_apart(tmp_path, monkeypatch):
   keys = [json.loads(r["key"]) for r in rows]
   assert [k.get("order") for k in keys] == [None, None, "blocks", "blocks"]
   assert _bench(tmp_path, "--order", "blocks")[0] == 0 and len(_rows(out)) == 4  # resumed
+
+
+def test_rows_record_the_schedules_trace_time_choices():
+  """A double-tree row says which chunk count it traced with (the parameters the bench
+  ran under choose it), so a model prices the schedule that ran; others record none."""
+  from allreduce_jax import _dbtree
+
+  n = 1 << 20
+  cpu = cost_model.FittedParams.from_json(cost_model.CPU_FIT)
+  for params in (cost_model.DEFAULT_PARAMS, cpu):
+    rows = bench.measure_size(["double_binary_tree", "ring"], 8, n, iters=1, warmup=0,
+                              params=params)  # fmt: skip
+    dbt, ring = rows
+    assert dbt["wrong"] == 0 and dbt["choices"] == {"chunks": _dbtree.choose_chunks(8, n, params)}
+    assert ring["choices"] is None

@@ -163,3 +163,37 @@ def test_an_emulated_links_bucket_is_tbf_burst_over_its_rate():
   assert cmd[cmd.index("burst") + 1] == str(netns.bucket_bytes(RATE)) == "100000"
   with pytest.raises(ValueError, match="rate_bytes_per_s=0"):
     gloo_model.link_bucket_s(0)
+
+
+def test_the_double_trees_chunks_follow_the_parameters_in_effect_not_a_stale_cache():
+  """The double binary tree picks its chunk count at trace time from the cost parameters
+  in effect; the replay's caches are keyed on that choice, and a model handed a run's
+  ``choices`` prices the schedule that ran whatever is in effect."""
+  from allreduce_jax import _dbtree
+
+  n, top, price = 1 << 20, gloo_model.emulated("switch"), gloo_model.link_params(RATE, 1e-3)
+  guess, cpu = cost_model.DEFAULT_PARAMS, cost_model.FittedParams.from_json(cost_model.CPU_FIT)
+  k_guess, k_cpu = _dbtree.choose_chunks(8, n, guess), _dbtree.choose_chunks(8, n, cpu)
+  assert k_guess != k_cpu  # else this test shows nothing
+
+  def direct(k):  # the generator itself, no cache
+    steps = gloo_model.half_duplex(_dbtree.double_binary_tree_ppermutes((8,), chunks=k))
+    return float(topology.profile(steps, top, 8).seconds(n, price).sum())
+
+  seen = {}
+  for params, k in [(guess, k_guess), (cpu, k_cpu), (guess, k_guess)]:
+    with cost_model.use_params(params):
+      assert topology.trace_choices("double_binary_tree", 8, n) == {"chunks": k}
+      seen[k] = gloo_model.predict_seconds("double_binary_tree", 8, n, price, top)
+      full = topology.predict_seconds("double_binary_tree", 8, n, price, topology.switch())
+    assert seen[k] == pytest.approx(direct(k))
+    flat = _dbtree.double_binary_tree_messages((8,), chunks=k)
+    assert full == pytest.approx(topology.predict_seconds("double_binary_tree", 8, n, price,
+                                                          topology.switch(), choices={"chunks": k}))  # fmt: skip
+    assert len(topology.messages("double_binary_tree", (8,), n, {"chunks": k})) == len(flat)
+  with cost_model.use_params(guess):  # the run's choices win over those in effect
+    ran = gloo_model.predict_seconds(
+      "double_binary_tree", 8, n, price, top, choices={"chunks": k_cpu}
+    )
+  assert ran == pytest.approx(direct(k_cpu)) and ran != pytest.approx(direct(k_guess))
+  assert topology.trace_choices("ring", 8, n) == {}

@@ -41,7 +41,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
-from allreduce_jax import ALGORITHMS, _wire, all_reduce, cost_model, devices, names
+from allreduce_jax import ALGORITHMS, _wire, all_reduce, cost_model, devices, names, topology
 from allreduce_jax._ops import get_op
 from allreduce_jax.results import fingerprint, run_context
 from allreduce_jax.tools import compare, plot
@@ -269,6 +269,9 @@ def measure_size(
     timings = time_round_robin(
       [(timed, (x,)) for _, _, timed, x, _ in built], iters, warmup, order=order
     )
+    # What each schedule chose at trace time under these parameters (the double binary
+    # tree's chunk count): a model handed them prices the schedule that ran.
+    choices = {alg: topology.trace_choices(alg, p, nbytes) for alg, *_ in built}
   stats = _process_times(timings, average)  # f[programs, 4]: median, min, max, IQR (s)
   rows = []
   for (alg, wire, _, x, checker), t, (sec, lo, hi, iqr) in zip(built, timings, stats):
@@ -307,6 +310,7 @@ def measure_size(
       "warmup": warmup,
       "order": order,
       "chosen": chosen,
+      "choices": choices[alg] or None,
       "wire": wire,
       "rel_error": rel_error,
       "wire_bytes_per_element": ALGORITHMS[alg].wire_bytes(p, wire, count, itemsize, inner),

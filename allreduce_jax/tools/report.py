@@ -536,8 +536,9 @@ def _render_network(out: Path) -> list[str]:
   table = []
   for r in sorted(rows, key=lambda r: (r["bytes"], r["time_us"])):
     p, n, t = r["n_devices"], r["bytes"], r["time_us"] * 1e-6
-    half = gloo_model.predict_seconds(r["algorithm"], p, n, params, top, "half")
-    full = gloo_model.predict_seconds(r["algorithm"], p, n, params, top, "full")
+    ran = r.get("choices")  # the schedule as it traced (the double tree's chunk count)
+    half = gloo_model.predict_seconds(r["algorithm"], p, n, params, top, "half", choices=ran)
+    full = gloo_model.predict_seconds(r["algorithm"], p, n, params, top, "full", choices=ran)
     table.append({
       "algorithm": r["algorithm"], "size / participant": format_bytes(n), "time (s)": t,
       "busbw / line rate": n * 2 * (p - 1) / p / t / rate,
