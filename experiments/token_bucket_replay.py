@@ -70,6 +70,10 @@ def main(argv=None) -> int:
     lines += compare(root / "tcp_queue_16k", "`tcp_queue_16k/` (step 5 of the sweep)")
     lines += compare(root / "tcp_queue_16k" / "repeat", "`tcp_queue_16k/repeat/` (step 6)")
     lines += compare(root / "tcp_queue_16k" / "cubic", "`tcp_queue_16k/cubic/` (step 7: cubic)")
+    lines += compare(
+      root / "tcp_queue_16k" / "cubic_finish",
+      "`tcp_queue_16k/cubic_finish/` (step 8: cubic, each reduced slice finished by its owner)",
+    )
   print("\n".join(lines))
   return 0
 

@@ -6,7 +6,7 @@ import json
 import jax
 import pytest
 
-from allreduce_jax import cost_model
+from allreduce_jax import cost_model, topology
 from allreduce_jax.cli import main
 from allreduce_jax.tools import bench
 
@@ -351,8 +351,10 @@ def test_rows_record_the_schedules_trace_time_choices():
   n = 1 << 20
   cpu = cost_model.FittedParams.from_json(cost_model.CPU_FIT)
   for params in (cost_model.DEFAULT_PARAMS, cpu):
-    rows = bench.measure_size(["double_binary_tree", "ring"], 8, n, iters=1, warmup=0,
+    rows = bench.measure_size(["double_binary_tree", "ring", "auto"], 8, n, iters=1, warmup=0,
                               params=params)  # fmt: skip
-    dbt, ring = rows
+    dbt, ring, auto = rows
     assert dbt["wrong"] == 0 and dbt["choices"] == {"chunks": _dbtree.choose_chunks(8, n, params)}
     assert ring["choices"] is None
+    with cost_model.use_params(params):  # auto's row: the choices of the algorithm it chose
+      assert auto["choices"] == (topology.trace_choices(auto["chosen"], 8, n) or None)

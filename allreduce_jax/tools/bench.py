@@ -270,8 +270,13 @@ def measure_size(
       [(timed, (x,)) for _, _, timed, x, _ in built], iters, warmup, order=order
     )
     # What each schedule chose at trace time under these parameters (the double binary
-    # tree's chunk count): a model handed them prices the schedule that ran.
-    choices = {alg: topology.trace_choices(alg, p, nbytes) for alg, *_ in built}
+    # tree's chunk count; auto's, its choice's): a model handed them prices what ran.
+    choices = {
+      alg: topology.trace_choices(
+        cost_model.choose(p, nbytes, params) if alg == "auto" else alg, p, nbytes
+      )
+      for alg, *_ in built
+    }
   stats = _process_times(timings, average)  # f[programs, 4]: median, min, max, IQR (s)
   rows = []
   for (alg, wire, _, x, checker), t, (sec, lo, hi, iqr) in zip(built, timings, stats):
