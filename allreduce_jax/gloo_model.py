@@ -36,11 +36,9 @@ NumPy over the replay's schedules; it traces nothing and touches no device.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from allreduce_jax import cost_model, netns, topology
+from allreduce_jax import cost_model, netns, replay, topology
 from allreduce_jax.registry import ALGORITHMS
 
 
@@ -81,13 +79,8 @@ def ppermute_steps(
   record = ALGORITHMS[algorithm]
   if record.ppermutes is None:
     return topology.messages(algorithm, sizes, n_bytes, choices)
-  if choices is None:
-    choices = topology.trace_choices(algorithm, math.prod(sizes), n_bytes)
-  if choices:
-    return record.ppermutes(tuple(sizes), **choices)
-  if topology.takes_size(record.ppermutes):
-    return record.ppermutes(tuple(sizes), n_bytes=n_bytes)
-  return record.ppermutes(tuple(sizes))
+  kwargs = replay.generator_kwargs(algorithm, record.ppermutes, sizes, n_bytes, choices)
+  return record.ppermutes(tuple(sizes), **kwargs)
 
 
 def half_duplex(steps: topology.Steps) -> topology.Steps:

@@ -355,10 +355,11 @@ def trace_choices(algorithm: str, p: int, n_bytes: float | None) -> dict:
   return dict(record.choices(p, n_bytes))
 
 
-def _generator_kwargs(algorithm: str, generator, sizes: tuple[int, ...], n_bytes, choices) -> dict:
-  """The keyword arguments a message generator is called with: the trace-time
-  ``choices`` (given, else :func:`trace_choices` now), else ``n_bytes=`` for a
-  generator that takes the size; they are also what its schedule is cached under."""
+def generator_kwargs(algorithm: str, generator, sizes: tuple[int, ...], n_bytes, choices) -> dict:
+  """The keyword arguments ``algorithm``'s message ``generator`` (its ``messages`` or
+  ``ppermutes``) is called with: the trace-time ``choices`` (given, else
+  :func:`trace_choices` now), else ``n_bytes=`` for a generator that takes the size;
+  they are also what its schedule is cached under."""
   if choices is None:
     choices = trace_choices(algorithm, math.prod(sizes), n_bytes)
   if choices:
@@ -380,7 +381,7 @@ def messages(
   record = ALGORITHMS[algorithm]
   if record.messages is None:
     raise ValueError(f"algorithm={algorithm!r} has no message generator to replay.")
-  kwargs = _generator_kwargs(algorithm, record.messages, sizes, n_bytes, choices)
+  kwargs = generator_kwargs(algorithm, record.messages, sizes, n_bytes, choices)
   key = (algorithm, tuple(sizes), tuple(sorted(kwargs.items())))
   if key not in _GENERATED:
     steps = record.messages(tuple(sizes), **kwargs)
@@ -407,7 +408,7 @@ def algorithm_profile(
   and ``choices`` as :func:`messages` takes them; ``sizes``: the mesh axis sizes,
   default :func:`axis_sizes` on this topology)."""
   sizes = tuple(sizes) if sizes is not None else axis_sizes(algorithm, p, topology)
-  kwargs = _generator_kwargs(algorithm, ALGORITHMS[algorithm].messages, sizes, n_bytes, choices)
+  kwargs = generator_kwargs(algorithm, ALGORITHMS[algorithm].messages, sizes, n_bytes, choices)
   key = (algorithm, sizes, topology, tuple(sorted(kwargs.items())))
   if key not in _PROFILES:
     if len(_PROFILES) > 4096:
