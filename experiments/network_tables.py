@@ -250,9 +250,11 @@ def mtu_table(root: Path) -> list[str]:
 #: after ``all_reduce`` finished each reduced slice instead of the whole result.
 CC_SETS = (
   ("congestion_control.jsonl", "the whole result finished on every participant", "",
-   "--hosts 8 (then --hosts 4) --congestion-controls bbr,cubic"),
+   "--hosts 8 (then --hosts 4) --congestion-controls bbr,cubic", ""),
   ("finish_per_slice.jsonl", "each reduced slice finished by its owner", ", finish per slice",
-   "--hosts 8,4 --congestion-controls cubic,bbr --repeats 2"),
+   "--hosts 8,4 --congestion-controls cubic,bbr --repeats 2",
+   " Then the same with `--hosts 4 --congestion-controls cubic --repeats 4`: two more runs"
+   " at 4 hosts and cubic (a later session)."),
 )  # fmt: skip
 
 
@@ -264,7 +266,7 @@ def congestion_control_table(root: Path) -> list[str]:
   sizes = (4 << 20, 16 << 20, 64 << 20)
   head = " | ".join(f"{a} {_mib(n)}" for a in ("ring", "psum") for n in sizes)
   lines = []
-  for name, what, _, args in CC_SETS:
+  for name, what, _, args, then in CC_SETS:
     cells = _queue_cells(_rows(root / name), ("congestion_control",))
     if not cells:
       continue
@@ -276,7 +278,7 @@ def congestion_control_table(root: Path) -> list[str]:
       f" --max-bytes 64MiB --order blocks --out docs/results/network/{name}`"
       " (`cluster --congestion-control C -- bench --algorithms ring,psum -b 4MiB -e 64MiB -f 4"
       " -n 5 -a 3 --order blocks`), the two taking turns; bbr is this machine's default, which"
-      " every other table here ran with. Each cell: the median over repeats [min–max].",
+      f" every other table here ran with.{then} Each cell: the median over repeats [min–max].",
       "",
       f"| hosts | congestion control | repeats | {head} |",
       "|---|---|---|" + "---|" * len(head.split(" | ")),
@@ -289,7 +291,7 @@ def congestion_control_table(root: Path) -> list[str]:
 def _congestion_control_lines(root: Path, p: int) -> list[str]:
   """The ring on the ``p``-host switch per congestion control, in each of ``CC_SETS``."""
   lines = []
-  for name, _, label, _ in CC_SETS:
+  for name, _, label, _, _ in CC_SETS:
     cells = _queue_cells(_rows(root / name), ("congestion_control",))
     for cc in sorted({k[1] for k in cells if k[0] == p}):
       v = {k[3]: x for k, x in cells.items() if k[:3] == (p, cc, "ring")}
