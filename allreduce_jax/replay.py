@@ -378,10 +378,16 @@ def messages(
   depends on the size is generated for ``n_bytes`` as the algorithm would trace it
   (its ``choices``: given, else under the cost parameters in effect, like the
   pipelined double binary tree's chunk count), and cached under those choices."""
+  kwargs = generator_kwargs(algorithm, ALGORITHMS[algorithm].messages, sizes, n_bytes, choices)
+  return _generated(algorithm, sizes, kwargs)
+
+
+def _generated(algorithm: str, sizes: tuple[int, ...], kwargs: dict) -> Steps:
+  """``ALGORITHMS[algorithm].messages(sizes, **kwargs)`` through the bounded cache, keyed
+  on the generator's keyword arguments (:func:`generator_kwargs`)."""
   record = ALGORITHMS[algorithm]
   if record.messages is None:
     raise ValueError(f"algorithm={algorithm!r} has no message generator to replay.")
-  kwargs = generator_kwargs(algorithm, record.messages, sizes, n_bytes, choices)
   key = (algorithm, tuple(sizes), tuple(sorted(kwargs.items())))
   if key not in _GENERATED:
     steps = record.messages(tuple(sizes), **kwargs)
@@ -413,7 +419,7 @@ def algorithm_profile(
   if key not in _PROFILES:
     if len(_PROFILES) > 4096:
       _PROFILES.clear()
-    _PROFILES[key] = profile(messages(algorithm, sizes, n_bytes, kwargs), topology, p)
+    _PROFILES[key] = profile(_generated(algorithm, sizes, kwargs), topology, p)
   return _PROFILES[key]
 
 

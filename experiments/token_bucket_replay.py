@@ -28,6 +28,8 @@ from pathlib import Path
 
 import network_tables as nt
 
+from allreduce_jax import cost_model
+
 BUCKET_S = nt.BUCKET_S
 
 
@@ -66,7 +68,7 @@ def main(argv=None) -> int:
     " 0.8–1.2 counts as within 20 %. Hand-written algorithms, sizes ≥ 1 MiB.",
     "",
   ]
-  with nt.cost_model.use_params(nt.traced_params(root)):  # the schedules as they ran
+  with cost_model.use_params(nt.traced_params(root)):  # the schedules as they ran
     lines += compare(root / "tcp_queue_16k", "`tcp_queue_16k/` (step 5 of the sweep)")
     lines += compare(root / "tcp_queue_16k" / "repeat", "`tcp_queue_16k/repeat/` (step 6)")
     lines += compare(root / "tcp_queue_16k" / "cubic", "`tcp_queue_16k/cubic/` (step 7: cubic)")

@@ -269,14 +269,11 @@ def measure_size(
     timings = time_round_robin(
       [(timed, (x,)) for _, _, timed, x, _ in built], iters, warmup, order=order
     )
-    # What each schedule chose at trace time under these parameters (the double binary
-    # tree's chunk count; auto's, its choice's): a model handed them prices what ran.
-    choices = {
-      alg: topology.trace_choices(
-        cost_model.choose(p, nbytes, params) if alg == "auto" else alg, p, nbytes
-      )
-      for alg, *_ in built
-    }
+    # What auto picked, and what each schedule chose at trace time under these
+    # parameters (the double binary tree's chunk count; auto's, its pick's): a model
+    # handed them prices what ran.
+    picks = {alg: cost_model.choose(p, nbytes, params) for alg, *_ in built if alg == "auto"}
+    choices = {alg: topology.trace_choices(picks.get(alg, alg), p, nbytes) for alg, *_ in built}
   stats = _process_times(timings, average)  # f[programs, 4]: median, min, max, IQR (s)
   rows = []
   for (alg, wire, _, x, checker), t, (sec, lo, hi, iqr) in zip(built, timings, stats):
@@ -287,7 +284,6 @@ def measure_size(
       rel_error = float(np.max(devices.fetch(rel)))
     algbw, busbw = bandwidths(nbytes, float(sec), p)
     inner = devices.inner_size(alg, p)
-    chosen = cost_model.choose(p, nbytes, params) if alg == "auto" else None
     row = {
       "algorithm": alg,
       "n_devices": p,
@@ -314,7 +310,7 @@ def measure_size(
       "checked": check,
       "warmup": warmup,
       "order": order,
-      "chosen": chosen,
+      "chosen": picks.get(alg),
       "choices": choices[alg] or None,
       "wire": wire,
       "rel_error": rel_error,
