@@ -29,7 +29,12 @@ traced to the sources, what the replay (:mod:`allreduce_jax.topology`) did not k
   (:func:`allreduce_jax.netns.bucket_bytes`); a link that was idle passes that much at
   veth speed, and every step's α of software time refills it. ``predict_seconds(...,
   bucket_s=)`` prices that (:func:`link_bucket_s` gives an emulated link's): it matters
-  where a step's message is a few buckets long (1–4 MiB on 8 hosts).
+  where a step's message is a few buckets long (1–4 MiB on 8 hosts). An exchange's two
+  directions take turns (:func:`exchange_turns`), so the second direction's link refills
+  while the first sends: each turn starts with a full bucket. One ``ppermute`` exchange
+  on 4 hosts measured 1.31–1.44×, 1.77–1.81× and 1.95–1.98× a shift of the same bytes
+  at 256 KiB, 1 MiB and 4 MiB (``docs/results/network/half_duplex_sizes_p4.jsonl``),
+  not 2×: the bucket each turn finds.
 
 NumPy over the replay's schedules; it traces nothing and touches no device.
 """
@@ -152,7 +157,8 @@ def predict_seconds(
   steps = steps_as_run(algorithm, sizes, n_bytes, duplex, choices)
   params = cost_model.resolve(params, algorithm)
   if bucket_s:
-    return float(bucket_replay(steps, top, p, n_bytes, params, bucket_s).sum())
+    posted = ppermute_steps(algorithm, sizes, n_bytes, choices) if duplex == "half" else None
+    return float(bucket_replay(steps, top, p, n_bytes, params, bucket_s, posted).sum())
   prof = topology.profile(steps, top, p)
   return float(prof.seconds(n_bytes, params).sum())
 
@@ -169,8 +175,26 @@ def _link_vector(step: topology.Step, top, p: int) -> np.ndarray:
   return np.concatenate([np.ravel(loads[c]) for c in sorted(loads)])
 
 
+def exchange_turns(step: topology.Step) -> tuple[topology.Step, ...]:
+  """The parts of one ``ppermute`` step whose links move one after the other over gloo:
+  an exchange (every message ``a → b`` has its reverse ``b → a`` in the step) runs in two
+  turns, ``a → b`` for ``a < b`` then the reverse (:func:`half_duplex`: which peer sends
+  first depends on who posted later; with equal fractions either order prices the same);
+  any other step is one part, :func:`half_duplex`'s (a pair inside it shares its time)."""
+  have = {(m[0], m[1]) for m in step}
+  if step and all((m[1], m[0]) in have and m[0] != m[1] for m in step):
+    return [m for m in step if m[0] < m[1]], [m for m in step if m[0] > m[1]]
+  return (half_duplex([step])[0],)
+
+
 def bucket_replay(
-  steps: topology.Steps, top, p: int, n_bytes: float, params: cost_model.Params, bucket_s: float
+  steps: topology.Steps,
+  top,
+  p: int,
+  n_bytes: float,
+  params: cost_model.Params,
+  bucket_s: float,
+  posted: topology.Steps | None = None,
 ) -> np.ndarray:
   """``float[steps]``: each step's time when every directed link of ``top`` is a token
   bucket holding ``bucket_s`` seconds of its own rate (``tc``'s ``tbf``).
@@ -182,6 +206,12 @@ def bucket_replay(
   is the most any link still owes, ``d = max(0, max(need - have))``, during which every
   link refills again: ``tokens = min(bucket, have - need + d)``. With ``bucket_s = 0``
   this is the replay's own ``f + max(need)`` per step.
+
+  ``posted``: the same steps, one per posted ``ppermute`` (:func:`ppermute_steps`,
+  before :func:`half_duplex` merged each exchange; ``steps`` then are its merge, which
+  keeps its fixed time). Each step's data then moves in :func:`exchange_turns`: an
+  exchange's first turn as above, then its second, whose links refilled during the
+  first (``d = d1 + d2``). With ``bucket_s = 0`` that is the merged step's time again.
 
   Needs a network whose hosts have links (``switch(ports)``, ``torus``, ``fat_tree``):
   a message's own link (``switch()``) has no bucket to carry over, and ``islands``
@@ -195,17 +225,21 @@ def bucket_replay(
   prof = topology.profile(steps, fit, p)
   fixed = prof.seconds(n_bytes, cost_model.Params(params.alpha, 0.0, params.gamma))
   scale = n_bytes * params.beta
-  memo: dict[int, np.ndarray] = {}
+  if posted is not None and len(posted) != len(steps):
+    raise ValueError(f"posted: {len(posted)} steps where steps has {len(steps)}.")
+  memo: dict[int, list[np.ndarray]] = {}
   tokens = np.full(_link_vector([], fit, p).shape, float(bucket_s))
   out = np.empty(len(steps))
   for i, step in enumerate(steps):
     if id(step) not in memo:
-      memo[id(step)] = _link_vector(step, fit, p) * scale
-    need = memo[id(step)]
-    have = np.minimum(bucket_s, tokens + fixed[i])
-    data = max(0.0, float(np.max(need - have)))
-    tokens = np.minimum(bucket_s, have - need + data)
-    out[i] = fixed[i] + data
+      parts = (step,) if posted is None else exchange_turns(posted[i])
+      memo[id(step)] = [_link_vector(part, fit, p) * scale for part in parts]
+    tokens = np.minimum(bucket_s, tokens + fixed[i])
+    out[i] = fixed[i]
+    for need in memo[id(step)]:
+      data = max(0.0, float(np.max(need - tokens)))
+      tokens = np.minimum(bucket_s, tokens - need + data)
+      out[i] += data
   return out
 
 

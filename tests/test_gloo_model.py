@@ -102,19 +102,65 @@ def test_a_bucket_of_zero_is_the_replay_without_one(net, alg):
   assert per == pytest.approx(topology.profile(steps, top, 8).seconds(N, params))
 
 
-@pytest.mark.parametrize("p", [2, 4, 8])
+@pytest.mark.parametrize("p", [4, 8])
 def test_the_ring_saves_one_bucket_and_pays_one_alpha_when_its_steps_outlast_the_bucket(p):
   """Each of the ring's 2(p-1) shifts owes T = n/p·β on every host link; α < B < T.
   The first step finds the buckets full (T - B of data), every later one only the α it
-  just spent (T - α): α + (T - B) + (2(p-1) - 1)·T = 2(p-1)·T + α - B in all.
-  (p = 2: the shift is an exchange, so T is both directions in turn.)"""
+  just spent (T - α): α + (T - B) + (2(p-1) - 1)·T = 2(p-1)·T + α - B in all."""
   alpha, bucket = 1e-3, 4e-3
-  t = N / p * BETA * (2 if p == 2 else 1)
+  t = N / p * BETA
   got = gloo_model.predict_seconds(
     "ring", p, N, gloo_model.link_params(RATE, alpha), gloo_model.emulated("switch"),
     bucket_s=bucket,
   )  # fmt: skip
   assert got == pytest.approx(2 * (p - 1) * t + alpha - bucket)
+
+
+@pytest.mark.parametrize("alg", ["ring", "recursive_doubling", "halving_doubling"])
+def test_an_exchanges_turns_each_find_a_full_bucket(alg):
+  """On 2 hosts every step is an exchange, its two directions in turn: each turn owes
+  T = (its message)·β on its own link, and the link of the second turn was idle while
+  the first sent (T > B), so each turn passes a full bucket: α + 2(T - B) a step. The
+  ring (2 steps of n/2), recursive doubling (1 step of n) and halving-doubling (n/2 then
+  n/2) on one link each way: 2α + 2(nβ - 2B); recursive doubling's single step of n,
+  α + 2(nβ - B). Merged into one step each (both directions at once on both links), only
+  the first step would find full buckets and the second only its α back: 2nβ + α - B."""
+  alpha, bucket = 1e-3, 4e-3
+  params, top = gloo_model.link_params(RATE, alpha), gloo_model.emulated("switch")
+  got = gloo_model.predict_seconds(alg, 2, N, params, top, bucket_s=bucket)
+  steps = 1 if alg == "recursive_doubling" else 2
+  assert got == pytest.approx(steps * alpha + 2 * (N * BETA - steps * bucket))
+  merged = gloo_model.steps_as_run(alg, (2,), N, "half")
+  one_bucket = gloo_model.bucket_replay(merged, top, 2, N, params, bucket).sum()
+  assert one_bucket == pytest.approx(2 * N * BETA + alpha - bucket)
+
+
+def test_exchange_turns_split_only_steps_that_are_all_exchange():
+  pairs = [(j, j ^ 1, 0.5, True) for j in range(4)]
+  assert gloo_model.exchange_turns(pairs) == (
+    [(0, 1, 0.5, True), (2, 3, 0.5, True)],
+    [(1, 0, 0.5, True), (3, 2, 0.5, True)],
+  )
+  shift = [(j, (j + 1) % 4, 0.25, True) for j in range(4)]
+  assert gloo_model.exchange_turns(shift) == (shift,)
+  mixed = [(0, 1, 0.5, True), (1, 0, 0.5, True), (2, 3, 0.5, True)]
+  assert gloo_model.exchange_turns(mixed) == tuple(gloo_model.half_duplex([mixed]))
+
+
+@pytest.mark.parametrize("net", ["switch", "fat_tree:4:2", "torus:8"])
+@pytest.mark.parametrize("alg", ["halving_doubling", "swing", "double_binary_tree"])
+def test_turns_with_no_bucket_are_the_merged_replay(net, alg):
+  """The turns change only what the buckets pass: at ``bucket_s = 0`` each exchange's two
+  turns cost what :func:`half_duplex`'s merged step costs (same messages, one after the
+  other on disjoint links)."""
+  params, top = gloo_model.link_params(RATE, 1.3e-3), gloo_model.emulated(net)
+  sizes = topology.axis_sizes(alg, 8, top)
+  merged = gloo_model.steps_as_run(alg, sizes, N, "half")
+  posted = gloo_model.ppermute_steps(alg, sizes, N)
+  per = gloo_model.bucket_replay(merged, top, 8, N, params, 0.0, posted)
+  assert per == pytest.approx(topology.profile(merged, top, 8).seconds(N, params))
+  with pytest.raises(ValueError, match="posted: 1 steps"):
+    gloo_model.bucket_replay(merged, top, 8, N, params, 0.0, posted[:1])
 
 
 def test_a_bucket_larger_than_every_message_leaves_only_alpha():
