@@ -7,7 +7,8 @@ links of a known rate between them, e.g. on one Linux machine as root:
 
 or on any machines: ``JAX_COORDINATOR_ADDRESS=host0:1234 JAX_NUM_PROCESSES=4
 JAX_PROCESS_ID=i python gloo_exchange_half_duplex.py``. It times, with 16 MiB per
-process (median, min and max of 7 after a warm-up):
+process (or each of ``--sizes 256KiB,1MiB,...``; median, min and max of 7 after a
+warm-up):
 
 - ``shift``: ``ppermute`` with pairs ``j -> j+1``: every host sends n and receives n,
   from different peers;
@@ -19,8 +20,10 @@ process (median, min and max of 7 after a warm-up):
   exchange within a network latency of each other.
 
 On a full-duplex link the three take the same time (n / rate). Measured on 200 Mbit/s
-links (``docs/results/network/half_duplex.jsonl``) the exchange takes twice as long: the
-two directions take turns. Cause, from the sources: XLA's
+links (``docs/results/network/half_duplex_p4.jsonl``) the exchange takes twice as long: the
+two directions take turns (``half_duplex_sizes_p4.jsonl``: 1.31× at 256 KiB, 1.81× at
+1 MiB, 1.95× at 4 MiB, where each turn's first 100 KB leave at once from the emulated
+link's token bucket, refilled during the other turn). Cause, from the sources: XLA's
 ``GlooCommunicator::CollectivePermute`` posts ``send`` before ``recv``; in gloo's TCP
 pair (``gloo/transport/tcp/pair.cc``) a ``send`` whose peer has already announced its
 receive writes the payload at once, and the "ready to receive" that the following
@@ -67,9 +70,32 @@ def _handshake(b, axis, perm):
   return jax.lax.ppermute(b, axis, perm) + 0 * t
 
 
-def main() -> int:
+def _sizes(argv: list[str]) -> list[int]:
+  """Bytes per process from ``--sizes 256KiB,1MiB,...`` (default: 16 MiB)."""
+  if not argv:
+    return [16 << 20]
+  if len(argv) != 2 or argv[0] != "--sizes":
+    raise SystemExit(f"usage: gloo_exchange_half_duplex.py [--sizes 256KiB,1MiB,...]; got {argv}")
+  units = {"KiB": 1 << 10, "MiB": 1 << 20}
+  out = []
+  for word in argv[1].split(","):
+    unit = word[-3:]
+    if unit not in units or not word[:-3].isdigit() or int(word[:-3]) == 0:
+      raise SystemExit(f"--sizes: {word!r} is not a whole number of KiB or MiB (e.g. 256KiB).")
+    out.append(int(word[:-3]) * units[unit])
+  return out
+
+
+def main(argv: list[str] | None = None) -> int:
+  sizes = _sizes(sys.argv[1:] if argv is None else argv)
   _init()
-  p, n = jax.device_count(), 16 << 20
+  for n in sizes:
+    _time_patterns(n)
+  return 0
+
+
+def _time_patterns(n: int) -> None:
+  p = jax.device_count()
   mesh = Mesh(np.array(jax.devices()), ("i",))
   perms = {
     "shift": [(j, (j + 1) % p) for j in range(p)],
@@ -102,7 +128,6 @@ def main() -> int:
   if jax.process_index() == 0:
     for r in rows:
       print(json.dumps(r), flush=True)
-  return 0
 
 
 if __name__ == "__main__":

@@ -550,6 +550,57 @@ def half_duplex_table(root: Path) -> list[str]:
   return [*lines, ""] if lines else []
 
 
+def half_duplex_sizes_table(root: Path) -> list[str]:
+  """One ``ppermute`` per size on the 4-host switch (``gloo_exchange_half_duplex.py
+  --sizes``, runs in ``half_duplex_sizes_p4.jsonl``): the exchange and the handshake
+  against the shift of the same run, beside the replay's exchange / shift with each
+  link's bucket, in the steady state of back-to-back calls (the fourth of four
+  identical steps; α of the 4-host switch at ``cubic``, step 8, fitted with the bucket)."""
+  rows = _rows(root / "half_duplex_sizes_p4.jsonl")
+  if not rows:
+    return []
+  cubic = _good(root / "tcp_queue_16k" / "cubic_finish", "blocks_switch_4.jsonl")
+  alpha = fit_alpha(cubic, 4, "switch", "half", BUCKET_S)
+  top, params = gloo_model.emulated("switch"), gloo_model.link_params(RATE, alpha)
+
+  def steady(step, n):
+    posted = [step] * 4
+    merged = gloo_model.half_duplex(posted)
+    return gloo_model.bucket_replay(merged, top, 4, n, params, BUCKET_S, posted)[-1]
+
+  shift = [(j, (j + 1) % 4, 1.0) for j in range(4)]
+  exchange = [(j, j ^ 1, 1.0) for j in range(4)]
+  runs = sorted({r["run"] for r in rows})
+  t = {(r["run"], r["bytes"], r["pattern"]): r["median_s"] for r in rows}
+
+  def spread(xs):
+    return f"{statistics.median(xs):.2f} [{min(xs):.2f}–{max(xs):.2f}]"
+
+  lines = [
+    f"### One ppermute per host, by size: exchange vs shift (4-host switch, `cubic`, {len(runs)} runs)",
+    "",
+    "Each run times 7 calls of each pattern after a warm-up (`python experiments/"
+    "gloo_exchange_half_duplex.py --sizes ...`); per run the median exchange / median"
+    " shift, then the median over runs [min–max]. The replay: each link's 4 ms bucket,"
+    f" the exchange's two directions in turn (α = {alpha * 1e3:.2f} ms, the 4-host"
+    " switch's at `cubic` in step 8), its exchange / shift in the steady state of"
+    " back-to-back calls.",
+    "",
+    "| per host | shift (s) | shift / (n at the link rate) | exchange / shift | handshake, then exchange / shift | replay: exchange / shift |",
+    "|---|---|---|---|---|---|",
+  ]  # fmt: skip
+  for n in sorted({r["bytes"] for r in rows}):
+    sh = [t[(k, n, "shift")] for k in runs]
+    ex = [t[(k, n, "exchange")] / t[(k, n, "shift")] for k in runs]
+    hs = [t[(k, n, "handshake")] / t[(k, n, "shift")] for k in runs]
+    model = steady(exchange, n) / steady(shift, n)
+    lines.append(
+      f"| {_mib(n)} | {statistics.median(sh):.4g} | {statistics.median(sh) * RATE / n:.2f} |"
+      f" {spread(ex)} | {spread(hs)} | {model:.2f} |"
+    )
+  return [*lines, ""]
+
+
 def _queue_cells(rows: list[dict], fields: tuple[str, ...] = ("queue", "mtu")) -> dict:
   """(hosts, *fields, algorithm, bytes) -> busbw / line rate of each repeat
   (``experiments/link_queue.py``'s ring rows)."""
@@ -776,6 +827,7 @@ def _write(root: Path) -> int:
   text += tcp_queue_table(root) + mtu_table(root)
   text += congestion_control_table(root)
   text += targets(root, summary + in_blocks) + queue_table(root) + half_duplex_table(root)
+  text += half_duplex_sizes_table(root)
   text += wire_table(root) + torus_lesson(summary) + bench + blocks + small + again + cubic
   text += finish
   cells = summary + in_blocks + in_small + in_again + in_cubic + in_finish
