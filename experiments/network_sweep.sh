@@ -60,6 +60,9 @@ want 4 && {
 # 8. (only when asked: STEPS=8) step 7 again, into tcp_queue_16k/cubic_finish/: after
 #    all_reduce finished each reduced slice before the all-gather, and with every row
 #    recording its schedule's trace-time choices (the double binary tree's chunk count)
+# 9. (only when asked: STEPS=9) one ppermute by size (64 KiB-16 MiB) on the 4-host switch at
+#    cubic, 3 runs, into half_duplex_sizes_p4.jsonl (each row tagged with its run)
+# 10. (only when asked: STEPS=10) step 8 once more, into tcp_queue_16k/cubic_finish/repeat/
 small_queue() {  # DIR [CLUSTER OPTIONS...]: every network in blocks at 16 KiB, 4 KiB-64 MiB
   local dir=$1
   shift
@@ -80,3 +83,15 @@ want 5 && small_queue $OUT/tcp_queue_16k
 want 6 && small_queue $OUT/tcp_queue_16k/repeat
 [[ " ${STEPS:-} " == *" 7 "* ]] && small_queue $OUT/tcp_queue_16k/cubic --congestion-control cubic
 [[ " ${STEPS:-} " == *" 8 "* ]] && small_queue $OUT/tcp_queue_16k/cubic_finish --congestion-control cubic
+[[ " ${STEPS:-} " == *" 9 "* ]] && {
+  f=$OUT/half_duplex_sizes_p4.jsonl
+  for i in 1 2 3; do
+    if ! grep -q "^{\"run\": $i," $f 2>/dev/null; then
+      run $CL16 --hosts 4 --congestion-control cubic -- $PY experiments/gloo_exchange_half_duplex.py \
+        --sizes 64KiB,256KiB,1MiB,4MiB,16MiB > $f.tmp
+      grep '^{' $f.tmp | sed "s/^{/{\"run\": $i, \"congestion_control\": \"cubic\", /" >> $f
+      rm -f $f.tmp
+    fi
+  done
+}
+[[ " ${STEPS:-} " == *" 10 "* ]] && small_queue $OUT/tcp_queue_16k/cubic_finish/repeat --congestion-control cubic
