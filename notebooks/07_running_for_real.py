@@ -144,7 +144,9 @@ else:
 # behind its own payload; `experiments/gloo_exchange_half_duplex.py` is the
 # reproduction). `bucket_bound_s` also prices each link's token bucket: `tc`'s `tbf` lets
 # an idle link pass 4 ms of its rate at once. With no software time between steps (this
-# bound) only the first step finds the buckets full; with the α measured between steps
+# bound) only the first step finds the buckets full, and the second turn of each exchange
+# (its link rested while the first turn sent: a 1 MiB exchange measured 1.8× a shift, not
+# 2×, `docs/results/network/half_duplex_sizes_p4.jsonl`); with the α measured between steps
 # (1–2 ms, fitted from small messages), every step refills them, and on 8 hosts at 1 MiB,
 # where a step's message is a few buckets long, that prices the ring a quarter faster.
 # The whole sweep, every algorithm on a switch, a 2:1
