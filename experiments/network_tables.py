@@ -345,16 +345,53 @@ def cubic_finish_tables(root: Path) -> tuple[list[str], list[dict]]:
   )  # fmt: skip
 
 
+def cubic_finish_repeat_tables(root: Path) -> tuple[list[str], list[dict]]:
+  """Step 8 run again (``tcp_queue_16k/cubic_finish/repeat/``, step 10 of the sweep)
+  against step 8: the spread from one run to the next at ``cubic``."""
+  return _set_tables(
+    root / "tcp_queue_16k" / "cubic_finish" / "repeat", root / "tcp_queue_16k" / "cubic_finish",
+    "in blocks with `--tcp-queue 16KiB`, the hosts at `cubic`, each reduced slice finished by its owner, run again",
+    "step 8's seconds / these (> 1: the repeat was faster)",
+    {"order": "blocks", "tcp_queue": "16KiB", "congestion_control": "cubic", "finish": "per slice",
+     "run": "repeat"},
+  )  # fmt: skip
+
+
+def two_run_model_lines(root: Path, first: Path, again: Path, what: str) -> list[str]:
+  """The model against the mean of two runs of one sweep (``first``, ``again``): per
+  cell the two runs' seconds averaged, α fitted on both runs' 4 and 64 KiB rows together;
+  then the cells outside 20 % of the model in both runs on their own (their own α)."""
+  lines = []
+  for net, p in NETS:
+    name = f"blocks_{net.replace(':', '_')}_{p}.jsonl"
+    one, two = _good(root / first, name), _good(root / again, name)
+    if not (one and two):
+      continue
+    a_half = fit_alpha(one + two, p, net, "half")
+    a_tb = fit_alpha(one + two, p, net, "half", BUCKET_S)
+    t1, t2 = _times(one), _times(two)
+    cells = []
+    for a, n in t1:
+      if n >= 1 << 20 and a not in ("psum", "auto") and (a, n) in t2:
+        m = (t1[(a, n)] + t2[(a, n)]) / 2
+        cells.append({"algorithm": a, "bytes": n, "measured_s": m,
+                      "model_half_s": model(a, p, n, net, "half", a_half),
+                      "model_bucket_s": model(a, p, n, net, "half", a_tb, BUCKET_S)})  # fmt: skip
+    lines += _model_line(cells, f"{net} ({p} hosts, {what}, the mean of both runs)")
+  return lines
+
+
 def small_queue_targets(
   root: Path,
   summary: list[dict],
   again: list[dict] = (),
   cubic: list[dict] = (),
   finish: list[dict] = (),
+  finish_again: list[dict] = (),
 ) -> list[str]:
   """The targets again at ``cluster``'s default TCP queue (16 KiB a socket), in the
   sweep (``summary``), in its repeat (``again``), with the hosts at ``cubic`` and at
-  ``cubic`` after the per-slice finish (``finish``)."""
+  ``cubic`` after the per-slice finish (``finish``, and its repeat ``finish_again``)."""
   if not summary:
     return []
   lines = ["### The targets at `--tcp-queue 16KiB` (cluster's default), timed in blocks", ""]
@@ -366,13 +403,14 @@ def small_queue_targets(
       return [s for s in cells if s["network"] == "switch" and s["p"] == p
               and s["algorithm"] == "ring" and s["bytes"] >= 4 << 20]  # fmt: skip
 
-    sweep, repeat, fin = ring(summary), ring(again), ring(finish)
+    sweep, repeat, fin, fin2 = ring(summary), ring(again), ring(finish), ring(finish_again)
     if any(v.values()) or sweep:
       med = {n: statistics.median(x) for n, x in v.items() if x}
       ok = all(m >= 0.90 for m in med.values()) and all(
         s["busbw_over_line"] >= 0.90 for s in sweep + repeat
       )
       ok_fin = all(s["busbw_over_line"] >= 0.90 for s in fin)
+      ok_fin2 = all(s["busbw_over_line"] >= 0.90 for s in fin2)
       lines.append(
         f"- ring busbw / line rate on the {p}-host switch (target ≥ 0.90 from 4 MiB):"
         + "".join(f" {_mib(n)} {m:.2f} (median of {len(v[n])})," for n, m in med.items())
@@ -384,6 +422,9 @@ def small_queue_targets(
         + ("; at cubic after the per-slice finish (step 8)"
            + ",".join(f" {_mib(s['bytes'])} {s['busbw_over_line']:.2f}" for s in fin)
            + f": {'met' if ok_fin else 'not met'}" if fin else "")
+        + ("; in its repeat (step 10)"
+           + ",".join(f" {_mib(s['bytes'])} {s['busbw_over_line']:.2f}" for s in fin2)
+           + f": {'met' if ok_fin2 else 'not met'}" if fin2 else "")
         + "."
       )  # fmt: skip
     lines += _jumbo_line(root, p) + _congestion_control_lines(root, p)
@@ -396,16 +437,21 @@ def small_queue_targets(
           " half-duplex one."
         )
   runs = ((summary, ""), (again, ", the repeat"), (cubic, ", cubic"),
-          (finish, ", cubic, each slice finished by its owner"))  # fmt: skip
+          (finish, ", cubic, each slice finished by its owner"),
+          (finish_again, ", cubic, each slice finished by its owner, the repeat"))  # fmt: skip
   for cells, run in runs:
     for net, p in NETS:
       mine = [s for s in cells if s["network"] == net and s["p"] == p and s["algorithm"] != "psum"]
       lines += _model_line(mine, f"{net} ({p} hosts{run})")
+  finish_dir = Path("tcp_queue_16k") / "cubic_finish"
+  if finish_again:
+    lines += two_run_model_lines(root, finish_dir, finish_dir / "repeat", "cubic, step 8 and 10")
   return [
     *lines,
     *repeat_spread(summary, again),
     *repeat_spread(summary, cubic, "the hosts at cubic against bbr (step 7 / step 5"),
     *repeat_spread(cubic, finish, "each slice finished by its owner, at cubic (step 8 / step 7"),
+    *repeat_spread(finish, finish_again, "step 8 run again (step 10 / step 8"),
     "",
   ]
 
@@ -822,15 +868,16 @@ def _write(root: Path) -> int:
   again, in_again = repeat_tables(root)
   cubic, in_cubic = cubic_tables(root)
   finish, in_finish = cubic_finish_tables(root)
+  finish2, in_finish2 = cubic_finish_repeat_tables(root)
   text = ["# Measured on an emulated network (tables from the committed rows)", ""]
-  text += small_queue_targets(root, in_small, in_again, in_cubic, in_finish)
+  text += small_queue_targets(root, in_small, in_again, in_cubic, in_finish, in_finish2)
   text += tcp_queue_table(root) + mtu_table(root)
   text += congestion_control_table(root)
   text += targets(root, summary + in_blocks) + queue_table(root) + half_duplex_table(root)
   text += half_duplex_sizes_table(root)
   text += wire_table(root) + torus_lesson(summary) + bench + blocks + small + again + cubic
-  text += finish
-  cells = summary + in_blocks + in_small + in_again + in_cubic + in_finish
+  text += finish + finish2
+  cells = summary + in_blocks + in_small + in_again + in_cubic + in_finish + in_finish2
   (root / "tables.md").write_text("\n".join(text) + "\n")
   (root / "summary.jsonl").write_text("".join(json.dumps(s) + "\n" for s in cells))
   figure(summary, root / "time_vs_model.png")

@@ -76,6 +76,10 @@ def main(argv=None) -> int:
       root / "tcp_queue_16k" / "cubic_finish",
       "`tcp_queue_16k/cubic_finish/` (step 8: cubic, each reduced slice finished by its owner)",
     )
+    lines += compare(
+      root / "tcp_queue_16k" / "cubic_finish" / "repeat",
+      "`tcp_queue_16k/cubic_finish/repeat/` (step 10: step 8 run again)",
+    )
   print("\n".join(lines))
   return 0
 
