@@ -32,7 +32,7 @@ traced to the sources, what the replay (:mod:`allreduce_jax.topology`) did not k
   where a step's message is a few buckets long (1–4 MiB on 8 hosts). An exchange's two
   directions take turns (:func:`exchange_turns`), so the second direction's link refills
   while the first sends: each turn starts with a full bucket. One ``ppermute`` exchange
-  on 4 hosts measured 1.31–1.44×, 1.77–1.81× and 1.95–1.98× a shift of the same bytes
+  on 4 hosts measured 1.31–1.34×, 1.77–1.86× and 1.93–1.96× a shift of the same bytes
   at 256 KiB, 1 MiB and 4 MiB (``docs/results/network/half_duplex_sizes_p4.jsonl``),
   not 2×: the bucket each turn finds.
 

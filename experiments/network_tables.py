@@ -359,8 +359,7 @@ def cubic_finish_repeat_tables(root: Path) -> tuple[list[str], list[dict]]:
 
 def two_run_model_lines(root: Path, first: Path, again: Path, what: str) -> list[str]:
   """The model against the mean of two runs of one sweep (``first``, ``again``): per
-  cell the two runs' seconds averaged, α fitted on both runs' 4 and 64 KiB rows together;
-  then the cells outside 20 % of the model in both runs on their own (their own α)."""
+  cell the two runs' seconds averaged, α fitted on both runs' 4 and 64 KiB rows together."""
   lines = []
   for net, p in NETS:
     name = f"blocks_{net.replace(':', '_')}_{p}.jsonl"
