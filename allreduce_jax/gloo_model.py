@@ -154,10 +154,13 @@ def predict_seconds(
     return 0.0
   top = top or topology.switch()
   sizes = topology.axis_sizes(algorithm, p, top)
-  steps = steps_as_run(algorithm, sizes, n_bytes, duplex, choices)
+  if duplex == "half":  # steps_as_run's, keeping the posted steps the buckets take turns on
+    posted = ppermute_steps(algorithm, sizes, n_bytes, choices)
+    steps = half_duplex(posted)
+  else:
+    posted, steps = None, steps_as_run(algorithm, sizes, n_bytes, duplex, choices)
   params = cost_model.resolve(params, algorithm)
   if bucket_s:
-    posted = ppermute_steps(algorithm, sizes, n_bytes, choices) if duplex == "half" else None
     return float(bucket_replay(steps, top, p, n_bytes, params, bucket_s, posted).sum())
   prof = topology.profile(steps, top, p)
   return float(prof.seconds(n_bytes, params).sum())
