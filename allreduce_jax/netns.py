@@ -28,19 +28,28 @@ Link rates are read by :func:`allreduce_jax.units.parse_rate`, the package's one
 parser (``200Mbit``, ``1Gbit``, ``25MB/s``...), and written for ``tc`` by
 :func:`allreduce_jax.units.tc_rate`.
 
-Needs root (``CAP_NET_ADMIN`` and ``CAP_SYS_ADMIN``), ``ip`` and ``tc``
-(iproute2) and ``unshare`` (util-linux); :func:`privilege_problem` says what is
-missing. Importing this module runs nothing.
+Built by root (``CAP_NET_ADMIN`` and ``CAP_SYS_ADMIN``) the namespaces are named on
+this machine (``ip netns list`` shows them). Without root, the cluster is built inside a
+user namespace of the user's own (*rootless*, :class:`UserNamespace`, where the kernel
+lets unprivileged users create one): it holds its own network and mount namespaces, in
+which this user is root, and every command that builds or enters the cluster runs through
+``nsenter`` into it (:attr:`Plan.enter`); nothing of it is visible on the machine, and the
+kernel removes all of it with its last process. Both need ``ip`` and ``tc`` (iproute2) and
+``unshare`` (util-linux; rootless also ``nsenter``); :func:`privilege_problem` says what
+is missing. :func:`built` builds a plan either way and removes it. Importing this module
+runs nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import json
 import math
 import os
 import re
+import select
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -114,6 +123,8 @@ class Plan:
     congestion_control: the hosts' TCP congestion control
       (``net.ipv4.tcp_congestion_control`` in every host's namespace); None: what a new
       namespace inherits, the machine's default.
+    enter: the command prefix that enters the user namespace the cluster is built in
+      (rootless, :attr:`UserNamespace.enter`); empty when root builds it on the machine.
   """
 
   tag: str
@@ -130,10 +141,15 @@ class Plan:
   mtu: int = 1500
   tcp_queue: int = DEFAULT_TCP_QUEUE
   congestion_control: str | None = None
+  enter: tuple[str, ...] = ()
 
   @property
   def namespaces(self) -> tuple[str, ...]:
     return self.hosts + self.bridges
+
+  def exec_in(self, ns: str) -> list[str]:
+    """The command prefix that runs a program in namespace ``ns`` (``ip netns exec``)."""
+    return [*self.enter, "ip", "netns", "exec", ns]
 
   def host_links(self, rank: int) -> list[str]:
     """The devices of host ``rank`` that carry traffic to other hosts (its NICs)."""
@@ -285,8 +301,8 @@ def _caps() -> int:
   return 0
 
 
-def privilege_problem() -> str | None:
-  """Why this process cannot build a cluster (one line), or None if it can."""
+def root_problem() -> str | None:
+  """Why this process cannot build a cluster on the machine as root (one line), or None."""
   missing = [t for t in ("ip", "tc", "unshare", "hostname") if shutil.which(t) is None]
   if missing:
     return f"needs {', '.join(missing)} (iproute2, util-linux) on PATH."
@@ -307,6 +323,145 @@ def privilege_problem() -> str | None:
   return None
 
 
+# What a rootless cluster's holder does in its new user, network and mount namespaces:
+# a private /run for `ip netns` (its names live there), its own /etc/hosts (written by
+# `up`, seen by every host: `ip netns exec` mounts /etc/netns/NAME over /etc only where
+# such a directory exists, and the machine's are hidden), then it waits on its stdin, so
+# it exits when the cluster's process closes it or dies (even by SIGKILL).
+_HOLDER = (
+  "mount -t tmpfs arj /run && mkdir /run/netns && : > /run/hosts"
+  " && mount --bind /run/hosts /etc/hosts"
+  " && { [ ! -d /etc/netns ] || mount -t tmpfs arj /etc/netns; }"
+  " && echo ready && exec cat > /dev/null"
+)
+_UNSHARE_USER = ["unshare", "--user", "--map-root-user", "--net", "--mount", "--"]
+
+
+def rootless_problem() -> str | None:
+  """Why this process cannot build a cluster in a user namespace of its own (one line),
+  or None. Tries it: a user namespace may be created and still refuse what a cluster
+  needs (Ubuntu's AppArmor lets one be made but takes its capabilities away)."""
+  missing = [t for t in ("ip", "tc", "unshare", "nsenter") if shutil.which(t) is None]
+  if missing:
+    return f"needs {', '.join(missing)} (iproute2, util-linux) on PATH."
+  probe = "mount -t tmpfs arj /run && ip link add arj-probe type bridge"
+  try:
+    res = subprocess.run(
+      [*_UNSHARE_USER, "sh", "-c", probe], capture_output=True, text=True, timeout=30
+    )
+  except OSError as e:
+    return f"cannot run unshare ({e.strerror})."
+  if res.returncode != 0:
+    why = (res.stderr.strip().splitlines() or [f"status {res.returncode}"])[-1]
+    return (
+      f"cannot build it in a user namespace either ({why}): unprivileged user namespaces"
+      " are off here (as root: sysctl user.max_user_namespaces=10000; on Debian before 12"
+      " kernel.unprivileged_userns_clone=1; on Ubuntu 24.04"
+      " kernel.apparmor_restrict_unprivileged_userns=0)."
+    )
+  return None
+
+
+def rootless_default() -> bool:
+  """Whether a cluster is built in a user namespace when not asked either way: where
+  this process cannot build one as root."""
+  return root_problem() is not None
+
+
+def privilege_problem(rootless: bool | None = None) -> str | None:
+  """Why this process cannot build a cluster (one line), or None if it can: as root
+  (``rootless=False``), in a user namespace of its own (``True``), or either way (None:
+  root where it can, else rootless)."""
+  if rootless is False:
+    return root_problem()
+  if rootless is True:
+    return rootless_problem()
+  root = root_problem()
+  if root is None:
+    return None
+  rootless_why = rootless_problem()
+  if rootless_why is None:
+    return None
+  return f"{root.rstrip('.')}; {rootless_why}"
+
+
+class UserNamespace:
+  """A user namespace of this user's own, holding a network and a mount namespace, in
+  which a cluster is built without root (this user is root in it). :attr:`enter` is the
+  command prefix that runs a program in it. A holder process keeps it alive; it exits on
+  :meth:`close` or when the process that made it dies, even by SIGKILL (its stdin reaches
+  EOF), and the kernel removes the namespaces, links and shaping inside with the last
+  process in them. ``ClusterError`` when it cannot be made."""
+
+  def __init__(self) -> None:
+    self._holder = subprocess.Popen(
+      [*_UNSHARE_USER, "sh", "-c", _HOLDER],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      start_new_session=True,  # Ctrl-C reaches the cluster's process, which closes it
+    )
+    ready = b""
+    if select.select([self._holder.stdout], [], [], 30)[0]:  # never a hang
+      ready = self._holder.stdout.readline()
+    if ready.strip() != b"ready":
+      why = (self._stop().strip().splitlines() or [f"status {self._holder.returncode}"])[-1]
+      raise ClusterError(f"cannot make a user namespace for the cluster: {why}")
+    pid = self._holder.pid
+    self.user_ns = os.readlink(f"/proc/{pid}/ns/user")
+    # --wd=.: the program starts where its caller is (entering a mount namespace would
+    # otherwise move it to /, and relative paths would land there).
+    self.enter = ("nsenter", f"--target={pid}", "--user", "--mount", "--net",
+                  "--preserve-credentials", "--wd=.", "--")  # fmt: skip
+
+  def close(self) -> None:
+    self._stop()
+
+  def _stop(self) -> str:
+    """Ends the holder (EOF on its stdin; killed if it is stuck before reading it);
+    returns what it wrote to stderr."""
+    with contextlib.suppress(OSError, ValueError):
+      self._holder.stdin.close()
+    try:
+      self._holder.wait(10)
+    except subprocess.TimeoutExpired:
+      self._holder.kill()
+      self._holder.wait()
+    with self._holder.stdout, self._holder.stderr:
+      return self._holder.stderr.read().decode(errors="replace")
+
+
+def processes_in(user_ns: str) -> list[int]:
+  """The processes (that this process may inspect) in user namespace ``user_ns``
+  (as ``readlink /proc/PID/ns/user`` names it)."""
+  found = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    with contextlib.suppress(OSError):
+      if os.readlink(f"/proc/{pid}/ns/user") == user_ns:
+        found.append(int(pid))
+  return found
+
+
+@contextlib.contextmanager
+def built(p: Plan, rootless: bool = False):
+  """Builds ``p`` (:func:`up`), yields it as built (with :attr:`Plan.enter` where it
+  is ``rootless``), and removes it after, on success, error or Ctrl-C."""
+  if not rootless:
+    try:
+      up(p)
+      yield p
+    finally:
+      down(p.tag)
+    return
+  userns = UserNamespace()
+  try:
+    p = dataclasses.replace(p, enter=userns.enter)
+    up(p)
+    yield p
+  finally:
+    userns.close()
+
+
 def _run(argv: Sequence[str]) -> None:
   res = subprocess.run(list(argv), capture_output=True, text=True, timeout=60)
   if res.returncode != 0:
@@ -314,8 +469,8 @@ def _run(argv: Sequence[str]) -> None:
     raise ClusterError(f"`{' '.join(argv)}` failed: {why}")
 
 
-def _in(ns: str, script: str) -> list[str]:
-  return ["ip", "netns", "exec", ns, "sh", "-c", script]
+def _in(p: Plan, ns: str, script: str) -> list[str]:
+  return [*p.exec_in(ns), "sh", "-c", script]
 
 
 # Quiet hosts: no IPv6 (router solicitations, DAD) so interface counters carry only
@@ -386,43 +541,52 @@ def _shape(ns: str, dev: str, rate: float, queue: float = DEFAULT_QUEUE) -> list
 
 def up(p: Plan) -> None:
   """Builds ``p``: namespaces, bridges, shaped links, addresses, routes, host files.
-  On a failure everything already built is removed and ``ClusterError`` raised."""
+  On a failure everything already built is removed and ``ClusterError`` raised.
+  Rootless (``p.enter``) it builds inside that user namespace, whose ``/etc/hosts``
+  gets the host names."""
+
+  def run(*argv: str) -> None:
+    _run([*p.enter, *argv])
+
   try:
     for ns in p.namespaces:
-      _run(["ip", "netns", "add", ns])
+      run("ip", "netns", "add", ns)
       host = ns in p.hosts
-      _run(_in(ns, _SYSCTL + ("; echo 1 > /proc/sys/net/ipv4/ip_forward" if p.routes else "")
-                           + (f"; echo {p.tcp_queue} > {_TSQ}" if host else "")
-                           + (f"; [ \"$(cat {_CC})\" = {p.congestion_control} ]"
-                              f" || echo {p.congestion_control} > {_CC}"
-                              if host and p.congestion_control else "")))  # fmt: skip
-      _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+      _run(_in(p, ns, _SYSCTL + ("; echo 1 > /proc/sys/net/ipv4/ip_forward" if p.routes else "")
+                              + (f"; echo {p.tcp_queue} > {_TSQ}" if host else "")
+                              + (f"; [ \"$(cat {_CC})\" = {p.congestion_control} ]"
+                                 f" || echo {p.congestion_control} > {_CC}"
+                                 if host and p.congestion_control else "")))  # fmt: skip
+      run("ip", "-n", ns, "link", "set", "lo", "up")
     for ns in p.bridges:
-      _run(["ip", "-n", ns, "link", "add", "br0", "type", "bridge"])
-      _run(["ip", "-n", ns, "link", "set", "br0", "up"])
+      run("ip", "-n", ns, "link", "add", "br0", "type", "bridge")
+      run("ip", "-n", ns, "link", "set", "br0", "up")
     for lk in p.links:
-      _run(["ip", "link", "add", lk.a_dev, "netns", lk.a, "type", "veth",
-            "peer", "name", lk.b_dev, "netns", lk.b])  # fmt: skip
+      run("ip", "link", "add", lk.a_dev, "netns", lk.a, "type", "veth",
+          "peer", "name", lk.b_dev, "netns", lk.b)  # fmt: skip
       for ns, dev, bridged in ((lk.a, lk.a_dev, lk.a_bridge), (lk.b, lk.b_dev, lk.b_bridge)):
         if bridged:
-          _run(["ip", "-n", ns, "link", "set", dev, "master", "br0"])
+          run("ip", "-n", ns, "link", "set", dev, "master", "br0")
         if p.mtu != 1500:
-          _run(["ip", "-n", ns, "link", "set", dev, "mtu", str(p.mtu)])
-        _run(_shape(ns, dev, lk.rate, p.queue))
-        _run(["ip", "-n", ns, "link", "set", dev, "up"])
+          run("ip", "-n", ns, "link", "set", dev, "mtu", str(p.mtu))
+        run(*_shape(ns, dev, lk.rate, p.queue))
+        run("ip", "-n", ns, "link", "set", dev, "up")
     hosts_file = "127.0.0.1 localhost\n" + "".join(
       f"{a} {h}\n" for a, h in zip(p.addresses, p.hostnames)
     )
     prefix = 32 if p.routes or p.devices[0] == "lo" else SUBNET.prefixlen
     for ns, addr, dev in zip(p.hosts, p.addresses, p.devices):
-      _run(["ip", "-n", ns, "addr", "add", f"{addr}/{prefix}", "dev", dev])
-      etc = ETC_NETNS / ns
-      etc.mkdir(parents=True, exist_ok=True)
-      (etc / "hosts").write_text(hosts_file)
+      run("ip", "-n", ns, "addr", "add", f"{addr}/{prefix}", "dev", dev)
+      if not p.enter:
+        etc = ETC_NETNS / ns
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text(hosts_file)
+    if p.enter:  # one /etc/hosts in the user namespace, which every host sees
+      run("sh", "-c", 'printf %s "$0" > /etc/hosts', hosts_file)
     for ns, dst, via, dev in p.routes:
       src = p.addresses[p.hosts.index(ns)]
-      _run(["ip", "-n", ns, "route", "add", f"{dst}/32", "via", via, "dev", dev,
-            "onlink", "src", src])  # fmt: skip
+      run("ip", "-n", ns, "route", "add", f"{dst}/32", "via", via, "dev", dev,
+          "onlink", "src", src)  # fmt: skip
   except BaseException:
     down(p.tag)
     raise
@@ -434,7 +598,7 @@ def host_argv(p: Plan, rank: int) -> list[str]:
   with :data:`~allreduce_jax.results.ENV_NETWORK` describing the network. Every step execs the next, so the
   program keeps the process id it was started with."""
   return [
-    "ip", "netns", "exec", p.hosts[rank],
+    *p.exec_in(p.hosts[rank]),
     "unshare", "--uts", "--",
     "sh", "-c", 'hostname "$0" && exec "$@"', p.hostnames[rank],
     "env", f"{ENV_NETWORK}={json.dumps(p.describe(), sort_keys=True)}",
@@ -510,14 +674,16 @@ def clean_stale() -> list[str]:
   return tags
 
 
-def tx_bytes(p: Plan) -> list[dict[str, int]]:
-  """Per host, bytes each of its links has sent so far (``tx_bytes`` of its
-  interfaces, read in its namespace)."""
+def counters(p: Plan) -> list[dict]:
+  """Per host: ``{"host", "address", "tx_bytes", "rx_bytes"}``, the bytes its links
+  have sent and received so far (their interface counters, read in its namespace)."""
   out = []
-  for rank, ns in enumerate(p.hosts):
-    devs = p.host_links(rank)
-    script = "; ".join(f"cat /sys/class/net/{d}/statistics/tx_bytes" for d in devs)
-    res = subprocess.run(_in(ns, script), capture_output=True, text=True, timeout=60)
-    values = [int(v) for v in res.stdout.split()] if res.returncode == 0 else []
-    out.append(dict(zip(devs, values)))
+  for rank, (ns, addr) in enumerate(zip(p.hosts, p.addresses)):
+    script = "; ".join(
+      f"cat /sys/class/net/{d}/statistics/tx_bytes /sys/class/net/{d}/statistics/rx_bytes"
+      for d in p.host_links(rank)
+    )
+    res = subprocess.run(_in(p, ns, script), capture_output=True, text=True, timeout=60)
+    v = [int(x) for x in res.stdout.split()] if res.returncode == 0 else [0, 0]
+    out.append({"host": rank, "address": addr, "tx_bytes": sum(v[0::2]), "rx_bytes": sum(v[1::2])})
   return out

@@ -11,8 +11,8 @@ cluster``. It separates what the link and TCP cost (frame headers: a 1500-byte M
 carries 1448 payload bytes in a 1514-byte frame, so at most 0.956 of the rate is
 payload; the bubble between steps) from what gloo and XLA add.
 
-Needs root (it builds and removes its own namespaces, as ``allreduce-jax cluster``
-does). Run it while no cluster is running:
+It builds and removes its own namespaces, as ``allreduce-jax cluster`` does: as root, or
+without root in a user namespace of the user's own. Run it while no cluster is running:
 
     python experiments/tcp_ring_ceiling.py --hosts 4,8 --bytes 4MiB,16MiB --link 200Mbit \\
       --tcp-queue 16KiB --out docs/results/network/tcp_ring_ceiling.jsonl
@@ -99,18 +99,17 @@ def measure(
   chunk, steps = nbytes // p, 2 * (p - 1)
   plan = netns.plan("switch", p, rate, tcp_queue=tcp_queue, congestion_control=cc)
   procs: list[subprocess.Popen] = []
-  try:
-    netns.up(plan)
-    args = [str(chunk), str(steps), str(trials), str(int(work)), str(int(handshake))]
-    args.append(",".join(plan.addresses))
-    for r in range(p):
-      argv = ["ip", "netns", "exec", plan.hosts[r], sys.executable, "-c", _HOST, str(r), str(p)]
-      procs.append(subprocess.Popen(argv + args, stdout=subprocess.PIPE, text=True))
-    per_host = [[float(t) for t in q.communicate(timeout=600)[0].split()] for q in procs]
-  finally:
-    for q in procs:
-      q.kill()
-    netns.down(plan.tag)
+  with netns.built(plan, netns.rootless_default()) as plan:
+    try:
+      args = [str(chunk), str(steps), str(trials), str(int(work)), str(int(handshake))]
+      args.append(",".join(plan.addresses))
+      for r in range(p):
+        argv = [*plan.exec_in(plan.hosts[r]), sys.executable, "-c", _HOST, str(r), str(p)]
+        procs.append(subprocess.Popen(argv + args, stdout=subprocess.PIPE, text=True))
+      per_host = [[float(t) for t in q.communicate(timeout=600)[0].split()] for q in procs]
+    finally:
+      for q in procs:
+        q.kill()
   # a trial ends when the slowest host has its last step
   times = [max(h[i] for h in per_host) for i in range(trials)]
   ideal = steps * chunk / rate

@@ -92,8 +92,10 @@ assert rc != 0 and "process 1" in err.getvalue()
 # them by a switch (a bridge) whose ports are shaped with `tc` to a known rate, and runs
 # the same command on every host. Here: 4 hosts at 200 Mbit/s (25 MB/s) each way, the
 # ring against an exchange-based algorithm and the parameter server, with each host's
-# bytes on the wire from its interface counters. It needs root; without it the cell
-# says why and moves on.
+# bytes on the wire from its interface counters. As root the namespaces are made on the
+# machine; as any other user, inside a user namespace of your own (rootless: the same
+# hosts and links, gone with the run's last process). Where neither is possible (user
+# namespaces turned off) the cell says why and moves on.
 
 # %%
 from allreduce_jax import gloo_model, netns, units

@@ -1,17 +1,21 @@
 """The emulated cluster (``allreduce-jax cluster``, :mod:`allreduce_jax.netns`).
 
 The plan (names, links, routes) and the rate parser are checked everywhere; building
-namespaces needs root, so those tests skip elsewhere with the reason. Each privileged
-test checks that nothing is left behind (namespaces, host files, links).
+namespaces on the machine needs root, and building them rootless needs unprivileged user
+namespaces, so those tests skip elsewhere with the reason. Each test that builds checks
+that nothing is left behind (namespaces, host files, links; rootless: no process in the
+cluster's user namespace).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -27,13 +31,24 @@ CLUSTER = [sys.executable, "-m", "allreduce_jax", "cluster"]
 
 @pytest.fixture(scope="module")
 def _problem():
-  return netns.privilege_problem()
+  return netns.root_problem()
 
 
 @pytest.fixture
 def privileged(_problem):
   if _problem:
-    pytest.skip(f"cluster: {_problem}")
+    pytest.skip(f"cluster as root: {_problem}")
+
+
+@pytest.fixture(scope="module")
+def _rootless_problem():
+  return netns.rootless_problem()
+
+
+@pytest.fixture
+def rootless(_rootless_problem):
+  if _rootless_problem:
+    pytest.skip(f"rootless cluster: {_rootless_problem}")
 
 
 @pytest.mark.parametrize(
@@ -107,13 +122,24 @@ def test_plan_rejects_what_it_cannot_emulate_in_one_line(spec, hosts, message):
 
 
 def test_without_privilege_one_line_says_what_is_needed(monkeypatch, capsys):
+  # Neither root nor a user namespace: one line names both ways and what each needs.
+  refused = "unshare: unshare failed: Operation not permitted"
   monkeypatch.setattr(netns, "_caps", lambda: 0)
+  monkeypatch.setattr(netns, "_UNSHARE_USER", ["sh", "-c", f"echo '{refused}' >&2; exit 1"])
   problem = netns.privilege_problem()
   assert "needs root" in problem and "CAP_NET_ADMIN" in problem
+  assert refused in problem and "user.max_user_namespaces" in problem
+  assert netns.privilege_problem(rootless=True) == netns.rootless_problem()
   args = cluster_args(["--hosts", "2", "--", "verify"])
   assert cluster.run(args) == 1
   err = capsys.readouterr().err
-  assert err.count("\n") == 1 and "needs root" in err
+  assert err.count("\n") == 1 and "needs root" in err and refused in err
+
+
+def test_without_root_a_cluster_is_built_rootless(rootless, monkeypatch):
+  monkeypatch.setattr(netns, "_caps", lambda: 0)
+  assert "needs root" in netns.privilege_problem(rootless=False)
+  assert netns.privilege_problem() is None and netns.rootless_default()
 
 
 def test_congestion_control_problem_names_the_kernels_lists(monkeypatch, tmp_path):
@@ -142,7 +168,7 @@ def test_congestion_control_problem_names_the_kernels_lists(monkeypatch, tmp_pat
 def test_a_refused_congestion_control_is_one_line_before_anything_is_built(
   monkeypatch, capsys, tmp_path
 ):
-  monkeypatch.setattr(netns, "privilege_problem", lambda: None)
+  monkeypatch.setattr(netns, "privilege_problem", lambda rootless=None: None)
   monkeypatch.setattr(netns, "congestion_control_problem", lambda name: f"{name}: refused (test)")
   monkeypatch.setattr(netns, "up", lambda plan: pytest.fail("built a cluster"))
   assert (
@@ -216,6 +242,50 @@ def test_up_and_down_leave_nothing_behind(privileged):
     assert netns.leftovers(plan.tag) == []
 
 
+def _user_ns(plan: netns.Plan) -> str:
+  """The user namespace a rootless plan is built in (its holder's, named by ``enter``)."""
+  pid = next(a for a in plan.enter if a.startswith("--target=")).split("=")[1]
+  return os.readlink(f"/proc/{pid}/ns/user")
+
+
+def test_a_user_namespace_that_cannot_be_made_is_one_line(monkeypatch):
+  monkeypatch.setattr(netns, "_HOLDER", "echo 'mount: /run: permission denied.' >&2; exit 32")
+  with pytest.raises(netns.ClusterError, match=r"^cannot make a user namespace for the"
+                     r" cluster: mount: /run: permission denied\.$"):  # fmt: skip
+    netns.UserNamespace()
+
+
+def test_rootless_builds_the_same_cluster_unseen_and_leaves_nothing(rootless, tmp_path):
+  plan = netns.plan("torus:4", 4, 25e6, queue=0.002, tcp_queue=32 * 1024,
+                    congestion_control="reno")  # fmt: skip
+  with netns.built(plan, rootless=True) as built:
+    user_ns = _user_ns(built)
+    assert built.enter and built.hosts == plan.hosts
+    listed = subprocess.run([*built.enter, "ip", "netns", "list"],
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert set(plan.namespaces) <= {line.split()[0] for line in listed.splitlines()}
+    dev = plan.host_links(0)[0]
+    shown = subprocess.run([*built.enter, "tc", "-n", plan.hosts[0], "qdisc", "show", "dev", dev],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "tbf" in shown and "rate 200Mbit" in shown and "lat 2ms" in shown
+    # Host 1 has its name, its TCP settings, finds host 3 by name (the user namespace's
+    # /etc/hosts) and reaches it through host 2 (a ring of 4: ties go forward).
+    seen = subprocess.run(
+      [*netns.host_argv(built, 1), "sh", "-c", f"hostname; cat {netns._TSQ}; cat {netns._CC};"
+       f" getent hosts {plan.hostnames[3]}; ip route get {plan.addresses[3]}; pwd"],
+      capture_output=True, text=True, check=True, timeout=30, cwd=tmp_path,
+    ).stdout.splitlines()  # fmt: skip
+    assert seen[:3] == [plan.hostnames[1], "32768", "reno"]
+    assert seen[3].split() == [plan.addresses[3], plan.hostnames[3]]
+    assert f"via {plan.addresses[2]}" in seen[4]
+    assert seen[-1] == str(tmp_path)  # where it was started: relative paths stay the caller's
+    counted = netns.counters(built)
+    assert [c["address"] for c in counted] == list(plan.addresses)
+    # Nothing of it shows on the machine: no named namespace, no host file, no link.
+    assert netns.leftovers(plan.tag) == []
+  assert netns.processes_in(user_ns) == []  # the kernel removed it with its last process
+
+
 def test_a_failed_build_removes_what_it_built(privileged, monkeypatch):
   plan = netns.plan("switch", 2, 25e6)
   real = netns._run
@@ -238,16 +308,15 @@ def _wait_for(path: Path, text: str, wait_s: float) -> None:
     time.sleep(0.1)
 
 
-@pytest.mark.timeout(120)
-def test_verify_runs_across_a_two_host_cluster(privileged, tmp_path):
+def _verify_across_two_hosts(tmp_path, *options: str, env=None, python=sys.executable, wrap=None):
   counters = tmp_path / "counters.json"
-  res = subprocess.run(
-    [*CLUSTER, "--hosts", "2", "--link", "1Gbit", "--counters", str(counters), "--timeout", "90",
-     "--", "verify", "--algorithms", "ring,recursive_doubling", "--dtypes", "float32",
-     "--ops", "sum", "--kinds", "verifiable", "--shapes", "4096"],
-    cwd=ROOT, capture_output=True, text=True, timeout=110,
-    env={**os.environ, "GLOO_SOCKET_IFNAME": "eth0"},  # gloo on the interface named
-  )  # fmt: skip
+  env = {**(env or os.environ), "GLOO_SOCKET_IFNAME": "eth0"}  # gloo on the interface named
+  argv = [python, "-m", "allreduce_jax", "cluster", "--hosts", "2", "--link", "1Gbit", *options,
+          "--counters", str(counters), "--log-dir", str(tmp_path / "logs"), "--timeout", "90",
+          "--", "verify", "--algorithms", "ring,recursive_doubling", "--dtypes", "float32",
+          "--ops", "sum", "--kinds", "verifiable", "--shapes", "4096"]  # fmt: skip
+  res = subprocess.run(wrap(argv, env) if wrap else argv, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=110, env=env)  # fmt: skip
   assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
   assert "2 devices, 2 process(es)" in res.stdout and " 0 failed" in res.stdout
   assert "all 2 processes finished OK" in res.stderr
@@ -255,6 +324,19 @@ def test_verify_runs_across_a_two_host_cluster(privileged, tmp_path):
   # The sums crossed the emulated link: each host sent at least the 16 KiB it reduces.
   assert all(h["tx_bytes"] > 16 * 1024 for h in hosts)
   assert netns.leftovers(f"arj-{_cluster_pid(res.stderr)}") == []
+  return res
+
+
+@pytest.mark.timeout(120)
+def test_verify_runs_across_a_two_host_cluster(privileged, tmp_path):
+  res = _verify_across_two_hosts(tmp_path)
+  assert "rootless" not in res.stderr
+
+
+@pytest.mark.timeout(120)
+def test_verify_runs_across_a_two_host_rootless_cluster(rootless, tmp_path):
+  res = _verify_across_two_hosts(tmp_path, "--rootless")
+  assert f"in a user namespace of uid {os.getuid()} (rootless)" in res.stderr
 
 
 def _cluster_pid(err: str) -> str:
@@ -324,6 +406,87 @@ def test_sigkill_of_the_command_leaves_nothing_behind(privileged, tmp_path):
   while any(Path(f"/proc/{p}").exists() for p in pids) and time.monotonic() < deadline:
     time.sleep(0.1)
   assert not any(Path(f"/proc/{p}").exists() for p in pids)
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_of_a_rootless_command_leaves_nothing_behind(rootless, tmp_path):
+  logs = tmp_path / "logs"
+  proc = subprocess.Popen(
+    [*CLUSTER, "--hosts", "2", "--topology", "torus:2", "--rootless", "--log-dir", str(logs),
+     "--", "sh", "-c", "echo ready; sleep 60"],
+    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+  )  # fmt: skip
+  try:
+    _wait_for(logs / "process-1.log", "ready", 30)
+    pids = json.loads((logs / "pids.json").read_text()).values()
+    user_ns = os.readlink(f"/proc/{next(iter(pids))}/ns/user")
+    assert user_ns != os.readlink("/proc/self/ns/user")
+    assert len(netns.processes_in(user_ns)) >= 3  # the holder and the two hosts
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 15
+    while netns.processes_in(user_ns) and time.monotonic() < deadline:
+      time.sleep(0.1)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+  # No process is left in its user namespace: the kernel has removed the namespaces,
+  # links and shaping with the last one; nothing was ever named on the machine.
+  assert netns.processes_in(user_ns) == []
+  assert netns.leftovers(f"arj-{proc.pid}") == []
+
+
+def _unprivileged(argv: list[str], env: dict) -> list[str]:
+  return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+          "env", "-i", *(f"{k}={v}" for k, v in env.items()), *argv]  # fmt: skip
+
+
+@pytest.fixture
+def nobody_python():
+  """A Python that user ``nobody`` can run with this checkout's packages (this venv's,
+  else the system's of the same version with the venv's packages on its path), its
+  environment and a folder of its own; skips with the reason where there is none (not
+  root, no ``setpriv``, a checkout or interpreter ``nobody`` cannot read)."""
+  if os.geteuid() != 0 or not shutil.which("setpriv"):
+    pytest.skip("needs root and setpriv to become an unprivileged user")
+  site = next(Path(p) for p in sys.path if p.endswith("site-packages"))
+  work = Path(tempfile.mkdtemp(prefix="arj-test-nobody-", dir="/tmp"))  # not root's TMPDIR
+  env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(work),
+         "PYTHONPATH": f"{site}:{ROOT}"}  # fmt: skip
+  try:
+    yield _nobody_python(env, work)
+  finally:
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _nobody_python(env: dict, work: Path) -> tuple[str, dict, Path]:
+  version = f"{sys.version_info.major}.{sys.version_info.minor}"
+  tried = []
+  found = [shutil.which(f"python{version}"), f"/usr/local/bin/python{version}"]
+  for python in dict.fromkeys([sys.executable, f"/usr/bin/python{version}", *found]):
+    if not (python and os.path.exists(python)):
+      continue
+    res = subprocess.run(_unprivileged([python, "-c", "import jax, allreduce_jax"], env),
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    if res.returncode == 0:
+      os.chown(work, 65534, 65534)
+      return python, env, work
+    tried.append(f"{python}: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
+  pytest.skip(f"user nobody cannot run this checkout's Python ({'; '.join(tried)})")
+
+
+@pytest.mark.timeout(120)
+def test_an_unprivileged_user_runs_verify_across_a_two_host_cluster(rootless, nobody_python):
+  python, env, work = nobody_python
+  argv = [python, "-m", "allreduce_jax", "cluster"]
+  one = [*argv, "--hosts", "1", "--log-dir", str(work / "one"), "--", "true"]
+  res = subprocess.run(_unprivileged(one, env),
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+  assert res.returncode == 0, res.stderr[-2000:]
+  assert "in a user namespace of uid 65534 (rootless)" in res.stderr  # chosen by itself
+  res = _verify_across_two_hosts(work, env=env, python=python, wrap=_unprivileged)
+  assert "in a user namespace of uid 65534 (rootless)" in res.stderr
 
 
 def test_gloo_address_of_an_interface_and_of_a_name():

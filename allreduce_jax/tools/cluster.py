@@ -2,7 +2,7 @@
 
     allreduce-jax cluster --hosts 4 [--topology switch] [--link 200Mbit] [--queue 100ms] \\
         [--mtu 1500] [--tcp-queue 16KiB] [--congestion-control cubic] [--devices-per-host 1] \\
-        [--timeout S] [--log-dir DIR] [--counters FILE] -- bench ...
+        [--rootless] [--timeout S] [--log-dir DIR] [--counters FILE] -- bench ...
     allreduce-jax cluster down        # remove what killed runs left (down --all: every cluster)
 
 Builds N hosts, each a network namespace with its own address and host name, joined
@@ -34,7 +34,12 @@ CPUs, so two clusters measuring at once distort each other's timings. A second
 ``ALLREDUCE_JAX_CLUSTER_CONCURRENT=1``, which the test suite sets: its clusters check
 plumbing, not time).
 
-Needs root (network namespaces, veth, bridges, tc); without it, one line says so.
+Root builds the namespaces on the machine (``ip netns list`` shows them). Without root
+the cluster is built in a user namespace of the user's own (rootless; ``--rootless`` asks
+for it as root too), where the kernel allows unprivileged user namespaces (most
+distributions do): the same hosts, links and shaping, invisible outside, and removed by
+the kernel with the run's last process (no watchdog or ``down`` needed). Where neither
+is possible, one line says what is needed.
 """
 
 from __future__ import annotations
@@ -66,8 +71,8 @@ def _one_at_a_time(concurrent: bool, err):
   if concurrent:
     yield
     return
-  LOCK.parent.mkdir(parents=True, exist_ok=True)
-  with open(LOCK, "a+") as f:
+  with _open_lock() as f:
+    writable = f.writable()
     try:
       fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -80,14 +85,30 @@ def _one_at_a_time(concurrent: bool, err):
         flush=True,
       )
       fcntl.flock(f, fcntl.LOCK_EX)
-    f.truncate(0)
-    f.write(str(os.getpid()))
-    f.flush()
+    if writable:
+      f.truncate(0)
+      f.write(str(os.getpid()))
+      f.flush()
     try:
       yield
     finally:
-      f.truncate(0)
+      if writable:
+        f.truncate(0)
       fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _open_lock():
+  """:data:`LOCK`, made writable by every user (root's and rootless clusters share
+  the machine's CPUs alike); read-only where another user made it without that (a
+  read-only file locks all the same, it just cannot name the holder)."""
+  LOCK.parent.mkdir(parents=True, exist_ok=True)
+  try:
+    fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o666)
+  except PermissionError:
+    return open(LOCK)
+  with contextlib.suppress(OSError):
+    os.fchmod(fd, 0o666)  # past the umask; only the file's owner may
+  return os.fdopen(fd, "a+")
 
 
 # The namespace watchdog: its own session (Ctrl-C does not reach it); when its stdin
@@ -131,23 +152,6 @@ def _release(watchdog: subprocess.Popen | None) -> None:
     watchdog.wait(5)
 
 
-def counters(plan: netns.Plan) -> list[dict]:
-  """Per host: ``{"host", "address", "tx_bytes", "rx_bytes"}`` summed over its links."""
-  out = []
-  for rank, (ns, addr) in enumerate(zip(plan.hosts, plan.addresses)):
-    devs = plan.host_links(rank)
-    script = "; ".join(
-      f"cat /sys/class/net/{d}/statistics/tx_bytes /sys/class/net/{d}/statistics/rx_bytes"
-      for d in devs
-    )
-    res = subprocess.run(
-      ["ip", "netns", "exec", ns, "sh", "-c", script], capture_output=True, text=True, timeout=60
-    )
-    v = [int(x) for x in res.stdout.split()] if res.returncode == 0 else [0, 0]
-    out.append({"host": rank, "address": addr, "tx_bytes": sum(v[0::2]), "rx_bytes": sum(v[1::2])})
-  return out
-
-
 def cluster(
   command: list[str],
   hosts: int,
@@ -161,12 +165,15 @@ def cluster(
   devices_per_host: int = 1,
   counters_path: str | None = None,
   concurrent: bool = False,
+  rootless: bool | None = None,
   err=None,
   **launch_options,
 ) -> int:
   """Builds the cluster, runs ``command`` on every host (``launch.launch`` with
   ``launch_options``), removes the cluster; waits first while another cluster runs
-  unless ``concurrent``. Returns the launcher's status; raises
+  unless ``concurrent``. ``rootless``: build it in a user namespace of this user's own
+  (:class:`~allreduce_jax.netns.UserNamespace`) rather than as root on the machine;
+  None: as root where this process can, else rootless. Returns the launcher's status; raises
   ``ValueError`` (bad option, one line naming it), ``netns.ClusterError`` (no
   privilege, a failed build) or ``launch.LaunchError``."""
   err = err or sys.stderr
@@ -183,58 +190,75 @@ def cluster(
     congestion_control=congestion_control,
   )
   launcher.command_argv(list(command))  # a missing command: before anything is built
-  problem = netns.privilege_problem() or netns.congestion_control_problem(congestion_control)
+  problem = netns.privilege_problem(rootless) or netns.congestion_control_problem(
+    congestion_control
+  )
   if problem:
     raise netns.ClusterError(problem)
+  if rootless is None:
+    rootless = netns.rootless_default()
   with _one_at_a_time(concurrent, err):
-    return _run(command, hosts, plan, rate, devices_per_host, counters_path, err, launch_options)
+    return _run(
+      command, hosts, plan, rate, rootless, devices_per_host, counters_path, err, launch_options
+    )
 
 
-def _run(command, hosts, plan, rate, devices_per_host, counters_path, err, launch_options) -> int:
-  stale = netns.clean_stale()
-  if stale:
-    print(f"# cluster: removed what dead runs left ({', '.join(stale)})", file=err, flush=True)
-  watchdog = _watchdog(plan.tag)
+def _run(
+  command, hosts, plan, rate, rootless, devices_per_host, counters_path, err, launch_options
+) -> int:
+  watchdog = None
+  if not rootless:  # rootless, the kernel removes it all with its last process
+    stale = netns.clean_stale()
+    if stale:
+      print(f"# cluster: removed what dead runs left ({', '.join(stale)})", file=err, flush=True)
+    watchdog = _watchdog(plan.tag)
   try:
-    netns.up(plan)
-    print(
-      f"# cluster: {hosts} host(s) on {plan.network}, every link {units.tc_rate(rate)}"
-      f" each way ({rate / 1e6:.3g} MB/s, queues of {plan.queue * 1e3:g} ms, MTU {plan.mtu},"
-      f" at most {units.format_bytes(plan.tcp_queue)} queued per TCP socket, TCP congestion"
-      f" control {plan.congestion_control or netns.default_congestion_control() or 'unknown'}"
-      f"{'' if plan.congestion_control else ' (the machine default)'}),"
-      f" addresses {plan.addresses[0]}..{plan.addresses[-1]},"
-      f" namespaces {plan.tag}-*",
-      file=err,
-      flush=True,
-    )
-    before = counters(plan)
-    rc = launcher.launch(
-      command,
-      hosts,
-      local_devices=devices_per_host,
-      coordinator=f"{plan.addresses[0]}:{PORT}",
-      host_argv=lambda rank: netns.host_argv(plan, rank),
-      label="cluster",
-      err=err,
-      **launch_options,
-    )
-    if counters_path:
-      after = counters(plan)
-      rows = [
-        {**a, "tx_bytes": a["tx_bytes"] - b["tx_bytes"], "rx_bytes": a["rx_bytes"] - b["rx_bytes"]}
-        for a, b in zip(after, before)
-      ]
-      Path(counters_path).write_text(
-        json.dumps({"network": plan.network, "rate": rate, "hosts": rows}, indent=1) + "\n"
+    with netns.built(plan, rootless) as plan:
+      return _hosts(
+        command, hosts, plan, rate, devices_per_host, counters_path, err, launch_options
       )
-    return rc
   finally:
-    netns.down(plan.tag)
     _release(watchdog)
     left = netns.leftovers(plan.tag)
     if left:  # pragma: no cover - down() removes all it made
       print(f"# cluster: could not remove {', '.join(left)}", file=err, flush=True)
+
+
+def _hosts(command, hosts, plan, rate, devices_per_host, counters_path, err, launch_options) -> int:
+  """Runs ``command`` on every host of the built ``plan``; the launcher's status."""
+  print(
+    f"# cluster: {hosts} host(s) on {plan.network}, every link {units.tc_rate(rate)}"
+    f" each way ({rate / 1e6:.3g} MB/s, queues of {plan.queue * 1e3:g} ms, MTU {plan.mtu},"
+    f" at most {units.format_bytes(plan.tcp_queue)} queued per TCP socket, TCP congestion"
+    f" control {plan.congestion_control or netns.default_congestion_control() or 'unknown'}"
+    f"{'' if plan.congestion_control else ' (the machine default)'}),"
+    f" addresses {plan.addresses[0]}..{plan.addresses[-1]},"
+    f" namespaces {plan.tag}-*"
+    + (f" in a user namespace of uid {os.getuid()} (rootless)" if plan.enter else ""),
+    file=err,
+    flush=True,
+  )
+  before = netns.counters(plan)
+  rc = launcher.launch(
+    command,
+    hosts,
+    local_devices=devices_per_host,
+    coordinator=f"{plan.addresses[0]}:{PORT}",
+    host_argv=lambda rank: netns.host_argv(plan, rank),
+    label="cluster",
+    err=err,
+    **launch_options,
+  )
+  if counters_path:
+    after = netns.counters(plan)
+    rows = [
+      {**a, "tx_bytes": a["tx_bytes"] - b["tx_bytes"], "rx_bytes": a["rx_bytes"] - b["rx_bytes"]}
+      for a, b in zip(after, before)
+    ]
+    Path(counters_path).write_text(
+      json.dumps({"network": plan.network, "rate": rate, "hosts": rows}, indent=1) + "\n"
+    )
+  return rc
 
 
 def _down(prog: str, everything: bool = False) -> int:
@@ -309,6 +333,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     action="store_true",
     help=f"run even while another cluster runs (without it: wait; ${ENV_CONCURRENT}=1 sets it)",
   )
+  parser.add_argument(
+    "--rootless",
+    action="store_true",
+    help="build the cluster in a user namespace of your own, as when not root (it is how"
+    " a user without root runs: chosen by itself there; nothing of it shows on the machine)",
+  )
   launcher.add_launch_options(parser, "host")
   parser.add_argument(
     "command",
@@ -343,6 +373,7 @@ def run(args: argparse.Namespace) -> int:
       devices_per_host=args.devices_per_host,
       counters_path=args.counters,
       concurrent=args.concurrent or os.environ.get(ENV_CONCURRENT, "") not in ("", "0"),
+      rootless=True if args.rootless else None,
       **launcher.launch_options(args),
     )
   except (ValueError, launcher.LaunchError) as e:
