@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The measurements behind docs/results/network/ (resumable: each step skips rows it has).
-# Needs root. Runs nice'd; about an hour on a 2-core machine at 200 Mbit/s.
+# Needs root (step 11 also runs rootless). Runs nice'd; about an hour on a 2-core machine at 200 Mbit/s.
 #   bash experiments/network_sweep.sh [PYTHON]            # every step
 #   STEPS="5" bash experiments/network_sweep.sh [PYTHON]  # only the steps named
 set -u
@@ -63,6 +63,8 @@ want 4 && {
 # 9. (only when asked: STEPS=9) one ppermute by size (64 KiB-16 MiB) on the 4-host switch at
 #    cubic, 3 runs, into half_duplex_sizes_p4.jsonl (each row tagged with its run)
 # 10. (only when asked: STEPS=10) step 8 once more, into tcp_queue_16k/cubic_finish/repeat/
+# 11. (only when asked: STEPS=11) the same bench built as root and rootless (--rootless: in a
+#     user namespace, as a user without root gets it), alternating, 3 runs each, into rootless/
 small_queue() {  # DIR [CLUSTER OPTIONS...]: every network in blocks at 16 KiB, 4 KiB-64 MiB
   local dir=$1
   shift
@@ -95,3 +97,13 @@ want 6 && small_queue $OUT/tcp_queue_16k/repeat
   done
 }
 [[ " ${STEPS:-} " == *" 10 "* ]] && small_queue $OUT/tcp_queue_16k/cubic_finish/repeat --congestion-control cubic
+[[ " ${STEPS:-} " == *" 11 "* ]] && {
+  mkdir -p $OUT/rootless
+  for i in 1 2 3; do
+    for mode in root rootless; do
+      flag=$([ $mode = rootless ] && echo --rootless)
+      run $CL16 --hosts 4 $flag -- $BENCH --order blocks --algorithms ring,halving_doubling,naive,psum \
+        -b 4MiB -e 16MiB -f 4 --out $OUT/rootless/${mode}_run$i.jsonl
+    done
+  done
+}

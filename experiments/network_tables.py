@@ -646,6 +646,48 @@ def half_duplex_sizes_table(root: Path) -> list[str]:
   return [*lines, ""]
 
 
+def rootless_table(root: Path) -> list[str]:
+  """The same bench on the 4-host switch built as root and rootless (``cluster
+  --rootless``: in a user namespace), alternating, runs in ``rootless/`` (step 11 of
+  ``network_sweep.sh``): each time as the median over runs [min–max], and per run the
+  rootless time over the root time of the run beside it."""
+  runs = {
+    (mode, int(f.stem.rsplit("run", 1)[1])): _times(_good(f.parent, f.name))
+    for mode in ("root", "rootless")
+    for f in sorted((root / "rootless").glob(f"{mode}_run*.jsonl"))
+  }
+  if not runs:
+    return []
+  ids = sorted({i for _, i in runs if ("root", i) in runs and ("rootless", i) in runs})
+  cells = sorted({c for i in ids for c in runs[("root", i)]}, key=lambda c: (c[1], c[0]))
+
+  def spread(xs, fmt="{:.3f}"):
+    return f"{fmt.format(statistics.median(xs))} [{fmt.format(min(xs))}–{fmt.format(max(xs))}]"
+
+  lines = [
+    f"### Built as root and rootless: the same cluster (4-host switch, {len(ids)} runs each)",
+    "",
+    "`STEPS=11 bash experiments/network_sweep.sh`: the same bench (`--order blocks -a 3`,"
+    " 200 Mbit/s, 16 KiB TCP queue, the machine's congestion control) with the cluster built"
+    " as root and with `--rootless` (in a user namespace, as a user without root gets it),"
+    " alternating. Seconds, median over runs [min–max]; the ratio is per run, rootless over"
+    " the root run just before it.",
+    "",
+    "| algorithm | per host | root (s) | rootless (s) | rootless / root |",
+    "|---|---|---|---|---|",
+  ]
+  for alg, n in cells:
+    if not all((alg, n) in runs[(m, i)] for m in ("root", "rootless") for i in ids):
+      continue
+    root_t = [runs[("root", i)][(alg, n)] for i in ids]
+    less = [runs[("rootless", i)][(alg, n)] for i in ids]
+    ratio = [b / a for a, b in zip(root_t, less)]
+    lines.append(
+      f"| {alg} | {_mib(n)} | {spread(root_t)} | {spread(less)} | {spread(ratio, '{:.2f}')} |"
+    )
+  return [*lines, ""]
+
+
 def _queue_cells(rows: list[dict], fields: tuple[str, ...] = ("queue", "mtu")) -> dict:
   """(hosts, *fields, algorithm, bytes) -> busbw / line rate of each repeat
   (``experiments/link_queue.py``'s ring rows)."""
@@ -873,7 +915,7 @@ def _write(root: Path) -> int:
   text += tcp_queue_table(root) + mtu_table(root)
   text += congestion_control_table(root)
   text += targets(root, summary + in_blocks) + queue_table(root) + half_duplex_table(root)
-  text += half_duplex_sizes_table(root)
+  text += half_duplex_sizes_table(root) + rootless_table(root)
   text += wire_table(root) + torus_lesson(summary) + bench + blocks + small + again + cubic
   text += finish + finish2
   cells = summary + in_blocks + in_small + in_again + in_cubic + in_finish + in_finish2
