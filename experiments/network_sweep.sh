@@ -63,6 +63,9 @@ want 4 && {
 # 9. (only when asked: STEPS=9) one ppermute by size (64 KiB-16 MiB) on the 4-host switch at
 #    cubic, 3 runs, into half_duplex_sizes_p4.jsonl (each row tagged with its run)
 # 10. (only when asked: STEPS=10) step 8 once more, into tcp_queue_16k/cubic_finish/repeat/
+# 12. (only when asked: STEPS=12) the ring alone at cubic on the 4-host switch, 16 MiB, 5 runs, then
+#     3 runs of naive (an incast) before it on the same connections, with each host's TCP
+#     retransmission counters after the run, into ring_alone_cubic/
 # 11. (only when asked: STEPS=11) the same bench built as root and rootless (--rootless: in a
 #     user namespace, as a user without root gets it), alternating, 3 runs each, into rootless/
 small_queue() {  # DIR [CLUSTER OPTIONS...]: every network in blocks at 16 KiB, 4 KiB-64 MiB
@@ -105,5 +108,19 @@ want 6 && small_queue $OUT/tcp_queue_16k/repeat
       run $CL16 --hosts 4 $flag -- $BENCH --order blocks --algorithms ring,halving_doubling,naive,psum \
         -b 4MiB -e 16MiB -f 4 --out $OUT/rootless/${mode}_run$i.jsonl
     done
+  done
+}
+[[ " ${STEPS:-} " == *" 12 "* ]] && {
+  d=$OUT/ring_alone_cubic
+  mkdir -p $d
+  counters='echo RETRANS $(hostname) $(nstat -asz TcpRetransSegs TcpExtTCPTimeouts TcpExtTCPLossProbes | awk "NR>1{print \$1\"=\"\$2}")'
+  for i in 1 2 3 4 5 6 7 8; do
+    name=alone_run$i algs=ring
+    [ $i -gt 5 ] && name=after_naive_run$((i - 5)) algs=naive,ring,tree
+    [ -s $d/$name.jsonl ] && continue
+    run $CL16 --hosts 4 --congestion-control cubic --log-dir $d/logs -- sh -c "$PY -m allreduce_jax \
+      $BENCH --order blocks --algorithms $algs -b 16MiB -e 16MiB -n 5 --out $d/$name.jsonl; $counters"
+    for h in 0 1 2 3; do echo "$name $(grep RETRANS $d/logs/process-$h.log)"; done >> $d/retransmissions.txt
+    rm -rf $d/logs
   done
 }

@@ -646,6 +646,41 @@ def half_duplex_sizes_table(root: Path) -> list[str]:
   return [*lines, ""]
 
 
+def ring_alone_table(root: Path) -> list[str]:
+  """The ring alone at ``cubic`` (4-host switch, 16 MiB; ``ring_alone_cubic/``, step 12 of
+  ``network_sweep.sh``), and after ``naive``'s incast on the same connections: busbw /
+  line rate per run (median of its calls [slowest–fastest call]) and the TCP segments the
+  hosts retransmitted (``retransmissions.txt``)."""
+  d = root / "ring_alone_cubic"
+  files = sorted(d.glob("*_run*.jsonl"))
+  if not files:
+    return []
+  retrans: dict[str, int] = {}
+  for line in (d / "retransmissions.txt").read_text().splitlines():
+    run, counts = line.split()[0], dict(f.split("=") for f in line.split()[3:])
+    retrans[run] = retrans.get(run, 0) + int(counts.get("TcpRetransSegs", 0))
+  lines = [
+    "### The ring alone at `cubic`, and after an incast (4-host switch, 16 MiB)",
+    "",
+    "`STEPS=12 bash experiments/network_sweep.sh`: 5 runs of the ring alone, then 3 of"
+    " `naive`, the ring and `tree` in blocks (the ring's connections carried `naive`'s incast"
+    " just before), 5 timed calls each, nothing else running. busbw / line rate of the median"
+    " call [slowest–fastest call]; retransmitted: TCP segments all four hosts retransmitted"
+    " in the whole run (`nstat`).",
+    "",
+    "| run | ring busbw / line rate | retransmitted |",
+    "|---|---|---|",
+  ]
+  for f in files:
+    r = next(r for r in _good(d, f.name) if r["algorithm"] == "ring")
+    bus = r["bytes"] * 2 * 3 / 4 / RATE * 1e6  # 4 hosts: 2(p-1)/p n at the line rate, in us
+    lines.append(
+      f"| {f.stem} | {bus / r['time_us']:.3f} [{bus / r['time_us_max']:.3f}–"
+      f"{bus / r['time_us_min']:.3f}] | {retrans.get(f.stem, 0)} |"
+    )
+  return [*lines, ""]
+
+
 def rootless_table(root: Path) -> list[str]:
   """The same bench on the 4-host switch built as root and rootless (``cluster
   --rootless``: in a user namespace), alternating, runs in ``rootless/`` (step 11 of
@@ -915,7 +950,7 @@ def _write(root: Path) -> int:
   text += tcp_queue_table(root) + mtu_table(root)
   text += congestion_control_table(root)
   text += targets(root, summary + in_blocks) + queue_table(root) + half_duplex_table(root)
-  text += half_duplex_sizes_table(root) + rootless_table(root)
+  text += half_duplex_sizes_table(root) + ring_alone_table(root) + rootless_table(root)
   text += wire_table(root) + torus_lesson(summary) + bench + blocks + small + again + cubic
   text += finish + finish2
   cells = summary + in_blocks + in_small + in_again + in_cubic + in_finish + in_finish2
