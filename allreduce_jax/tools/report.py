@@ -225,7 +225,8 @@ def plan(out: Path, smoke: bool, devices: int) -> list[Section]:
   return [
     Section("verify", "Verification against a NumPy oracle",
             "Every algorithm × op × dtype is compared with a NumPy oracle (`allreduce_jax._ops.oracle`), not with XLA's collective: on verifiable inputs (integer-valued and rank-coded, so every sum is exact in any order: the result must equal the oracle bit for bit, `mean` within 2 ulp), on random inputs (within the floating-point summation bound) and on special inputs (NaN on one participant and on all, ±inf, `+inf` with `-inf`, `-0.0` with `+0.0`; NaN propagates through max/min as in `numpy.maximum.reduce`). Every participant's result must be bitwise identical. XLA's `psum`/`pmean`/`pmax`/`pmin` run beside each algorithm on the same input; where they differ from the oracle (XLA:CPU's `pmax`/`pmin` skip NaN) that is a *backend finding*, not a failure.",
-            [["verify", "--devices", d, *opts("verify"), "--out", f"{o}/verify.jsonl"]]),
+            # --fresh: verify appends its cases; a second report would count them twice
+            [["verify", "--devices", d, *opts("verify"), "--out", f"{o}/verify.jsonl", "--fresh"]]),
     Section("audit", "Communication audit from compiled HLO",
             "Each algorithm is compiled (never run) at each participant count p; the `collective-permute` ops and the bytes each participant sends are read from the HLO and compared with the closed-form schedule of `cost_model`.",
             [["audit", *opts("audit"), "--out", f"{o}/hlo_audit.jsonl"]]),
