@@ -3,7 +3,8 @@
 Each host is a network namespace with its own address (from :data:`SUBNET`, used only
 inside the namespaces this module creates) and its own host name (a UTS namespace
 per process, resolved through ``/etc/netns/NAME/hosts``, which ``ip netns exec``
-mounts over ``/etc/hosts``), so gloo advertises the right address to its peers.
+mounts over ``/etc/hosts``; rootless, through the user namespace's own ``/etc/hosts``),
+so gloo advertises the right address to its peers.
 Links are veth pairs shaped with ``tc`` token buckets (``tbf``) on both ends, so
 each direction of a link carries at most its rate; there is no added delay
 (``netem`` is not used). A link's queue is one FIFO (this kernel has no flow-fair qdisc
