@@ -826,7 +826,8 @@ def claims(out: Path, smoke: bool = False) -> list[dict]:
     best = max(fusion, key=lambda r: r["speedup_vs_per_leaf"])
     found.append(_claim(
       "Bucketing a many-leaf gradient beats reducing it leaf by leaf",
-      f"{best['speedup_vs_per_leaf']:.1f}× ({best['model']}, {best['bucket']} buckets)",
+      f"{best['speedup_vs_per_leaf']:.1f}× ({best['model']}, "
+      f"{'one bucket' if best['bucket'] == 'one' else str(best['bucket']) + ' buckets'})",
       "≥ 2×", best["speedup_vs_per_leaf"] >= 2))  # fmt: skip
   replayed = replay_winners(_rows(out / "scaling_topology.jsonl"))
   if replayed:
