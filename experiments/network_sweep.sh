@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The measurements behind docs/results/network/ (resumable: each step skips rows it has).
-# Needs root (step 11 also runs rootless). Runs nice'd; about an hour on a 2-core machine at 200 Mbit/s.
+# As root, or rootless without it (steps 7-10 and 12 need cubic allowed for namespaces: root's
+# sysctl once; step 11 builds both ways). Runs nice'd; about an hour on a 2-core machine at 200 Mbit/s.
 #   bash experiments/network_sweep.sh [PYTHON]            # every step
 #   STEPS="5" bash experiments/network_sweep.sh [PYTHON]  # only the steps named
 set -u
