@@ -302,11 +302,17 @@ def _caps() -> int:
   return 0
 
 
+def _missing_tools(*tools: str) -> str | None:
+  """What of ``tools`` is not on PATH (one line), or None."""
+  missing = [t for t in tools if shutil.which(t) is None]
+  return f"needs {', '.join(missing)} (iproute2, util-linux) on PATH." if missing else None
+
+
 def root_problem() -> str | None:
   """Why this process cannot build a cluster on the machine as root (one line), or None."""
-  missing = [t for t in ("ip", "tc", "unshare", "hostname") if shutil.which(t) is None]
+  missing = _missing_tools("ip", "tc", "unshare", "hostname")
   if missing:
-    return f"needs {', '.join(missing)} (iproute2, util-linux) on PATH."
+    return missing
   caps = _caps()
   need = {12: "CAP_NET_ADMIN", 21: "CAP_SYS_ADMIN"}
   lacking = [name for bit, name in need.items() if not caps >> bit & 1]
@@ -342,9 +348,9 @@ def rootless_problem() -> str | None:
   """Why this process cannot build a cluster in a user namespace of its own (one line),
   or None. Tries it: a user namespace may be created and still refuse what a cluster
   needs (Ubuntu's AppArmor lets one be made but takes its capabilities away)."""
-  missing = [t for t in ("ip", "tc", "unshare", "nsenter") if shutil.which(t) is None]
+  missing = _missing_tools("ip", "tc", "unshare", "nsenter")
   if missing:
-    return f"needs {', '.join(missing)} (iproute2, util-linux) on PATH."
+    return missing
   probe = "mount -t tmpfs arj /run && ip link add arj-probe type bridge"
   try:
     res = subprocess.run(
@@ -363,27 +369,24 @@ def rootless_problem() -> str | None:
   return None
 
 
-def rootless_default() -> bool:
-  """Whether a cluster is built in a user namespace when not asked either way: where
-  this process cannot build one as root."""
-  return root_problem() is not None
+def choose(rootless: bool | None = None) -> tuple[bool, str | None]:
+  """How a cluster is built here, and why it cannot be (one line) or None: rootless or
+  not as ``rootless`` asks, or (None) as root where this process can, else rootless;
+  where neither works the line names both reasons."""
+  if rootless is not None:
+    return rootless, rootless_problem() if rootless else root_problem()
+  root = root_problem()
+  if root is None:
+    return False, None
+  why = rootless_problem()
+  return True, None if why is None else f"{root.rstrip('.')}; {why}"
 
 
 def privilege_problem(rootless: bool | None = None) -> str | None:
   """Why this process cannot build a cluster (one line), or None if it can: as root
   (``rootless=False``), in a user namespace of its own (``True``), or either way (None:
-  root where it can, else rootless)."""
-  if rootless is False:
-    return root_problem()
-  if rootless is True:
-    return rootless_problem()
-  root = root_problem()
-  if root is None:
-    return None
-  rootless_why = rootless_problem()
-  if rootless_why is None:
-    return None
-  return f"{root.rstrip('.')}; {rootless_why}"
+  root where it can, else rootless). :func:`choose` says which way, too."""
+  return choose(rootless)[1]
 
 
 class UserNamespace:
@@ -409,7 +412,6 @@ class UserNamespace:
       why = (self._stop().strip().splitlines() or [f"status {self._holder.returncode}"])[-1]
       raise ClusterError(f"cannot make a user namespace for the cluster: {why}")
     pid = self._holder.pid
-    self.user_ns = os.readlink(f"/proc/{pid}/ns/user")
     # --wd=.: the program starts where its caller is (entering a mount namespace would
     # otherwise move it to /, and relative paths would land there).
     self.enter = ("nsenter", f"--target={pid}", "--user", "--mount", "--net",

@@ -95,11 +95,12 @@ def measure(
   cc: str | None = None,
   work: bool = False,
   handshake: bool = False,
+  rootless: bool = False,
 ) -> dict:
   chunk, steps = nbytes // p, 2 * (p - 1)
   plan = netns.plan("switch", p, rate, tcp_queue=tcp_queue, congestion_control=cc)
   procs: list[subprocess.Popen] = []
-  with netns.built(plan, netns.rootless_default()) as plan:
+  with netns.built(plan, rootless) as plan:
     try:
       args = [str(chunk), str(steps), str(trials), str(int(work)), str(int(handshake))]
       args.append(",".join(plan.addresses))
@@ -156,9 +157,8 @@ def main(argv=None) -> int:
   known = ("plain", "work", "handshake", "work+handshake")
   if bad := [v for v in variants if v not in known]:
     raise SystemExit(f"--variants: expected some of {', '.join(known)}, got {bad[0]!r}")
-  problem = netns.privilege_problem() or next(
-    filter(None, map(netns.congestion_control_problem, ccs)), None
-  )
+  rootless, problem = netns.choose()
+  problem = problem or next(filter(None, map(netns.congestion_control_problem, ccs)), None)
   if problem:
     raise SystemExit(problem)
   rate = units.parse_rate(a.link, "--link")
@@ -167,7 +167,9 @@ def main(argv=None) -> int:
     for p in (int(h) for h in a.hosts.split(",")):
       for nbytes in (units.parse_size(b, "--bytes") for b in a.bytes.split(",")):
         for cc, v in ((cc, v) for cc in ccs for v in variants):
-          row = measure(p, nbytes, rate, a.trials, tcp_queue, cc, "work" in v, "handshake" in v)
+          row = measure(
+            p, nbytes, rate, a.trials, tcp_queue, cc, "work" in v, "handshake" in v, rootless
+          )
           if a.repeats > 1:
             row["repeat"] = repeat
           print(json.dumps(row), flush=True)

@@ -139,7 +139,7 @@ def test_without_privilege_one_line_says_what_is_needed(monkeypatch, capsys):
 def test_without_root_a_cluster_is_built_rootless(rootless, monkeypatch):
   monkeypatch.setattr(netns, "_caps", lambda: 0)
   assert "needs root" in netns.privilege_problem(rootless=False)
-  assert netns.privilege_problem() is None and netns.rootless_default()
+  assert netns.privilege_problem() is None and netns.choose() == (True, None)
 
 
 def test_congestion_control_problem_names_the_kernels_lists(monkeypatch, tmp_path):
@@ -168,7 +168,7 @@ def test_congestion_control_problem_names_the_kernels_lists(monkeypatch, tmp_pat
 def test_a_refused_congestion_control_is_one_line_before_anything_is_built(
   monkeypatch, capsys, tmp_path
 ):
-  monkeypatch.setattr(netns, "privilege_problem", lambda rootless=None: None)
+  monkeypatch.setattr(netns, "choose", lambda rootless=None: (bool(rootless), None))
   monkeypatch.setattr(netns, "congestion_control_problem", lambda name: f"{name}: refused (test)")
   monkeypatch.setattr(netns, "up", lambda plan: pytest.fail("built a cluster"))
   assert (

@@ -190,13 +190,10 @@ def cluster(
     congestion_control=congestion_control,
   )
   launcher.command_argv(list(command))  # a missing command: before anything is built
-  problem = netns.privilege_problem(rootless) or netns.congestion_control_problem(
-    congestion_control
-  )
+  rootless, problem = netns.choose(rootless)
+  problem = problem or netns.congestion_control_problem(congestion_control)
   if problem:
     raise netns.ClusterError(problem)
-  if rootless is None:
-    rootless = netns.rootless_default()
   with _one_at_a_time(concurrent, err):
     return _run(
       command, hosts, plan, rate, rootless, devices_per_host, counters_path, err, launch_options
