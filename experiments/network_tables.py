@@ -299,14 +299,19 @@ def _congestion_control_lines(root: Path, p: int) -> list[str]:
   return lines
 
 
+def _spread(xs, fmt: str = "{:.2f}") -> str:
+  """``median [min–max]`` of ``xs``, each number in ``fmt``."""
+  m, lo, hi = (fmt.format(f(xs)) for f in (statistics.median, min, max))
+  return f"{m} [{lo}–{hi}]"
+
+
 def _runs_line(label: str, v: dict) -> str:
   """A target sub-line: the ring's busbw / line rate per size ``v`` (one value a run),
   median [min–max], and whether every run reached 0.90."""
   ok = all(min(x) >= 0.90 for x in v.values())
   return (
     f"  - {label} [min–max]):"
-    + ",".join(f" {_mib(n)} {statistics.median(x):.2f} [{min(x):.2f}–{max(x):.2f}]"
-               for n, x in sorted(v.items()))
+    + ",".join(f" {_mib(n)} {_spread(x)}" for n, x in sorted(v.items()))
     + (": met in every run." if ok else ": not met.")
   )  # fmt: skip
 
@@ -618,9 +623,6 @@ def half_duplex_sizes_table(root: Path) -> list[str]:
   runs = sorted({r["run"] for r in rows})
   t = {(r["run"], r["bytes"], r["pattern"]): r["median_s"] for r in rows}
 
-  def spread(xs):
-    return f"{statistics.median(xs):.2f} [{min(xs):.2f}–{max(xs):.2f}]"
-
   lines = [
     f"### One ppermute per host, by size: exchange vs shift (4-host switch, `cubic`, {len(runs)} runs)",
     "",
@@ -641,7 +643,7 @@ def half_duplex_sizes_table(root: Path) -> list[str]:
     model = steady(exchange, n) / steady(shift, n)
     lines.append(
       f"| {_mib(n)} | {statistics.median(sh):.4g} | {statistics.median(sh) * RATE / n:.2f} |"
-      f" {spread(ex)} | {spread(hs)} | {model:.2f} |"
+      f" {_spread(ex)} | {_spread(hs)} | {model:.2f} |"
     )
   return [*lines, ""]
 
@@ -696,9 +698,6 @@ def rootless_table(root: Path) -> list[str]:
   ids = sorted({i for _, i in runs if ("root", i) in runs and ("rootless", i) in runs})
   cells = sorted({c for i in ids for c in runs[("root", i)]}, key=lambda c: (c[1], c[0]))
 
-  def spread(xs, fmt="{:.3f}"):
-    return f"{fmt.format(statistics.median(xs))} [{fmt.format(min(xs))}–{fmt.format(max(xs))}]"
-
   lines = [
     f"### Built as root and rootless: the same cluster (4-host switch, {len(ids)} runs each)",
     "",
@@ -718,7 +717,8 @@ def rootless_table(root: Path) -> list[str]:
     less = [runs[("rootless", i)][(alg, n)] for i in ids]
     ratio = [b / a for a, b in zip(root_t, less)]
     lines.append(
-      f"| {alg} | {_mib(n)} | {spread(root_t)} | {spread(less)} | {spread(ratio, '{:.2f}')} |"
+      f"| {alg} | {_mib(n)} | {_spread(root_t, '{:.3f}')} | {_spread(less, '{:.3f}')} |"
+      f" {_spread(ratio)} |"
     )
   return [*lines, ""]
 
@@ -741,7 +741,7 @@ def _config_line(cells: dict, config: tuple, sizes=(4 << 20, 16 << 20)) -> str:
   for a in ("ring", "psum"):
     for n in sizes:
       v = cells.get((*config, a, n), [])
-      row.append(f"{statistics.median(v):.2f} [{min(v):.2f}–{max(v):.2f}]" if v else "—")
+      row.append(_spread(v) if v else "—")
   reps = len(cells.get((*config, "ring", 4 << 20), []))
   return "| " + " | ".join(map(str, config)) + f" | {reps} | " + " | ".join(row) + " |"
 
