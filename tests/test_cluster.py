@@ -479,13 +479,8 @@ def _nobody_python(env: dict, work: Path) -> tuple[str, dict, Path]:
 @pytest.mark.timeout(120)
 def test_an_unprivileged_user_runs_verify_across_a_two_host_cluster(rootless, nobody_python):
   python, env, work = nobody_python
-  argv = [python, "-m", "allreduce_jax", "cluster"]
-  one = [*argv, "--hosts", "1", "--log-dir", str(work / "one"), "--", "true"]
-  res = subprocess.run(_unprivileged(one, env),
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
-  assert res.returncode == 0, res.stderr[-2000:]
-  assert "in a user namespace of uid 65534 (rootless)" in res.stderr  # chosen by itself
   res = _verify_across_two_hosts(work, env=env, python=python, wrap=_unprivileged)
+  # No --rootless: chosen by itself, without root.
   assert "in a user namespace of uid 65534 (rootless)" in res.stderr
 
 
