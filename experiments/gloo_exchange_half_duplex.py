@@ -30,7 +30,10 @@ receive writes the payload at once, and the "ready to receive" that the followin
 ``recv`` announces is queued behind that payload in the pair's one FIFO transmit
 queue. The later of the two peers therefore sends its whole payload before the earlier
 one may start. Posting the receive first in ``CollectivePermute`` (or letting gloo's
-control messages overtake queued data) would let both directions flow at once.
+control messages overtake queued data) would let both directions flow at once:
+``experiments/gloo_pair_order/`` measures that with gloo alone (C++, no JAX), where the
+same exchange with the receive posted first takes one way's time at every size from
+256 KiB (``docs/results/network/gloo_pair_order.jsonl``); its README is the report.
 
 ``handshake`` is the evidence for that order, and the reason it cannot be fixed from
 JAX: when both peers happen to post their send before the other's "ready to receive"

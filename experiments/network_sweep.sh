@@ -69,6 +69,10 @@ want 4 && {
 #     retransmission counters after the run, into ring_alone_cubic/
 # 11. (only when asked: STEPS=11) the same bench built as root and rootless (--rootless: in a
 #     user namespace, as a user without root gets it), alternating, 3 runs each, into rootless/
+# 13. (only when asked: STEPS=13) gloo alone (experiments/gloo_pair_order/exchange, built first by
+#     its build.sh): one exchange with send or recv posted first, a shift and one way, on the
+#     4-host switch, without a barrier, with one, and with the odd hosts 2 ms late; 3 runs each,
+#     into gloo_pair_order.jsonl
 small_queue() {  # DIR [CLUSTER OPTIONS...]: every network in blocks at 16 KiB, 4 KiB-64 MiB
   local dir=$1
   shift
@@ -123,5 +127,21 @@ want 6 && small_queue $OUT/tcp_queue_16k/repeat
       $BENCH --order blocks --algorithms $algs -b 16MiB -e 16MiB -n 5 --out $d/$name.jsonl; $counters"
     for h in 0 1 2 3; do echo "$name $(grep RETRANS $d/logs/process-$h.log)"; done >> $d/retransmissions.txt
     rm -rf $d/logs
+  done
+}
+[[ " ${STEPS:-} " == *" 13 "* ]] && {
+  f=$OUT/gloo_pair_order.jsonl
+  exe=experiments/gloo_pair_order/exchange
+  [ -x $exe ] || { echo "step 13: build $exe first (bash experiments/gloo_pair_order/build.sh)" >&2; exit 2; }
+  for i in 1 2 3; do
+    for mode in no_barrier barrier skew_2ms; do
+      grep -q "^{\"run\": $i, \"mode\": \"$mode\"" $f 2>/dev/null && continue
+      flags=$(case $mode in no_barrier) echo --no-barrier;; barrier) echo --barrier;; *) echo --skew-ms 2;; esac)
+      store=$(mktemp -d /tmp/gloo-store.XXXXXX)
+      run $CL16 --hosts 4 -- $exe --store $store --sizes 64KiB,256KiB,1MiB,4MiB,16MiB $flags \
+        --out $f.tmp
+      grep '^{' $f.tmp 2>/dev/null | sed "s/^{/{\"run\": $i, \"mode\": \"$mode\", /" >> $f
+      rm -rf $f.tmp $store
+    done
   done
 }

@@ -648,6 +648,52 @@ def half_duplex_sizes_table(root: Path) -> list[str]:
   return [*lines, ""]
 
 
+def gloo_pair_order_table(root: Path) -> list[str]:
+  """Gloo alone (``experiments/gloo_pair_order/exchange``, rows in
+  ``gloo_pair_order.jsonl``, step 13 of ``network_sweep.sh``): per start mode and size,
+  one way's time and each pattern's time over it (per run, then the median over runs
+  [min–max]). An exchange moves twice one way's bytes over the same links, so at full
+  duplex it takes one way's time, at half duplex twice that."""
+  rows = _rows(root / "gloo_pair_order.jsonl")
+  if not rows:
+    return []
+  t = {(r["run"], r["mode"], r["bytes"], r["pattern"]): r["median_s"] for r in rows}
+  runs = sorted({r["run"] for r in rows})
+  modes = {
+    "no_barrier": "back to back (no barrier, as in a compiled program)",
+    "barrier": "a barrier before each call",
+    "skew_2ms": "a barrier, then the odd hosts 2 ms late",
+  }
+  lines = [
+    f"### Gloo alone: send or receive first in one exchange (4-host switch, {len(runs)} runs)",
+    "",
+    "`STEPS=13 bash experiments/network_sweep.sh` (gloo's TCP transport in C++, no JAX:"
+    " `experiments/gloo_pair_order/`). Pairs j↔j^1; `send_first` posts the send, then the"
+    " receive (XLA's `CollectivePermute`), `recv_first` the receive, then the send; one way:"
+    " the even hosts send, the odd ones receive. Each call's time is its slowest host's;"
+    " per run the median of 7 calls, each pattern over one way's time of that run, then"
+    " the median over runs [min–max]. Full duplex: 1.00; half duplex: 2.00.",
+    "",
+    "| start | per host | one way (s) | send first / one way | recv first / one way | shift / one way |",
+    "|---|---|---|---|---|---|",
+  ]  # fmt: skip
+  for mode, label in modes.items():
+    for n in sorted({k[2] for k in t if k[1] == mode}):
+      have = [k for k in runs if (k, mode, n, "one_way") in t]
+      one = [t[(k, mode, n, "one_way")] for k in have]
+
+      def over(pattern, have=have, mode=mode, n=n):
+        xs = [t[(k, mode, n, pattern)] / t[(k, mode, n, "one_way")] for k in have
+              if (k, mode, n, pattern) in t]  # fmt: skip
+        return _spread(xs) if xs else "—"
+
+      lines.append(
+        f"| {label} | {_mib(n)} | {statistics.median(one):.4g} | {over('send_first')} |"
+        f" {over('recv_first')} | {over('shift')} |"
+      )
+  return [*lines, ""]
+
+
 def ring_alone_table(root: Path) -> list[str]:
   """The ring alone at ``cubic`` (4-host switch, 16 MiB; ``ring_alone_cubic/``, step 12 of
   ``network_sweep.sh``), and after ``naive``'s incast on the same connections: busbw /
@@ -821,7 +867,9 @@ def targets(root: Path, summary: list[dict]) -> list[str]:
           f"- {a} at 16 MiB on the {p}-host switch: {c['measured_s'] / c['model_full_s']:.2f}×"
           f" its full-duplex bound (target ≤ 1.2), {c['measured_s'] / c['model_half_s']:.2f}× the"
           " half-duplex one: the exchange runs half duplex in gloo (see above), not fixable from"
-          " JAX; the reproduction is experiments/gloo_exchange_half_duplex.py."
+          " JAX; the reproduction is experiments/gloo_exchange_half_duplex.py, and gloo alone with"
+          " the receive posted first runs the exchange at full duplex (experiments/gloo_pair_order/,"
+          " below)."
         )
   wire_rows = _rows(root / "wire_bytes.jsonl")
   if wire_rows:
@@ -950,7 +998,8 @@ def _write(root: Path) -> int:
   text += tcp_queue_table(root) + mtu_table(root)
   text += congestion_control_table(root)
   text += targets(root, summary + in_blocks) + queue_table(root) + half_duplex_table(root)
-  text += half_duplex_sizes_table(root) + ring_alone_table(root) + rootless_table(root)
+  text += half_duplex_sizes_table(root) + gloo_pair_order_table(root) + ring_alone_table(root)
+  text += rootless_table(root)
   text += wire_table(root) + torus_lesson(summary) + bench + blocks + small + again + cubic
   text += finish + finish2
   cells = summary + in_blocks + in_small + in_again + in_cubic + in_finish + in_finish2

@@ -144,7 +144,8 @@ else:
 # duplex: over gloo, A ↔ B in one `ppermute` runs one direction after the other (XLA
 # posts the send before the receive, and gloo's TCP pair queues the "ready to receive"
 # behind its own payload; `experiments/gloo_exchange_half_duplex.py` is the
-# reproduction). `bucket_bound_s` also prices each link's token bucket: `tc`'s `tbf` lets
+# reproduction, and `experiments/gloo_pair_order/` shows, with gloo alone, that posting
+# the receive first makes the exchange full duplex). `bucket_bound_s` also prices each link's token bucket: `tc`'s `tbf` lets
 # an idle link pass 4 ms of its rate at once. With no software time between steps (this
 # bound) only the first step finds the buckets full, and the second turn of each exchange
 # (its link rested while the first turn sent: a 1 MiB exchange measured 1.8× a shift, not
