@@ -14,10 +14,13 @@ traced to the sources, what the replay (:mod:`allreduce_jax.topology`) did not k
   (``gloo/transport/tcp/pair.cc``: ``send`` transmits at once if the peer's
   "ready to receive" arrived, and the following ``recv``'s "ready to receive" waits
   behind that payload). So the later of the two sends its whole payload before the
-  earlier learns it may send: the two directions take turns. :func:`half_duplex`
-  prices that: in each step, a message whose reverse is in the same step shares the
-  pair's time with it (its fraction becomes the sum of both). A shift (j → j+1) has
-  no reverse message and keeps full duplex.
+  earlier learns it may send: the two directions take turns. Gloo alone shows the
+  order is the cause: the same exchange with the receive posted first ran at full
+  duplex (one way's time at 1–16 MiB; ``experiments/gloo_pair_order/``, rows in
+  ``docs/results/network/gloo_pair_order.jsonl``); the fix is XLA's, out of reach of
+  ``ppermute``. :func:`half_duplex` prices XLA as it is: in each step, a message whose
+  reverse is in the same step shares the pair's time with it (its fraction becomes the
+  sum of both). A shift (j → j+1) has no reverse message and keeps full duplex.
 - **One collective at a time.** XLA:CPU's collective thunks all write one resource,
   the communicator (``xla/backends/cpu/runtime/collective_thunk.cc``:
   ``resource_uses``), so its executor runs them in program order, one after the other,
