@@ -16,8 +16,8 @@
 //
 // Built by build.sh against gloo's sources; run one process per host, e.g. on the
 // emulated cluster of allreduce-jax (root or rootless):
-//   allreduce-jax cluster --hosts 4 --link 200Mbit -- \
-//       experiments/gloo_pair_order/exchange --store DIR --sizes 1MiB,16MiB
+//   allreduce-jax cluster --hosts 4 --link 200Mbit --
+//       experiments/gloo_pair_order/exchange --store DIR --sizes 1MiB,16MiB  (one line)
 // DIR: an empty folder every rank can read and write (gloo's FileStore rendezvous).
 // Rank and world size come from ALLREDUCE_JAX_PROCESS_ID / _NUM_PROCESSES (or
 // JAX_PROCESS_ID / JAX_NUM_PROCESSES); each rank listens on the address its host name
