@@ -566,3 +566,27 @@ def test_launching_from_a_process_where_jax_runs_does_not_fork_it(tmp_path):
   ]
   with pytest.raises(launch.LaunchError, match="cannot start 'no-such-program-here'"):
     launch.launch(["no-such-program-here"], 1, log_dir=tmp_path)
+
+
+@pytest.mark.parametrize("code", [0, 3])
+def test_own_log_folder_removed_after_success_kept_after_failure(code):
+  # Without --log-dir the launcher makes a temporary folder: a run that succeeds leaves
+  # nothing behind; one that fails keeps each process's log and names the folder again.
+  import io
+  import shutil
+
+  err = io.StringIO()
+  child = f"import os, sys; print('rank', os.environ['ALLREDUCE_JAX_PROCESS_ID']); sys.exit({code})"
+  rc = launch.launch([sys.executable, "-c", child], 2, timeout=60, out=io.StringIO(), err=err)
+  banner = re.search(r"logs in (\S+) \(kept only if a process fails\)", err.getvalue())
+  assert banner, err.getvalue()
+  logs = Path(banner.group(1))
+  try:
+    assert rc == code
+    if code == 0:
+      assert not logs.exists()
+    else:
+      assert f"each process's log is kept in {logs}" in err.getvalue()
+      assert (logs / "process-0.log").read_text().strip() == "rank 0"
+  finally:
+    shutil.rmtree(logs, ignore_errors=True)

@@ -387,13 +387,14 @@ def launch(
   if host_argv is None and shutil.which(argv[0]) is None:
     raise LaunchError(f"cannot start {argv[0]!r}: no such program, or not executable.")
   address = _coordinator_address(coordinator, checked=host_argv is None)
+  made = not log_dir  # the launcher's own folder: removed after success, kept after failure
   logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="allreduce-jax-launch-"))
   logs.mkdir(parents=True, exist_ok=True)
   shown = set(range(num_processes)) if output == "all" else set()
   shown |= {int(output)} if output.isdigit() else set()
   print(
     f"# {label}: {num_processes} process(es) × {local_devices} local {platform} device(s),"
-    f" coordinator {address}, logs in {logs}",
+    f" coordinator {address}, logs in {logs}" + (" (kept only if a process fails)" if made else ""),
     file=err,
     flush=True,
   )
@@ -421,6 +422,10 @@ def launch(
       children.append(child)
     (logs / "pids.json").write_text(json.dumps({c.rank: c.proc.pid for c in children}))
     failure, code = _supervise(children, t0, timeout, out, prefix=output == "all")
+  except LaunchError:
+    if made:
+      shutil.rmtree(logs, ignore_errors=True)
+    raise
   except KeyboardInterrupt:
     failure, code = "interrupted (Ctrl-C); stopping all processes.", 130
   except _Terminated as e:
@@ -437,7 +442,11 @@ def launch(
   if failure:
     if also:
       print(f"{label}: while stopping: {'; '.join(also)}", file=err, flush=True)
+    if made:
+      print(f"{label}: each process's log is kept in {logs}", file=err, flush=True)
     return code
+  if made:
+    shutil.rmtree(logs, ignore_errors=True)
   print(
     f"# {label}: all {num_processes} processes finished OK in {time.monotonic() - t0:.1f} s",
     file=err,
@@ -698,7 +707,9 @@ def add_launch_options(parser: argparse.ArgumentParser, who: str = "process") ->
     " (exit 124; default: none)",
   )
   parser.add_argument(
-    "--log-dir", default=None, help=f"per-{who} logs go here (default: a new temp dir)"
+    "--log-dir",
+    default=None,
+    help=f"per-{who} logs go here (default: a new temp dir, removed if all succeed)",
   )
   parser.add_argument(
     "--output",
