@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds exchange (next to this script) against gloo's sources.
 #   bash experiments/gloo_pair_order/build.sh [GLOO_SOURCE_DIR]
-# Without GLOO_SOURCE_DIR it clones gloo into a temporary folder first (needs git and the
-# network). Needs cmake and a C++17 compiler. The commit below is the one the committed
+# Without GLOO_SOURCE_DIR it clones gloo into a temporary folder (needs git and the network)
+# ($GLOO_REPO, if set, instead of GitHub's) and removes it after. Needs cmake and a C++17 compiler. The commit below is the one the committed
 # rows were measured with; its TCP pair's send/recv code is the same at gloo's newest
 # commit of 2025-05 (cc44198).
 set -euo pipefail
@@ -11,7 +11,8 @@ commit=5354032ea08eadd7fc4456477f7f7c6308818509
 src=${1:-}
 if [[ -z $src ]]; then
   src=$(mktemp -d /tmp/gloo-src.XXXXXX)
-  git clone -q https://github.com/facebookincubator/gloo "$src"
+  trap 'rm -rf "$src"' EXIT  # the program links gloo statically: the clone is not needed after
+  git clone -q "${GLOO_REPO:-https://github.com/facebookincubator/gloo}" "$src"
   git -C "$src" checkout -q "$commit"
 fi
 [[ -f $src/gloo/transport/tcp/pair.cc ]] || { echo "build.sh: $src is not a gloo source tree" >&2; exit 2; }
