@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds exchange (next to this script) against gloo's sources.
 #   bash experiments/gloo_pair_order/build.sh [GLOO_SOURCE_DIR]
-# Without GLOO_SOURCE_DIR it clones gloo into a temporary folder (needs git and the network)
-# ($GLOO_REPO, if set, instead of GitHub's) and removes it after. Needs cmake and a C++17 compiler. The commit below is the one the committed
-# rows were measured with; its TCP pair's send/recv code is the same at gloo's newest
-# commit of 2025-05 (cc44198).
+# Without GLOO_SOURCE_DIR it clones gloo into a temporary folder (needs git and the network;
+# $GLOO_REPO, if set, instead of GitHub's) and removes it after. Needs cmake and a C++17
+# compiler. The commit below is the one the committed rows were measured with; its TCP
+# pair's send/recv code is the same at gloo's newest commit of 2025-05 (cc44198).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 commit=5354032ea08eadd7fc4456477f7f7c6308818509
