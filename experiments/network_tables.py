@@ -3,8 +3,9 @@
     python experiments/network_tables.py [docs/results/network]
 
 Reads ``bench_NET_HOSTS.jsonl`` (``allreduce-jax bench`` on ``allreduce-jax cluster``),
-``wire_bytes.jsonl`` (``experiments/wire_bytes.py``) and ``half_duplex_p*.jsonl``
-(``experiments/gloo_exchange_half_duplex.py``), all from ``experiments/network_sweep.sh``,
+``wire_bytes.jsonl`` (``experiments/wire_bytes.py``), ``half_duplex_p*.jsonl``
+(``experiments/gloo_exchange_half_duplex.py``) and ``gloo_pair_order.jsonl``
+(``experiments/gloo_pair_order/``), all from ``experiments/network_sweep.sh``,
 and writes ``tables.md`` and ``*.png`` next to them. The model: the topology replay of
 each algorithm's schedule on the emulated network (:func:`allreduce_jax.gloo_model.emulated`),
 β from the link's payload rate (`gloo_model.link_params`), one α per network fitted on the 4 KiB and 64 KiB

@@ -578,7 +578,7 @@ def test_own_log_folder_removed_after_success_kept_after_failure(code):
   err = io.StringIO()
   child = f"import os, sys; print('rank', os.environ['ALLREDUCE_JAX_PROCESS_ID']); sys.exit({code})"
   rc = launch.launch([sys.executable, "-c", child], 2, timeout=60, out=io.StringIO(), err=err)
-  banner = re.search(r"logs in (\S+) \(kept only if a process fails\)", err.getvalue())
+  banner = re.search(r"logs in (\S+) \(removed if every process succeeds\)", err.getvalue())
   assert banner, err.getvalue()
   logs = Path(banner.group(1))
   try:

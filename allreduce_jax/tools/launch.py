@@ -394,7 +394,8 @@ def launch(
   shown |= {int(output)} if output.isdigit() else set()
   print(
     f"# {label}: {num_processes} process(es) × {local_devices} local {platform} device(s),"
-    f" coordinator {address}, logs in {logs}" + (" (kept only if a process fails)" if made else ""),
+    f" coordinator {address}, logs in {logs}"
+    + (" (removed if every process succeeds)" if made else ""),
     file=err,
     flush=True,
   )
