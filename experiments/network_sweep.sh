@@ -70,9 +70,9 @@ want 4 && {
 # 11. (only when asked: STEPS=11) the same bench built as root and rootless (--rootless: in a
 #     user namespace, as a user without root gets it), alternating, 3 runs each, into rootless/
 # 13. (only when asked: STEPS=13) gloo alone (experiments/gloo_pair_order/exchange, built first by
-#     its build.sh): one exchange with send or recv posted first, a shift and one way, on the
-#     4-host switch, without a barrier, with one, and with the odd hosts 2 ms late; 3 runs each,
-#     into gloo_pair_order.jsonl
+#     its build.sh): one exchange with send or recv posted first, a shift, one way, and
+#     halving-doubling's exchanges in both orders, on the 4-host switch, without a barrier, with
+#     one, and with the odd hosts 2 ms late; 3 runs each, into gloo_pair_order.jsonl
 small_queue() {  # DIR [CLUSTER OPTIONS...]: every network in blocks at 16 KiB, 4 KiB-64 MiB
   local dir=$1
   shift

@@ -654,12 +654,16 @@ def gloo_pair_order_table(root: Path) -> list[str]:
   ``gloo_pair_order.jsonl``, step 13 of ``network_sweep.sh``): per start mode and size,
   one way's time and each pattern's time over it (per run, then the median over runs
   [min–max]). An exchange moves twice one way's bytes over the same links, so at full
-  duplex it takes one way's time, at half duplex twice that."""
+  duplex it takes one way's time, at half duplex twice that. Halving-doubling's
+  exchanges (n/2, n/4, ... and back: 2(p−1)/p · n each way) in either order, over
+  2(p−1)/p times one way's time: 1.00 at full duplex."""
   rows = _rows(root / "gloo_pair_order.jsonl")
   if not rows:
     return []
   t = {(r["run"], r["mode"], r["bytes"], r["pattern"]): r["median_s"] for r in rows}
   runs = sorted({r["run"] for r in rows})
+  p = rows[0]["p"]
+  hd_share = 2 * (p - 1) / p  # halving-doubling's bytes each way, in units of n
   modes = {
     "no_barrier": "back to back (no barrier, as in a compiled program)",
     "barrier": "a barrier before each call",
@@ -673,24 +677,28 @@ def gloo_pair_order_table(root: Path) -> list[str]:
     " receive (XLA's `CollectivePermute`), `recv_first` the receive, then the send; one way:"
     " the even hosts send, the odd ones receive. Each call's time is its slowest host's;"
     " per run the median of 7 calls, each pattern over one way's time of that run, then"
-    " the median over runs [min–max]. Full duplex: 1.00; half duplex: 2.00.",
+    " the median over runs [min–max]. Full duplex: 1.00; half duplex: 2.00. Halving-doubling:"
+    " its exchanges without the arithmetic (n/2, n/4, ... with j^1, j^2, ..., then back, one"
+    f" step after the other), over {hd_share:g} × one way (its bytes each way at one way's rate).",
     "",
-    "| start | per host | one way (s) | send first / one way | recv first / one way | shift / one way |",
-    "|---|---|---|---|---|---|",
+    "| start | per host | one way (s) | send first / one way | recv first / one way | shift / one way"
+    " | halving-doubling, send first / full duplex | recv first / full duplex |",
+    "|---|---|---|---|---|---|---|---|",
   ]  # fmt: skip
   for mode, label in modes.items():
     for n in sorted({k[2] for k in t if k[1] == mode}):
       have = [k for k in runs if (k, mode, n, "one_way") in t]
       one = [t[(k, mode, n, "one_way")] for k in have]
 
-      def over(pattern, have=have, mode=mode, n=n):
-        xs = [t[(k, mode, n, pattern)] / t[(k, mode, n, "one_way")] for k in have
+      def over(pattern, share=1.0, have=have, mode=mode, n=n):
+        xs = [t[(k, mode, n, pattern)] / (share * t[(k, mode, n, "one_way")]) for k in have
               if (k, mode, n, pattern) in t]  # fmt: skip
         return _spread(xs) if xs else "—"
 
       lines.append(
         f"| {label} | {_mib(n)} | {statistics.median(one):.4g} | {over('send_first')} |"
-        f" {over('recv_first')} | {over('shift')} |"
+        f" {over('recv_first')} | {over('shift')} | {over('hd_send_first', hd_share)} |"
+        f" {over('hd_recv_first', hd_share)} |"
       )
   return [*lines, ""]
 

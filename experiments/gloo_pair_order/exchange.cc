@@ -8,7 +8,10 @@
 //   recv_first  recv(from peer) then send(to peer): the order proposed as the fix;
 //   shift       send to j+1, recv from j-1 (p >= 3): every link busy one way per pair
 //               of hosts, the reference a full-duplex exchange should match;
-//   one_way     even ranks send to j^1, odd ranks receive: half the bytes on the wire.
+//   one_way     even ranks send to j^1, odd ranks receive: half the bytes on the wire;
+//   hd_send_first, hd_recv_first (p a power of two): halving-doubling's exchanges without
+//               its arithmetic, n/2, n/4, ... with j^1, j^2, ..., then back, each step
+//               waited for as a ppermute is, in either order.
 // with a barrier before every call (--barrier, the default: the ranks start within a
 // barrier's skew) or without one (--no-barrier: each call starts when the last ended,
 // as in a compiled JAX program); --skew-ms S delays the odd ranks by S ms after the
@@ -86,21 +89,39 @@ double Median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
-struct Pattern {
-  const char* name;
+struct Step {
   int send_to;    // -1: none
   int recv_from;  // -1: none
-  bool recv_first;
+  size_t nbytes;  // from offset 0 of the buffers
 };
 
-Pattern Make(const std::string& name, int rank, int size) {
-  int peer = rank ^ 1;
-  if (name == "send_first") return {"send_first", peer, peer, false};
-  if (name == "recv_first") return {"recv_first", peer, peer, true};
-  if (name == "shift") return {"shift", (rank + 1) % size, (rank + size - 1) % size, false};
-  if (name == "one_way") {
-    return rank % 2 == 0 ? Pattern{"one_way", peer, -1, false} : Pattern{"one_way", -1, peer, false};
+struct Pattern {
+  std::string name;
+  bool recv_first;
+  std::vector<Step> steps;  // in turn, each waited for (one ppermute each)
+};
+
+// Halving-doubling's exchanges without its arithmetic: n/2, n/4, ... with partners
+// j^1, j^2, ... (reduce-scatter), then the same in reverse (all-gather).
+std::vector<Step> HalvingDoubling(int rank, int size, size_t n) {
+  std::vector<Step> down, up;
+  for (int d = 1; d < size; d *= 2) {
+    n /= 2;
+    down.push_back({rank ^ d, rank ^ d, n});
   }
+  up.assign(down.rbegin(), down.rend());
+  down.insert(down.end(), up.begin(), up.end());
+  return down;
+}
+
+Pattern Make(const std::string& name, int rank, int size, size_t n) {
+  int peer = rank ^ 1;
+  if (name == "send_first") return {name, false, {{peer, peer, n}}};
+  if (name == "recv_first") return {name, true, {{peer, peer, n}}};
+  if (name == "shift") return {name, false, {{(rank + 1) % size, (rank + size - 1) % size, n}}};
+  if (name == "one_way") return {name, false, {rank % 2 == 0 ? Step{peer, -1, n} : Step{-1, peer, n}}};
+  if (name == "hd_send_first") return {name, false, HalvingDoubling(rank, size, n)};
+  if (name == "hd_recv_first") return {name, true, HalvingDoubling(rank, size, n)};
   Fail("unknown pattern " + name);
 }
 
@@ -148,6 +169,10 @@ int main(int argc, char** argv) {
 
   std::vector<std::string> names = {"send_first", "recv_first", "one_way"};
   if (size >= 4) names.insert(names.begin(), "shift");
+  if ((size & (size - 1)) == 0) {  // halving-doubling needs a power of two
+    names.push_back("hd_send_first");
+    names.push_back("hd_recv_first");
+  }
   uint64_t slot = 1000;  // the same sequence on every rank
   gloo::BarrierOptions barrier(context);
   std::ofstream out;
@@ -161,18 +186,20 @@ int main(int argc, char** argv) {
     auto send_buf = context->createUnboundBuffer(send_data.data(), n);
     auto recv_buf = context->createUnboundBuffer(recv_data.data(), n);
     for (const auto& name : names) {
-      Pattern pat = Make(name, rank, size);
+      Pattern pat = Make(name, rank, size, n);
       std::vector<double> seconds;
       for (int call = 0; call <= calls; ++call) {  // call 0: warm-up, not timed
         if (barrier_each) gloo::barrier(barrier);
         auto t0 = std::chrono::steady_clock::now();  // the late rank's clock starts late too
         if (skew_ms > 0 && rank % 2) usleep(static_cast<useconds_t>(skew_ms * 1000));
-        ++slot;
-        if (pat.recv_first && pat.recv_from >= 0) recv_buf->recv(pat.recv_from, slot);
-        if (pat.send_to >= 0) send_buf->send(pat.send_to, slot);
-        if (!pat.recv_first && pat.recv_from >= 0) recv_buf->recv(pat.recv_from, slot);
-        if (pat.send_to >= 0) send_buf->waitSend();
-        if (pat.recv_from >= 0) recv_buf->waitRecv();
+        for (const Step& st : pat.steps) {
+          ++slot;
+          if (pat.recv_first && st.recv_from >= 0) recv_buf->recv(st.recv_from, slot, 0, st.nbytes);
+          if (st.send_to >= 0) send_buf->send(st.send_to, slot, 0, st.nbytes);
+          if (!pat.recv_first && st.recv_from >= 0) recv_buf->recv(st.recv_from, slot, 0, st.nbytes);
+          if (st.send_to >= 0) send_buf->waitSend();
+          if (st.recv_from >= 0) recv_buf->waitRecv();
+        }
         std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
         if (call > 0) seconds.push_back(dt.count());
       }
@@ -199,7 +226,7 @@ int main(int argc, char** argv) {
         std::snprintf(row, sizeof(row),
                       "{\"p\": %d, \"bytes\": %zu, \"pattern\": \"%s\", \"barrier\": %s, \"skew_ms\": %g, "
                       "\"calls\": %d, \"median_s\": %.6f, \"min_s\": %.6f, \"max_s\": %.6f}",
-                      size, n, pat.name, barrier_each ? "true" : "false", skew_ms, calls,
+                      size, n, pat.name.c_str(), barrier_each ? "true" : "false", skew_ms, calls,
                       Median(slowest), *std::min_element(slowest.begin(), slowest.end()),
                       *std::max_element(slowest.begin(), slowest.end()));
         std::cout << row << std::endl;
