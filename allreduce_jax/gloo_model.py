@@ -120,14 +120,26 @@ def steps_as_run(
   choices: dict | None = None,
 ) -> topology.Steps:
   """The steps :func:`predict_seconds` replays: ``duplex="half"``, as XLA:CPU and gloo run
-  them (:func:`ppermute_steps`, then :func:`half_duplex`); ``"full"``, the record's
-  ``messages`` as :mod:`allreduce_jax.topology` replays them. ``choices`` as
-  :func:`ppermute_steps` takes them."""
+  them (:func:`ppermute_steps`, then :func:`half_duplex`); ``"recv_first"``, as they would
+  run with each receive posted before its send (:func:`ppermute_steps` alone: one ppermute
+  at a time, an exchange at full duplex; measured with gloo alone in
+  ``experiments/gloo_pair_order/``); ``"full"``, the record's ``messages`` as
+  :mod:`allreduce_jax.topology` replays them. ``choices`` as :func:`ppermute_steps` takes
+  them."""
+  _check_duplex(duplex)
   if duplex == "half":
     return half_duplex(ppermute_steps(algorithm, sizes, n_bytes, choices))
-  if duplex == "full":
-    return topology.messages(algorithm, sizes, n_bytes, choices)
-  raise ValueError(f"duplex={duplex!r}: expected 'half' or 'full'.")
+  if duplex == "recv_first":
+    return ppermute_steps(algorithm, sizes, n_bytes, choices)
+  return topology.messages(algorithm, sizes, n_bytes, choices)
+
+
+DUPLEX = ("half", "recv_first", "full")
+
+
+def _check_duplex(duplex: str) -> None:
+  if duplex not in DUPLEX:
+    raise ValueError(f"duplex={duplex!r}: expected one of {', '.join(map(repr, DUPLEX))}.")
 
 
 def predict_seconds(
@@ -142,15 +154,15 @@ def predict_seconds(
 ) -> float:
   """The replayed time of ``algorithm`` (generated schedule) on ``top`` (default the
   switch) with ``params``; ``duplex="half"`` prices it as XLA:CPU and gloo run it (one
-  ppermute at a time, :func:`ppermute_steps`; exchanges at half duplex), ``"full"`` is
-  :func:`topology.predict_seconds`'s assumption (a step's ppermutes together, every
+  ppermute at a time, :func:`ppermute_steps`; exchanges at half duplex), ``"recv_first"``
+  as it would run with each receive posted first (one ppermute at a time, every link full
+  duplex), ``"full"`` is :func:`topology.predict_seconds`'s assumption (a step's ppermutes together, every
   link full duplex). ``bucket_s > 0``: every directed link is a token bucket of that
   many seconds of its rate (:func:`bucket_replay`); 0 prices every byte at the rate.
   ``choices``: the schedule's trace-time choices, as the run made them (a bench row's
   ``choices``, e.g. the double binary tree's chunk count); default those the cost
   parameters in effect make, which are the run's only if it traced with the same."""
-  if duplex not in ("half", "full"):
-    raise ValueError(f"duplex={duplex!r}: expected 'half' or 'full'.")
+  _check_duplex(duplex)
   if not bucket_s >= 0:
     raise ValueError(f"bucket_s={bucket_s!r}: expected seconds >= 0 (0: no bucket).")
   if p < 2:

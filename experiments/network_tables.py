@@ -700,7 +700,42 @@ def gloo_pair_order_table(root: Path) -> list[str]:
         f" {over('recv_first')} | {over('shift')} | {over('hd_send_first', hd_share)} |"
         f" {over('hd_recv_first', hd_share)} |"
       )
-  return [*lines, ""]
+  return [*lines, "", *_hd_replay_lines(root, t, runs, p), ""]
+
+
+def _hd_replay_lines(root: Path, t: dict, runs: list[int], p: int) -> list[str]:
+  """Halving-doubling's exchanges measured in both orders (back to back) against the
+  replay as XLA runs them (``duplex="half"``) and with each receive posted first
+  (``"recv_first"``), with each link's bucket and the α of the same network and TCP
+  settings in JAX (the 4-host switch, 16 KiB, ``bbr``: step 5), which also prices the
+  arithmetic and JAX's own time per step that gloo alone does not have."""
+  rows = _good(root / "tcp_queue_16k", f"blocks_switch_{p}.jsonl")
+  if not rows:
+    return []
+  alpha = fit_alpha(rows, p, "switch", "half", BUCKET_S)
+  cells = []
+  for n in (4 << 20, 16 << 20):
+    measured = {
+      order: statistics.median(t[(k, "no_barrier", n, f"hd_{order}")] for k in runs)
+      for order in ("send_first", "recv_first")
+      if all((k, "no_barrier", n, f"hd_{order}") in t for k in runs)
+    }
+    if len(measured) < 2:
+      continue
+    half = model("halving_doubling", p, n, "switch", "half", alpha, BUCKET_S)
+    first = model("halving_doubling", p, n, "switch", "recv_first", alpha, BUCKET_S)
+    cells.append(
+      f"at {_mib(n)}, send first {measured['send_first']:.3f} s (replay as XLA runs it,"
+      f' `duplex="half"`: {half:.3f} s), receive first {measured["recv_first"]:.3f} s'
+      f' (`duplex="recv_first"`: {first:.3f} s)'
+    )
+  if not cells:
+    return []
+  return [
+    f"Halving-doubling's exchanges back to back (medians over runs) against the replay"
+    f" (`gloo_model.predict_seconds`, each link's bucket, α = {alpha * 1e3:.2f} ms fitted on"
+    f" the {p}-host switch's rows at 16 KiB, step 5): " + "; ".join(cells) + "."
+  ]
 
 
 def ring_alone_table(root: Path) -> list[str]:

@@ -50,6 +50,37 @@ def test_half_duplex_prices_halving_doubling_at_twice_the_ring_on_one_link_hosts
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])
+def test_receive_first_prices_exchanges_at_full_duplex_one_ppermute_at_a_time(p):
+  """``duplex="recv_first"``: XLA with each receive posted first. Exchanges at full
+  duplex (halving-doubling back to the ring's bytes, half its time at "half"); a shift
+  unchanged; the bidirectional ring's lanes still one after the other, unlike "full"
+  (where, on a ring of links, they run at once)."""
+  params = gloo_model.link_params(25e6, 0.0)
+  top = gloo_model.emulated("switch")
+  ring_s = 2 * (p - 1) / p * N * params.beta
+  for alg in ("halving_doubling", "recursive_doubling", "swing"):
+    half = gloo_model.predict_seconds(alg, p, N, params, top)
+    first = gloo_model.predict_seconds(alg, p, N, params, top, "recv_first")
+    assert first == pytest.approx(half / 2)  # every step of these is an exchange
+  hd = gloo_model.predict_seconds("halving_doubling", p, N, params, top, "recv_first")
+  assert hd == pytest.approx(ring_s)
+  ring = gloo_model.predict_seconds("ring", p, N, params, top, "recv_first")
+  assert ring == pytest.approx(ring_s)  # p = 2: half duplex would be twice this
+  ring_of_links = gloo_model.emulated(f"torus:{p}")
+  for net in (top, ring_of_links):
+    bidir = gloo_model.predict_seconds("bidirectional_ring", p, N, params, net, "recv_first")
+    assert bidir == pytest.approx(ring_s)
+  full = gloo_model.predict_seconds("bidirectional_ring", p, N, params, ring_of_links, "full")
+  assert full == pytest.approx(ring_s / 2 if p > 2 else ring_s)  # p = 2: one link each way
+  alpha = cost_model.Params(1e-3, 0.0)
+  steps = len(gloo_model.ppermute_steps("halving_doubling", (p,), N))
+  hd_alpha = gloo_model.predict_seconds("halving_doubling", p, N, alpha, top, "recv_first")
+  assert hd_alpha == pytest.approx(steps * 1e-3)
+  with pytest.raises(ValueError, match=r"duplex='both'.*'half', 'recv_first', 'full'"):
+    gloo_model.predict_seconds("ring", p, N, params, top, "both")
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
 def test_one_ppermute_at_a_time_prices_the_bidirectional_ring_as_two_shifts_in_turn(p):
   """Its two lanes run one after the other (XLA:CPU serializes collectives), each a
   shift at full duplex: the ring's n·2(p-1)/p·β with twice the ring's steps, not the
