@@ -135,6 +135,9 @@ def steps_as_run(
 
 
 DUPLEX = ("half", "recv_first", "full")
+"""The ``duplex`` values :func:`steps_as_run` and :func:`predict_seconds` take: XLA:CPU over
+gloo as it is, as it would be with each receive posted first, and the replay's own
+full-duplex assumption."""
 
 
 def _check_duplex(duplex: str) -> None:
