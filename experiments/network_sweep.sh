@@ -71,8 +71,9 @@ want 4 && {
 #     user namespace, as a user without root gets it), alternating, 3 runs each, into rootless/
 # 13. (only when asked: STEPS=13) gloo alone (experiments/gloo_pair_order/exchange, built first by
 #     its build.sh): one exchange with send or recv posted first, a shift, one way, and
-#     halving-doubling's exchanges in both orders, on the 4-host switch, without a barrier, with
-#     one, and with the odd hosts 2 ms late; 3 runs each, into gloo_pair_order.jsonl
+#     halving-doubling's exchanges in both orders, on the 4-host switch without a barrier, with
+#     one, and with the odd hosts 2 ms late, and on the 8-host switch without; 3 runs each, into
+#     gloo_pair_order.jsonl
 small_queue() {  # DIR [CLUSTER OPTIONS...]: every network in blocks at 16 KiB, 4 KiB-64 MiB
   local dir=$1
   shift
@@ -133,15 +134,18 @@ want 6 && small_queue $OUT/tcp_queue_16k/repeat
   f=$OUT/gloo_pair_order.jsonl
   exe=experiments/gloo_pair_order/exchange
   [ -x $exe ] || { echo "step 13: build $exe first (bash experiments/gloo_pair_order/build.sh)" >&2; exit 2; }
-  for i in 1 2 3; do
-    for mode in no_barrier barrier skew_2ms; do
-      grep -q "^{\"run\": $i, \"mode\": \"$mode\"" $f 2>/dev/null && continue
-      flags=$(case $mode in no_barrier) echo --no-barrier;; barrier) echo --barrier;; *) echo --skew-ms 2;; esac)
-      store=$(mktemp -d /tmp/gloo-store.XXXXXX)
-      run $CL16 --hosts 4 -- $exe --store $store --sizes 64KiB,256KiB,1MiB,4MiB,16MiB $flags \
-        --out $f.tmp
-      grep '^{' $f.tmp 2>/dev/null | sed "s/^{/{\"run\": $i, \"mode\": \"$mode\", /" >> $f
-      rm -rf $f.tmp $store
+  for h in 4 8; do
+    for i in 1 2 3; do
+      for mode in no_barrier barrier skew_2ms; do
+        [ $h = 8 ] && [ $mode != no_barrier ] && continue  # 8 hosts: back to back only
+        grep -q "^{\"run\": $i, \"mode\": \"$mode\", \"p\": $h," $f 2>/dev/null && continue
+        flags=$(case $mode in no_barrier) echo --no-barrier;; barrier) echo --barrier;; *) echo --skew-ms 2;; esac)
+        store=$(mktemp -d /tmp/gloo-store.XXXXXX)
+        run $CL16 --hosts $h -- $exe --store $store --sizes 64KiB,256KiB,1MiB,4MiB,16MiB $flags \
+          --out $f.tmp
+        grep '^{' $f.tmp 2>/dev/null | sed "s/^{/{\"run\": $i, \"mode\": \"$mode\", /" >> $f
+        rm -rf $f.tmp $store
+      done
     done
   done
 }

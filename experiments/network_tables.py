@@ -651,26 +651,26 @@ def half_duplex_sizes_table(root: Path) -> list[str]:
 
 def gloo_pair_order_table(root: Path) -> list[str]:
   """Gloo alone (``experiments/gloo_pair_order/exchange``, rows in
-  ``gloo_pair_order.jsonl``, step 13 of ``network_sweep.sh``): per start mode and size,
-  one way's time and each pattern's time over it (per run, then the median over runs
-  [min–max]). An exchange moves twice one way's bytes over the same links, so at full
+  ``gloo_pair_order.jsonl``, step 13 of ``network_sweep.sh``): per host count, start mode
+  and size, one way's time and each pattern's time over it (per run, then the median over
+  runs [min–max]). An exchange moves twice one way's bytes over the same links, so at full
   duplex it takes one way's time, at half duplex twice that. Halving-doubling's
   exchanges (n/2, n/4, ... and back: 2(p−1)/p · n each way) in either order, over
   2(p−1)/p times one way's time: 1.00 at full duplex."""
   rows = _rows(root / "gloo_pair_order.jsonl")
   if not rows:
     return []
-  t = {(r["run"], r["mode"], r["bytes"], r["pattern"]): r["median_s"] for r in rows}
+  t = {(r["p"], r["run"], r["mode"], r["bytes"], r["pattern"]): r["median_s"] for r in rows}
   runs = sorted({r["run"] for r in rows})
-  p = rows[0]["p"]
-  hd_share = 2 * (p - 1) / p  # halving-doubling's bytes each way, in units of n
+  hosts = sorted({r["p"] for r in rows})
   modes = {
     "no_barrier": "back to back (no barrier, as in a compiled program)",
     "barrier": "a barrier before each call",
     "skew_2ms": "a barrier, then the odd hosts 2 ms late",
   }
   lines = [
-    f"### Gloo alone: send or receive first in one exchange (4-host switch, {len(runs)} runs)",
+    f"### Gloo alone: send or receive first in one exchange ({' and '.join(map(str, hosts))}"
+    f"-host switch, {len(runs)} runs)",
     "",
     "`STEPS=13 bash experiments/network_sweep.sh` (gloo's TCP transport in C++, no JAX:"
     " `experiments/gloo_pair_order/`). Pairs j↔j^1; `send_first` posts the send, then the"
@@ -679,35 +679,38 @@ def gloo_pair_order_table(root: Path) -> list[str]:
     " per run the median of 7 calls, each pattern over one way's time of that run, then"
     " the median over runs [min–max]. Full duplex: 1.00; half duplex: 2.00. Halving-doubling:"
     " its exchanges without the arithmetic (n/2, n/4, ... with j^1, j^2, ..., then back, one"
-    f" step after the other), over {hd_share:g} × one way (its bytes each way at one way's rate).",
+    " step after the other), over 2(p−1)/p × one way (its bytes each way at one way's rate).",
     "",
-    "| start | per host | one way (s) | send first / one way | recv first / one way | shift / one way"
-    " | halving-doubling, send first / full duplex | recv first / full duplex |",
-    "|---|---|---|---|---|---|---|---|",
+    "| hosts | start | per host | one way (s) | send first / one way | recv first / one way"
+    " | shift / one way | halving-doubling, send first / full duplex | recv first / full duplex |",
+    "|---|---|---|---|---|---|---|---|---|",
   ]  # fmt: skip
-  for mode, label in modes.items():
-    for n in sorted({k[2] for k in t if k[1] == mode}):
-      have = [k for k in runs if (k, mode, n, "one_way") in t]
-      one = [t[(k, mode, n, "one_way")] for k in have]
+  for p in hosts:
+    hd_share = 2 * (p - 1) / p  # halving-doubling's bytes each way, in units of n
+    for mode, label in modes.items():
+      for n in sorted({k[3] for k in t if k[0] == p and k[2] == mode}):
+        have = [k for k in runs if (p, k, mode, n, "one_way") in t]
+        one = [t[(p, k, mode, n, "one_way")] for k in have]
 
-      def over(pattern, share=1.0, have=have, mode=mode, n=n):
-        xs = [t[(k, mode, n, pattern)] / (share * t[(k, mode, n, "one_way")]) for k in have
-              if (k, mode, n, pattern) in t]  # fmt: skip
-        return _spread(xs) if xs else "—"
+        def over(pattern, share=1.0, p=p, have=have, mode=mode, n=n):
+          xs = [t[(p, k, mode, n, pattern)] / (share * t[(p, k, mode, n, "one_way")])
+                for k in have if (p, k, mode, n, pattern) in t]  # fmt: skip
+          return _spread(xs) if xs else "—"
 
-      lines.append(
-        f"| {label} | {_mib(n)} | {statistics.median(one):.4g} | {over('send_first')} |"
-        f" {over('recv_first')} | {over('shift')} | {over('hd_send_first', hd_share)} |"
-        f" {over('hd_recv_first', hd_share)} |"
-      )
-  return [*lines, "", *_hd_replay_lines(root, t, runs, p), ""]
+        lines.append(
+          f"| {p} | {label} | {_mib(n)} | {statistics.median(one):.4g} | {over('send_first')} |"
+          f" {over('recv_first')} | {over('shift')} | {over('hd_send_first', hd_share)} |"
+          f" {over('hd_recv_first', hd_share)} |"
+        )
+  replay = [line for p in hosts for line in _hd_replay_lines(root, t, runs, p)]
+  return [*lines, "", *replay, ""]
 
 
 def _hd_replay_lines(root: Path, t: dict, runs: list[int], p: int) -> list[str]:
-  """Halving-doubling's exchanges measured in both orders (back to back) against the
-  replay as XLA runs them (``duplex="half"``) and with each receive posted first
-  (``"recv_first"``), with each link's bucket and the α of the same network and TCP
-  settings in JAX (the 4-host switch, 16 KiB, ``bbr``: step 5), which also prices the
+  """Halving-doubling's exchanges on ``p`` hosts measured in both orders (back to back)
+  against the replay as XLA runs them (``duplex="half"``) and with each receive posted
+  first (``"recv_first"``), with each link's bucket and the α of the same network and TCP
+  settings in JAX (the p-host switch, 16 KiB, ``bbr``: step 5), which also prices the
   arithmetic and JAX's own time per step that gloo alone does not have."""
   rows = _good(root / "tcp_queue_16k", f"blocks_switch_{p}.jsonl")
   if not rows:
@@ -715,13 +718,12 @@ def _hd_replay_lines(root: Path, t: dict, runs: list[int], p: int) -> list[str]:
   alpha = fit_alpha(rows, p, "switch", "half", BUCKET_S)
   cells = []
   for n in (4 << 20, 16 << 20):
-    measured = {
-      order: statistics.median(t[(k, "no_barrier", n, f"hd_{order}")] for k in runs)
-      for order in ("send_first", "recv_first")
-      if all((k, "no_barrier", n, f"hd_{order}") in t for k in runs)
+    keys = {
+      o: [(p, k, "no_barrier", n, f"hd_{o}") for k in runs] for o in ("send_first", "recv_first")
     }
-    if len(measured) < 2:
+    if not all(key in t for ks in keys.values() for key in ks):
       continue
+    measured = {o: statistics.median(t[key] for key in ks) for o, ks in keys.items()}
     half = model("halving_doubling", p, n, "switch", "half", alpha, BUCKET_S)
     first = model("halving_doubling", p, n, "switch", "recv_first", alpha, BUCKET_S)
     cells.append(
@@ -732,9 +734,9 @@ def _hd_replay_lines(root: Path, t: dict, runs: list[int], p: int) -> list[str]:
   if not cells:
     return []
   return [
-    f"Halving-doubling's exchanges back to back (medians over runs) against the replay"
-    f" (`gloo_model.predict_seconds`, each link's bucket, α = {alpha * 1e3:.2f} ms fitted on"
-    f" the {p}-host switch's rows at 16 KiB, step 5): " + "; ".join(cells) + "."
+    f"- {p} hosts: halving-doubling's exchanges back to back (medians over runs) against the"
+    f" replay (`gloo_model.predict_seconds`, each link's bucket, α = {alpha * 1e3:.2f} ms fitted"
+    f" on the {p}-host switch's rows at 16 KiB, step 5): " + "; ".join(cells) + "."
   ]
 
 
