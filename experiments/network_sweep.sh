@@ -74,6 +74,9 @@ want 4 && {
 #     halving-doubling's exchanges in both orders, on the 4-host switch without a barrier, with
 #     one, and with the odd hosts 2 ms late, and on the 8-host switch without; 3 runs each, into
 #     gloo_pair_order.jsonl
+# 14. (only when asked: STEPS=14) the same program's ring and bidirectional ring (its lanes in
+#     turn, as XLA:CPU runs them) with send or receive posted first, 4 and 8 hosts, back to back,
+#     3 runs, into gloo_lanes.jsonl
 small_queue() {  # DIR [CLUSTER OPTIONS...]: every network in blocks at 16 KiB, 4 KiB-64 MiB
   local dir=$1
   shift
@@ -146,6 +149,21 @@ want 6 && small_queue $OUT/tcp_queue_16k/repeat
         grep '^{' $f.tmp 2>/dev/null | sed "s/^{/{\"run\": $i, \"mode\": \"$mode\", /" >> $f
         rm -rf $f.tmp $store
       done
+    done
+  done
+}
+[[ " ${STEPS:-} " == *" 14 "* ]] && {
+  f=$OUT/gloo_lanes.jsonl
+  exe=experiments/gloo_pair_order/exchange
+  [ -x $exe ] || { echo "step 14: build $exe first (bash experiments/gloo_pair_order/build.sh)" >&2; exit 2; }
+  for h in 4 8; do
+    for i in 1 2 3; do
+      grep -q "^{\"run\": $i, \"p\": $h," $f 2>/dev/null && continue
+      store=$(mktemp -d /tmp/gloo-store.XXXXXX)
+      run $CL16 --hosts $h -- $exe --store $store --sizes 1MiB,4MiB,16MiB --no-barrier \
+        --patterns ring,bidir_send_first,bidir_recv_first --out $f.tmp
+      grep '^{' $f.tmp 2>/dev/null | sed "s/^{/{\"run\": $i, /" >> $f
+      rm -rf $f.tmp $store
     done
   done
 }

@@ -740,6 +740,44 @@ def _hd_replay_lines(root: Path, t: dict, runs: list[int], p: int) -> list[str]:
   ]
 
 
+def gloo_lanes_table(root: Path) -> list[str]:
+  """The ring and the bidirectional ring in gloo alone (``gloo_lanes.jsonl``, step 14 of
+  ``network_sweep.sh``): per host count and size, the ring's time and each bidirectional
+  order's over the ring's of the same run (median over runs [min–max]), and the slowest
+  call of any run over the ring's median: the bidirectional ring's calls take the ring's
+  time or up to twice it, in either order."""
+  rows = _rows(root / "gloo_lanes.jsonl")
+  if not rows:
+    return []
+  t = {(r["p"], r["run"], r["bytes"], r["pattern"]): r for r in rows}
+  runs = sorted({r["run"] for r in rows})
+  lines = [
+    f"### Gloo alone: the ring and the bidirectional ring ({len(runs)} runs)",
+    "",
+    "`STEPS=14 bash experiments/network_sweep.sh` (`experiments/gloo_pair_order/exchange"
+    " --patterns ring,bidir_send_first,bidir_recv_first --no-barrier`): the ring's 2(p−1)"
+    " shifts of n/p, and the bidirectional ring's lanes in turn as XLA:CPU runs them (n/2p"
+    " to j+1, then n/2p to j−1, each step), with each send or each receive posted first."
+    " Per run the median of 7 calls over the ring's median of that run, then the median over"
+    " runs [min–max]; slowest call: the slowest call of all runs over the ring's median.",
+    "",
+    "| hosts | per host | ring (s) | bidirectional, send first / ring | slowest call | bidirectional, recv first / ring | slowest call |",
+    "|---|---|---|---|---|---|---|",
+  ]  # fmt: skip
+  for p, n in sorted({(k[0], k[2]) for k in t}):
+    have = [k for k in runs if (p, k, n, "ring") in t]
+    ring = [t[(p, k, n, "ring")]["median_s"] for k in have]
+    cells = []
+    for pattern in ("bidir_send_first", "bidir_recv_first"):
+      pairs = [(t[(p, k, n, pattern)], t[(p, k, n, "ring")]["median_s"]) for k in have
+               if (p, k, n, pattern) in t]  # fmt: skip
+      ratio = _spread([r["median_s"] / base for r, base in pairs]) if pairs else "—"
+      worst = max((r["max_s"] / base for r, base in pairs), default=None)
+      cells += [ratio, f"{worst:.2f}" if worst is not None else "—"]
+    lines.append(f"| {p} | {_mib(n)} | {_spread(ring, '{:.3f}')} | " + " | ".join(cells) + " |")
+  return [*lines, ""]
+
+
 def ring_alone_table(root: Path) -> list[str]:
   """The ring alone at ``cubic`` (4-host switch, 16 MiB; ``ring_alone_cubic/``, step 12 of
   ``network_sweep.sh``), and after ``naive``'s incast on the same connections: busbw /
@@ -1044,7 +1082,8 @@ def _write(root: Path) -> int:
   text += tcp_queue_table(root) + mtu_table(root)
   text += congestion_control_table(root)
   text += targets(root, summary + in_blocks) + queue_table(root) + half_duplex_table(root)
-  text += half_duplex_sizes_table(root) + gloo_pair_order_table(root) + ring_alone_table(root)
+  text += half_duplex_sizes_table(root) + gloo_pair_order_table(root) + gloo_lanes_table(root)
+  text += ring_alone_table(root)
   text += rootless_table(root)
   text += wire_table(root) + torus_lesson(summary) + bench + blocks + small + again + cubic
   text += finish + finish2

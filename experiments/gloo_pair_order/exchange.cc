@@ -11,7 +11,11 @@
 //   one_way     even ranks send to j^1, odd ranks receive: half the bytes on the wire;
 //   hd_send_first, hd_recv_first (p a power of two): halving-doubling's exchanges without
 //               its arithmetic, n/2, n/4, ... with j^1, j^2, ..., then back, each step
-//               waited for as a ppermute is, in either order.
+//               waited for as a ppermute is, in either order;
+//   ring, bidir_send_first, bidir_recv_first (only with --patterns): the ring's 2(p-1)
+//               shifts of n/p, and the bidirectional ring's as XLA:CPU runs them (each
+//               step's two lanes in turn, n/2p to j+1 then n/2p to j-1), in either order.
+// --patterns A,B,... times only those (default: every pattern above the last line).
 // with a barrier before every call (--barrier, the default: the ranks start within a
 // barrier's skew) or without one (--no-barrier: each call starts when the last ended,
 // as in a compiled JAX program); --skew-ms S delays the odd ranks by S ms after the
@@ -114,21 +118,43 @@ std::vector<Step> HalvingDoubling(int rank, int size, size_t n) {
   return down;
 }
 
+// The ring's steps (2(p-1) shifts of n/p to j+1), or the bidirectional ring's as XLA:CPU
+// runs them: each step's two lanes in turn, n/2p to j+1, then n/2p to j-1.
+std::vector<Step> Ring(int rank, int size, size_t n, bool both_ways) {
+  std::vector<Step> steps;
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  for (int s = 0; s < 2 * (size - 1); ++s) {
+    if (!both_ways) {
+      steps.push_back({next, prev, n / size});
+    } else {
+      steps.push_back({next, prev, n / (2 * size)});
+      steps.push_back({prev, next, n / (2 * size)});
+    }
+  }
+  return steps;
+}
+
 Pattern Make(const std::string& name, int rank, int size, size_t n) {
   int peer = rank ^ 1;
   if (name == "send_first") return {name, false, {{peer, peer, n}}};
   if (name == "recv_first") return {name, true, {{peer, peer, n}}};
   if (name == "shift") return {name, false, {{(rank + 1) % size, (rank + size - 1) % size, n}}};
   if (name == "one_way") return {name, false, {rank % 2 == 0 ? Step{peer, -1, n} : Step{-1, peer, n}}};
+  if (name.rfind("hd_", 0) == 0 && (size & (size - 1)) != 0) {
+    Fail(name + " needs a power-of-two number of processes");
+  }
   if (name == "hd_send_first") return {name, false, HalvingDoubling(rank, size, n)};
   if (name == "hd_recv_first") return {name, true, HalvingDoubling(rank, size, n)};
+  if (name == "ring") return {name, false, Ring(rank, size, n, false)};
+  if (name == "bidir_send_first") return {name, false, Ring(rank, size, n, true)};
+  if (name == "bidir_recv_first") return {name, true, Ring(rank, size, n, true)};
   Fail("unknown pattern " + name);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string store_dir, out_path, sizes_text = "16MiB";
+  std::string store_dir, out_path, sizes_text = "16MiB", patterns_text;
   int calls = 7;
   bool barrier_each = true;
   double skew_ms = 0;
@@ -141,12 +167,13 @@ int main(int argc, char** argv) {
     if (a == "--store") store_dir = value("--store");
     else if (a == "--out") out_path = value("--out");
     else if (a == "--sizes") sizes_text = value("--sizes");
+    else if (a == "--patterns") patterns_text = value("--patterns");
     else if (a == "--calls") calls = std::atoi(value("--calls").c_str());
     else if (a == "--barrier") barrier_each = true;
     else if (a == "--no-barrier") barrier_each = false;
     else if (a == "--skew-ms") skew_ms = std::atof(value("--skew-ms").c_str());
     else Fail("unknown argument '" + a + "' (--store DIR [--sizes 1MiB,...] [--calls N] "
-              "[--no-barrier | --skew-ms S] [--out FILE])");
+              "[--no-barrier | --skew-ms S] [--patterns A,B] [--out FILE])");
   }
   if (store_dir.empty()) Fail("--store DIR is required (an empty folder all ranks share)");
   if (calls < 1) Fail("--calls must be at least 1");
@@ -157,6 +184,21 @@ int main(int argc, char** argv) {
   const int rank = EnvInt("ALLREDUCE_JAX_PROCESS_ID", "JAX_PROCESS_ID");
   const int size = EnvInt("ALLREDUCE_JAX_NUM_PROCESSES", "JAX_NUM_PROCESSES");
   if (size < 2 || size % 2) Fail("needs an even number of processes (pairs j, j^1)");
+  std::vector<std::string> names = {"send_first", "recv_first", "one_way"};
+  if (size >= 4) names.insert(names.begin(), "shift");
+  if ((size & (size - 1)) == 0) {  // halving-doubling needs a power of two
+    names.push_back("hd_send_first");
+    names.push_back("hd_recv_first");
+  }
+  if (!patterns_text.empty()) {
+    names.clear();
+    std::stringstream in(patterns_text);
+    std::string word;
+    while (std::getline(in, word, ',')) {
+      Make(word, rank, size, 1 << 20);  // an unknown name fails here, before any timing
+      names.push_back(word);
+    }
+  }
 
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -167,12 +209,6 @@ int main(int argc, char** argv) {
   gloo::rendezvous::FileStore store(store_dir);
   context->connectFullMesh(store, device);
 
-  std::vector<std::string> names = {"send_first", "recv_first", "one_way"};
-  if (size >= 4) names.insert(names.begin(), "shift");
-  if ((size & (size - 1)) == 0) {  // halving-doubling needs a power of two
-    names.push_back("hd_send_first");
-    names.push_back("hd_recv_first");
-  }
   uint64_t slot = 1000;  // the same sequence on every rank
   gloo::BarrierOptions barrier(context);
   std::ofstream out;
