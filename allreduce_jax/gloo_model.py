@@ -159,8 +159,8 @@ def predict_seconds(
   switch) with ``params``; ``duplex="half"`` prices it as XLA:CPU and gloo run it (one
   ppermute at a time, :func:`ppermute_steps`; exchanges at half duplex), ``"recv_first"``
   as it would run with each receive posted first (one ppermute at a time, every link full
-  duplex), ``"full"`` is :func:`topology.predict_seconds`'s assumption (a step's ppermutes together, every
-  link full duplex). ``bucket_s > 0``: every directed link is a token bucket of that
+  duplex), ``"full"`` is :func:`topology.predict_seconds`'s assumption (a step's ppermutes
+  together, every link full duplex). ``bucket_s > 0``: every directed link is a token bucket of that
   many seconds of its rate (:func:`bucket_replay`); 0 prices every byte at the rate.
   ``choices``: the schedule's trace-time choices, as the run made them (a bench row's
   ``choices``, e.g. the double binary tree's chunk count); default those the cost
