@@ -133,37 +133,36 @@ want 6 && small_queue $OUT/tcp_queue_16k/repeat
     rm -rf $d/logs
   done
 }
+gloo_exchange() {  # FILE TAG HOSTS ARGS...: one run of gloo alone, its rows tagged with TAG
+  local f=$1 tag=$2 h=$3 exe=experiments/gloo_pair_order/exchange store
+  shift 3
+  [ -x $exe ] || { echo "build $exe first (bash experiments/gloo_pair_order/build.sh)" >&2; exit 2; }
+  store=$(mktemp -d /tmp/gloo-store.XXXXXX)  # gloo's FileStore rendezvous
+  run $CL16 --hosts $h -- $exe --store $store "$@" --out $f.tmp
+  grep '^{' $f.tmp 2>/dev/null | sed "s/^{/{$tag/" >> $f
+  rm -rf $f.tmp $store
+}
 [[ " ${STEPS:-} " == *" 13 "* ]] && {
   f=$OUT/gloo_pair_order.jsonl
-  exe=experiments/gloo_pair_order/exchange
-  [ -x $exe ] || { echo "step 13: build $exe first (bash experiments/gloo_pair_order/build.sh)" >&2; exit 2; }
   for h in 4 8; do
     for i in 1 2 3; do
       for mode in no_barrier barrier skew_2ms; do
         [ $h = 8 ] && [ $mode != no_barrier ] && continue  # 8 hosts: back to back only
         grep -q "^{\"run\": $i, \"mode\": \"$mode\", \"p\": $h," $f 2>/dev/null && continue
         flags=$(case $mode in no_barrier) echo --no-barrier;; barrier) echo --barrier;; *) echo --skew-ms 2;; esac)
-        store=$(mktemp -d /tmp/gloo-store.XXXXXX)
-        run $CL16 --hosts $h -- $exe --store $store --sizes 64KiB,256KiB,1MiB,4MiB,16MiB $flags \
-          --out $f.tmp
-        grep '^{' $f.tmp 2>/dev/null | sed "s/^{/{\"run\": $i, \"mode\": \"$mode\", /" >> $f
-        rm -rf $f.tmp $store
+        gloo_exchange $f "\"run\": $i, \"mode\": \"$mode\", " $h \
+          --sizes 64KiB,256KiB,1MiB,4MiB,16MiB $flags
       done
     done
   done
 }
 [[ " ${STEPS:-} " == *" 14 "* ]] && {
   f=$OUT/gloo_lanes.jsonl
-  exe=experiments/gloo_pair_order/exchange
-  [ -x $exe ] || { echo "step 14: build $exe first (bash experiments/gloo_pair_order/build.sh)" >&2; exit 2; }
   for h in 4 8; do
     for i in 1 2 3; do
       grep -q "^{\"run\": $i, \"p\": $h," $f 2>/dev/null && continue
-      store=$(mktemp -d /tmp/gloo-store.XXXXXX)
-      run $CL16 --hosts $h -- $exe --store $store --sizes 1MiB,4MiB,16MiB --no-barrier \
-        --patterns ring,bidir_send_first,bidir_recv_first --out $f.tmp
-      grep '^{' $f.tmp 2>/dev/null | sed "s/^{/{\"run\": $i, /" >> $f
-      rm -rf $f.tmp $store
+      gloo_exchange $f "\"run\": $i, " $h --sizes 1MiB,4MiB,16MiB --no-barrier \
+        --patterns ring,bidir_send_first,bidir_recv_first
     done
   done
 }
