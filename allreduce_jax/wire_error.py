@@ -8,7 +8,7 @@ At p ≤ 8 it equals the JAX program bit for bit at the tested sizes
 (``tests/test_wire.py``; on multi-million-element messages XLA:CPU's vectorized
 division can differ in the last bit, which moves a rare element across a rounding
 tie); beyond, it is how the error at p = 1024 is measured without 1024 devices. :func:`ring_hop_errors`
-follows one ring chunk hop by hop (notebook 08).
+follows one ring chunk hop by hop (notebook 04).
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from allreduce_jax import cost_model
 from allreduce_jax.tools import report
 from allreduce_jax.training import arms, async_sim, configs, experiments, figures, tables
 
-OUT = report.results_dir("notebooks", "06")
+OUT = report.results_dir("notebooks", "08")
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
 
 # %% [markdown]

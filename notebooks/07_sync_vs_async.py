@@ -65,7 +65,7 @@ from IPython.display import Markdown, display
 from allreduce_jax.tools import report
 from allreduce_jax.training import async_sim, experiments, figures, tables
 
-OUT = report.results_dir("notebooks", "05")  # the repository's results/, wherever this runs
+OUT = report.results_dir("notebooks", "07")  # the repository's results/, wherever this runs
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
 
 # %% [markdown]
@@ -280,7 +280,7 @@ plt.show()
 # the effective step overshoot. η/τ trades that instability for smaller steps; DC-ASGD
 # keeps the step size and corrects the direction.
 #
-# In wall-clock terms async has the advantage of never waiting — notebook 6 puts both
+# In wall-clock terms async has the advantage of never waiting — notebook 8 puts both
 # on the same simulated clock with real-looking compute-time distributions.
 
 # %% [markdown]

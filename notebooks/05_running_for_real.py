@@ -37,7 +37,7 @@ import pandas as pd
 from allreduce_jax.tools import report
 from allreduce_jax.tools.launch import launch
 
-OUT = report.results_dir("notebooks", "07")
+OUT = report.results_dir("notebooks", "05")
 
 # %% [markdown]
 # ## Every algorithm across processes
