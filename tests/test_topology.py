@@ -383,7 +383,7 @@ def test_a_registered_network_kind_reaches_scaling(tmp_path):
 
 def test_schedule_cache_is_bounded_by_messages(monkeypatch):
   """The replay's schedule cache keeps at most ``CACHE_MESSAGES`` distinct messages
-  (the newest schedule always): the notebook-04 sweep to 16384 participants ran out of
+  (the newest schedule always): the notebook-06 sweep to 16384 participants ran out of
   memory when it kept 256 schedules whatever their size."""
   from allreduce_jax import replay
 
