@@ -51,32 +51,35 @@ PRESETS: dict[str, Params] = {
 
 def parse_link(text: str, name: str = "--link") -> Params:
   """A link from the command line: a preset name (:data:`PRESETS`) or
-  ``LATENCY_US,BANDWIDTH``, the bandwidth a rate with its unit (``5,400Gbit``,
-  ``3.4,450GB/s``; a bare number is GB/s, as this format always read).
+  ``LATENCY_US,RATE``, the rate with its unit as :func:`units.parse_rate` reads every
+  rate (``5,400Gbit``, ``3.4,450GB/s``); a bare number is refused, as everywhere.
 
   Raises ``ValueError`` with a one-line message naming ``name``.
 
   Example:
     >>> p = parse_link("5,100Gbit")
-    >>> round(p.alpha * 1e6, 3), round(1 / p.beta / 1e9, 3), parse_link("5,12.5") == p
+    >>> round(p.alpha * 1e6, 3), round(1 / p.beta / 1e9, 3), parse_link("5,12.5GB/s") == p
     (5.0, 12.5, True)
   """
   if text in PRESETS:
     return PRESETS[text]
+  expected = (
+    f"expected 'latency_us,rate' with the rate's unit (e.g. 5,400Gbit or 5,50GB/s)"
+    f" or a preset ({', '.join(PRESETS)})"
+  )
   try:
     lat_text, bw_text = text.split(",")
     lat = float(lat_text.strip().removesuffix("us").removesuffix("µs"))
-    try:
-      bw = float(bw_text)
-    except ValueError:
-      bw = units.parse_rate_GBps(bw_text, name)
-    if not (math.isfinite(lat) and math.isfinite(bw)) or lat < 0 or bw <= 0:
+    if not math.isfinite(lat) or lat < 0:
       raise ValueError
   except ValueError:
-    raise ValueError(
-      f"{name} {text!r}: expected 'latency_us,bandwidth' (e.g. 5,400Gbit or 5,50GB/s;"
-      f" a bare bandwidth is GB/s) or a preset ({', '.join(PRESETS)})."
-    ) from None
+    raise ValueError(f"{name} {text!r}: {expected}.") from None
+  try:
+    bw = units.parse_rate_GBps(bw_text, name)
+  except ValueError:
+    bare = bw_text.strip().replace(".", "", 1).isdigit()
+    why = "has no unit" if bare else "is not a rate"
+    raise ValueError(f"{name} {text!r}: {bw_text.strip()!r} {why}; {expected}.") from None
   return Params.from_link(lat, bw, reduce_GBps=1000.0)
 
 

@@ -116,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
   if name not in COMMANDS or not _installed(COMMANDS[name][0]):
     parser.parse_args(argv)  # "invalid choice" with the list of commands
     return 2
-  module = importlib.import_module(COMMANDS[name][0])
+  try:
+    module = importlib.import_module(COMMANDS[name][0])
+  except ModuleNotFoundError as e:
+    raise SystemExit(f"allreduce-jax {name}: {_missing_extra(e)}") from None
   args = subcommand_parser(name, module).parse_args(argv[1:])
   if name not in ("launch", "cluster"):  # join a jax.distributed run if the environment sets one up
     distributed.main_guard()
@@ -141,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         raise
       print(f"allreduce-jax {name}: interrupted (Ctrl-C).", file=sys.stderr, flush=True)
       raise SystemExit(130) from None
+    except ModuleNotFoundError as e:  # a dependency imported when first needed (scipy, sklearn)
+      raise SystemExit(f"allreduce-jax {name}: {_missing_extra(e)}") from None
     except (RowsError, *_FAILURES) as e:  # what the machine refused: one line, no traceback
       raise SystemExit(f"allreduce-jax {name}: {_failure(e)}") from None
   except SystemExit as e:  # a failing command in a jax.distributed run leaves at once
@@ -152,6 +157,31 @@ def main(argv: list[str] | None = None) -> int:
       signal.signal(signal.SIGINT, signal.default_int_handler)
       results.clear_interrupt()
     release_locks()
+
+
+#: Modules of the optional extras (pyproject.toml) -> the extra that installs them. The
+#: core install (jax, numpy, optax, ml_dtypes) is the library alone.
+EXTRAS: dict[str, str] = {
+  "matplotlib": "cli",
+  "scipy": "cli",
+  "tqdm": "cli",
+  "flax": "train",
+  "sklearn": "train",
+}
+
+
+def _missing_extra(e: ModuleNotFoundError) -> str:
+  """One line naming the extra that installs the missing module ``e.name``; a module of
+  no extra is re-raised (a bug or a broken install, with its traceback).
+
+  Example:
+    >>> _missing_extra(ModuleNotFoundError("No module named 'flax'", name="flax"))
+    "needs flax, which is not installed: pip install 'allreduce-jax[train]'."
+  """
+  top = (e.name or "").partition(".")[0]
+  if top not in EXTRAS:
+    raise e
+  return f"needs {top}, which is not installed: pip install 'allreduce-jax[{EXTRAS[top]}]'."
 
 
 def _noted(code):

@@ -13,8 +13,9 @@ command line.
   lowercase ``b`` or ``bit`` is bits (``100Gbit``, ``100Gb/s``, ``100Gbps``,
   ``200Mbit``), uppercase ``B`` is bytes (``12.5GB/s``, ``12.5GBps``, ``1GiB/s``).
   Prefixes ``k``/``K``, ``M``, ``G``, ``T`` are powers of 1000, ``Ki``, ``Mi``,
-  ``Gi``, ``Ti`` powers of 1024. A bare number has no unit and is refused: a
-  100 GbE link is ``100Gbit`` (12.5 GB/s), not ``100``. Note that Linux ``tc``
+  ``Gi``, ``Ti`` powers of 1024. A bare number has no unit and is refused (by every
+  option that takes a rate: ``train --bandwidth``, ``scaling --link``, ``cluster
+  --link``...): a 100 GbE link is ``100Gbit`` (12.5 GB/s), not ``100``. Note that Linux ``tc``
   reads ``mbps`` as *megabytes* per second; here ``Mbps`` is megabits, and
   :func:`tc_rate` writes the unambiguous ``...bit`` spelling ``tc`` also accepts.
 
@@ -25,7 +26,7 @@ Example:
   >>> parse_rate("100Gbit") == parse_rate("12.5GB/s") == 12.5e9
   True
   >>> format_rate(12.5e9), format_bytes(16 << 20), parse_size("1KiB")
-  ('12.5 GB/s (100 Gbit/s)', '16MiB', 1024)
+  ('12.5 GB/s (100 Gbit/s)', '16 MiB', 1024)
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ _PREFIX = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
 
 #: What :func:`parse_rate` accepts, for error messages.
 RATE_EXAMPLES = "100Gbit, 100Gb/s, 12.5GB/s, 200Mbit"
+
+#: The one sentence every ``--help`` of a rate option ends with (``train --bandwidth``,
+#: ``scaling --link``, ``cluster --link``...): the same units everywhere.
+RATE_HELP = (
+  "a rate with its unit, bits (100Gbit, 200Mbit) or bytes (12.5GB/s) per second;"
+  " a bare number is refused"
+)
 
 
 def parse_size(text: str, name: str = "size") -> int:
@@ -100,23 +108,23 @@ def parse_duration(text: str, name: str = "duration") -> float:
   return value
 
 
-def format_bytes(nbytes: float) -> str:
-  """A byte count as people read it: exact binary units where they fit (``4KiB``,
-  ``3MiB``: also valid input to :func:`parse_size`), else one decimal in the largest
-  binary unit below it (``1001.4KiB``), plain bytes below 1 KiB.
+def format_bytes(nbytes: float, sep: str = " ") -> str:
+  """A byte count as people read it, the one size label of tables, figures and
+  messages: the largest binary unit it reaches, at most one decimal and none where it
+  would be ``.0`` (``1 KiB``, ``128 KiB``, ``1001.6 KiB``), plain bytes below 1 KiB.
+  ``sep=""`` writes an option value to type (``16KiB``); exact ones read back with
+  :func:`parse_size`.
 
   Example:
-    >>> format_bytes(4096), format_bytes(3 << 20), format_bytes(1000), format_bytes(1025395)
-    ('4KiB', '3MiB', '1000B', '1001.4KiB')
-    >>> format_bytes(4.5e9), format_bytes(0.5)
-    ('4.2GiB', '0.5B')
+    >>> format_bytes(4096), format_bytes(3 << 20), format_bytes(1000), format_bytes(1025638)
+    ('4 KiB', '3 MiB', '1000 B', '1001.6 KiB')
+    >>> format_bytes(131064), format_bytes(4.5e9), format_bytes(0.5), format_bytes(16 << 10, sep="")
+    ('128 KiB', '4.2 GiB', '0.5 B', '16KiB')
   """
   for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-    if nbytes >= scale:
-      if nbytes % scale == 0:
-        return f"{int(nbytes // scale)}{unit}"
-      return f"{nbytes / scale:.1f}{unit}"
-  return f"{int(nbytes)}B" if nbytes == int(nbytes) else f"{nbytes:.3g}B"
+    if nbytes >= scale * (1 - 0.05 / 1024):  # 1048575 bytes: 1 MiB, not 1024 KiB
+      return f"{nbytes / scale:.1f}".removesuffix(".0") + sep + unit
+  return (f"{int(nbytes)}" if nbytes == int(nbytes) else f"{nbytes:.3g}") + sep + "B"
 
 
 def parse_rate(text: str, name: str = "rate") -> float:

@@ -66,7 +66,7 @@ BENCH = ["bench", "--devices", "2", "--min-bytes", "1KiB", "--max-bytes", "1KiB"
     (["audit", "--ps", "0"], r"argument --ps: every value must be at least 1"),
     (["audit", "--ps", ""], r"argument --ps: expected at least one value"),
     (["audit", "--bytes", "6"], r"--bytes 6: must be a multiple of 4"),
-    (["scaling", "--inner", "nan,5"], r"--inner 'nan,5': expected 'latency_us,bandwidth'"),
+    (["scaling", "--inner", "nan,5"], r"--inner 'nan,5': expected 'latency_us,rate'"),
     (["scaling", "--outer", "5,inf"], r"--outer '5,inf'"),
     (["scaling", "--sizes", ""], r"argument --sizes: expected at least one value"),
     (["scaling", "--sizes", ","], r"argument --sizes: expected at least one value"),

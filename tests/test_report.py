@@ -154,7 +154,7 @@ def test_report_renders_the_compression_rows(tmp_path):
   ]  # fmt: skip
   _write(out / "compression" / "table_c" / "table_c.jsonl", train)
   text = "\n".join(report._render_compression(out))
-  assert "at 1MiB per participant" in text
+  assert "at 1 MiB per participant" in text
   lines = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| ring")}
   assert set(lines) == {"none (exact)", "int8", "bf16"}  # the largest size only
   assert "0.254" in lines["int8"] and "2.5" in lines["int8"]  # 1.778 / 7 B; 250 / 100 µs
@@ -196,7 +196,7 @@ def test_report_smoke_end_to_end(tmp_path, monkeypatch):
     assert (out / f).is_file(), f
   if netns.privilege_problem() is None:  # the network section ran on a 2-host cluster
     # ... and says what network its rows were measured on (their keys carry it).
-    assert "at most 16KiB queued in a host per TCP socket" in text
+    assert "at most 16 KiB queued in a host per TCP socket" in text
   # Resuming: a second run finds every sweep done and rewrites the same sections; verify,
   # which appends its cases, starts its file afresh (not counted twice).
   cases = re.search(r"\*\*([\d,]+) cases\*\* compared", text).group(1)

@@ -230,7 +230,7 @@ def test_parse_topologies():
   assert topology.parse("fat_tree:8:7") == topology.fat_tree(8, 7)
   isl = topology.parse("islands:8:nvlink4:ib_ndr")
   assert isl.group == 8 and isl.inter == cost_model.PRESETS["ib_ndr"]
-  assert topology.parse("islands:4:3,450:5,50").intra.beta == pytest.approx(1 / 450e9)
+  assert topology.parse("islands:4:3,450GB/s:5,50GB/s").intra.beta == pytest.approx(1 / 450e9)
   for bad in ("torus", "torus:16xx", "torus:4d", "fat_tree:8", "islands:8:nvlink4:warp", "mesh"):
     with pytest.raises(ValueError, match="--topology") as e:
       topology.parse(bad)

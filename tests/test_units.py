@@ -60,12 +60,13 @@ def test_format_rate_and_tc_round_trip():
 @given(st.integers(min_value=1, max_value=1 << 40))
 def test_format_bytes_round_trips_exact_sizes(n):
   text = units.format_bytes(n)
-  if "." in text:  # approximate: within half a unit of the last decimal
-    value, unit = float(text[:-3]), text[-3:]
-    scale = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[unit]
-    assert abs(value * scale - n) <= 0.0501 * scale
-  else:
-    assert units.parse_size(text) == n
+  value, unit = text.split(" ")  # one space between the number and its unit
+  scale = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[unit]
+  assert not value.endswith(".0") and len(value.partition(".")[2]) <= 1
+  assert abs(float(value) * scale - n) <= 0.0501 * scale  # within half the last decimal
+  assert 1 <= float(value) < 1024 or unit == "GiB" or (unit == "B" and n < 1024)
+  if n % scale == 0:  # exact: reads back, and without the space as an option value
+    assert units.parse_size(text) == units.parse_size(units.format_bytes(n, sep="")) == n
 
 
 def test_presets_state_their_rates():
@@ -74,7 +75,9 @@ def test_presets_state_their_rates():
   assert 1 / cost_model.PRESETS["10gbe"].beta == pytest.approx(units.parse_rate("10Gbit"))
   link = cost_model.parse_link("5,400Gbit")
   assert link.alpha == pytest.approx(5e-6) and 1 / link.beta == pytest.approx(50e9)
-  assert cost_model.parse_link("5,50") == link  # a bare bandwidth: GB/s, as this format read
+  assert cost_model.parse_link("5,50GB/s") == link
+  with pytest.raises(ValueError, match="--link '5,50': '50' has no unit"):
+    cost_model.parse_link("5,50")  # a bare number is refused, as by every rate option
   with pytest.raises(ValueError, match="--link '5,fast'"):
     cost_model.parse_link("5,fast")
   assert math.isclose(cost_model.params_to_dict(link)["bandwidth_GBps"], 50.0)

@@ -475,7 +475,7 @@ def fit_and_save(rows: Sequence[dict], path, min_bytes: int = 0) -> tuple:
   if not fit_rows:
     raise ValueError(
       "--fit: no measured rows with more than one device"
-      + (f" at --fit-min-bytes {format_bytes(min_bytes)} or more" if min_bytes else "")
+      + (f" at --fit-min-bytes {format_bytes(min_bytes, sep='')} or more" if min_bytes else "")
       + " to fit."
     )
   meta = {
@@ -751,7 +751,7 @@ def _sweep(args: argparse.Namespace):
     4 * p * largest,
     f"--max-bytes {args.max_bytes} on {p} devices (input, result, check and XLA's"
     " buffers, 4 per device)",
-    f"use -e {format_bytes(_fits_bytes(p))} or less" if _fits_bytes(p) else "use a smaller -e",
+    f"use -e {format_bytes(_fits_bytes(p), sep='')} or less" if _fits_bytes(p) else "use a smaller -e",
   )
   return sizes, pairs, undefined, p, algorithms
 

@@ -160,7 +160,7 @@ def cluster(
   link: str = "200Mbit",
   queue: str = "100ms",
   mtu: int = 1500,
-  tcp_queue: str = units.format_bytes(netns.DEFAULT_TCP_QUEUE),
+  tcp_queue: str = units.format_bytes(netns.DEFAULT_TCP_QUEUE, sep=""),
   congestion_control: str | None = None,
   devices_per_host: int = 1,
   counters_path: str | None = None,
@@ -290,7 +290,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     help="switch, fat_tree:HOSTS_PER_LEAF:OVERSUBSCRIPTION or torus:AxB (as scaling --topology)",
   )
   parser.add_argument(
-    "--link", default="200Mbit", help="each link's rate, each way: 200Mbit, 1Gbit, 25MB/s..."
+    "--link", default="200Mbit", help=f"each link's rate, each way: {units.RATE_HELP}"
   )
   parser.add_argument(
     "--queue",
@@ -306,7 +306,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
   )
   parser.add_argument(
     "--tcp-queue",
-    default=units.format_bytes(netns.DEFAULT_TCP_QUEUE),
+    default=units.format_bytes(netns.DEFAULT_TCP_QUEUE, sep=""),
     help="bytes one TCP socket may keep in its host's queue (Linux's TCP Small Queues,"
     " net.ipv4.tcp_limit_output_bytes, set in every host): 16KiB (the default: a host's"
     " small messages pass its bulk data, as under a flow-fair qdisc) or 4MiB (this"

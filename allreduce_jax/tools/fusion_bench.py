@@ -221,7 +221,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     help="single-axis algorithms (default ring,psum)",
   )
   parser.add_argument(
-    "--models", type=choice_list(MODELS, "models"), default=["cnn", "transformer"]
+    "--models",
+    type=choice_list(MODELS, "models"),
+    default=["cnn", "transformer"],
+    help=f"gradient pytrees to all-reduce, some of {','.join(MODELS)}",
   )
   parser.add_argument(
     "--layers", type=positive_int, default=16, help="transformer layers (12 leaves each)"
@@ -233,9 +236,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     default=list(BUCKETS),
     help=f"some of {','.join(BUCKETS)}",
   )
-  parser.add_argument("--iters", type=positive_int, default=7)
-  parser.add_argument("--warmup", type=nonnegative_int, default=2)
-  parser.add_argument("--out", default="results/fusion.jsonl")
+  parser.add_argument(
+    "--iters", type=positive_int, default=7, help="timed iterations per bucket size (median)"
+  )
+  parser.add_argument(
+    "--warmup", type=nonnegative_int, default=2, help="untimed iterations before them"
+  )
+  parser.add_argument(
+    "--out", default="results/fusion.jsonl", help="JSON Lines file (appended; a rerun resumes)"
+  )
   parser.add_argument("--fresh", action="store_true", help="overwrite --out instead of resuming")
   parser.add_argument("--plot", default=None, help="figure (default: --out with .png)")
   parser.add_argument("--smoke", action="store_true", help="tiny models, few iterations")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from allreduce_jax import ALGORITHMS, cost_model, names, topology
+from allreduce_jax import ALGORITHMS, cost_model, names, topology, units
 from allreduce_jax.cost_model import params_to_dict
 from allreduce_jax.results import fingerprint
 from allreduce_jax.tools import plot
@@ -42,6 +42,31 @@ from allreduce_jax.units import format_bytes, parse_size
 
 SIZES: tuple[int, ...] = (1 << 20, 100 << 20, 1 << 30)
 PS: tuple[int, ...] = tuple(8 << k for k in range(12))  # 8 ... 16384
+
+
+#: What ``--inner``, ``--outer`` and ``--link`` take (cost_model.parse_link).
+LINK_HELP = "a preset ({presets}) or 'LATENCY_US,RATE' (5,400Gbit or 3.4,450GB/s), RATE " + (
+  units.RATE_HELP
+)
+
+#: Defaults of the options that only one of the two models reads (None in the parser, so
+#: that an option given to the other model is an error, not silently ignored).
+TWO_LEVEL_DEFAULTS = {"inner": "nvlink4", "outer": "ib_ndr"}
+TOPOLOGY_DEFAULTS = {"link": "ib_ndr", "hop_latency_us": 0.0, "algorithms": None, "ps": None}
+
+
+def _only_with(args: argparse.Namespace, names, where: str) -> None:
+  """Refuses an option of ``names`` that the chosen model does not read, naming it."""
+  for name in names:
+    if getattr(args, name) is not None:
+      opt = "--" + name.replace("_", "-")
+      raise SystemExit(f"{opt} applies only {where}; drop it or {_FIX[where]}.")
+
+
+_FIX = {
+  "with --topology": "add --topology SPEC (e.g. --topology fat_tree:8:7)",
+  "without --topology": "use --link for the replay's links (islands take theirs in the spec)",
+}
 
 
 def _link(text: str, name: str):
@@ -153,15 +178,17 @@ def _append_new(store, rows: list[dict], extra: dict | None = None) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+  presets = ", ".join(cost_model.PRESETS)
   parser.add_argument(
     "--inner",
-    default="nvlink4",
-    help="a preset or 'latency_us,bandwidth', e.g. 3.4,450GB/s or 5,400Gbit",
+    default=None,
+    help="the link inside a node (two-level model; default nvlink4): "
+    + LINK_HELP.format(presets=presets),
   )
   parser.add_argument(
     "--outer",
-    default="ib_ndr",
-    help="a preset or 'latency_us,bandwidth', e.g. 3.4,450GB/s or 5,400Gbit",
+    default=None,
+    help="the link between nodes (two-level model; default ib_ndr): the same forms as --inner",
   )
   parser.add_argument(
     "--per-node", type=positive_int, default=8, help="devices per node (default 8)"
@@ -169,7 +196,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--nics-per-node", type=positive_int, default=8, help="NICs per node (default 8)"
   )
-  parser.add_argument("--max-p", type=positive_int, default=16384)
+  parser.add_argument(
+    "--max-p", type=positive_int, default=16384, help="the largest participant count modelled"
+  )
   parser.add_argument(
     "--sizes", type=nonempty(size_list), default="1MiB,100MiB,1GiB", help="bytes per device"
   )
@@ -179,7 +208,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
   )
   parser.add_argument("--fresh", action="store_true", help="empty --out first")
   parser.add_argument("--plot", default=None, help="figure (default: --out with .png)")
-  parser.add_argument("--smoke", action="store_true", help="p up to 64 only")
+  parser.add_argument(
+    "--smoke", action="store_true", help="p up to 64 only (or up to --max-p where that is lower)"
+  )
   parser.add_argument(
     "--topology",
     action="append",
@@ -191,14 +222,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
   )
   parser.add_argument(
     "--link",
-    default="ib_ndr",
-    help="with --topology: one link, a preset or 'latency_us,bandwidth' (e.g. 5,400Gbit)",
+    default=None,
+    help="with --topology: every link of the network (default ib_ndr): the same forms as --inner",
   )
   parser.add_argument(
     "--hop-latency-us",
     type=nonnegative_float,
-    default=0.0,
-    help="with --topology: latency per hop (µs, ≥ 0)",
+    default=None,
+    help="with --topology: latency per hop (µs, ≥ 0; default 0)",
   )
   parser.add_argument(
     "--algorithms", default=None, help="with --topology: comma-separated (default: all replayable)"
@@ -208,12 +239,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
   )
 
 
+def _max_p(args: argparse.Namespace) -> int:
+  """``--max-p``, lowered to 64 by ``--smoke``."""
+  return min(64, args.max_p) if args.smoke else args.max_p
+
+
 def run(args: argparse.Namespace) -> int:
   if args.topology:
+    _only_with(args, TWO_LEVEL_DEFAULTS, "without --topology")
+    for name, default in TOPOLOGY_DEFAULTS.items():
+      setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
     return run_topology(args)
+  _only_with(args, TOPOLOGY_DEFAULTS, "with --topology")
+  for name, default in TWO_LEVEL_DEFAULTS.items():
+    setattr(args, name, default if getattr(args, name) is None else getattr(args, name))
 
   sizes = args.sizes
-  max_p = 64 if args.smoke else args.max_p
+  max_p = _max_p(args)
   ps = [p for p in PS if p <= max_p and p % args.per_node == 0]
   if not ps:
     raise SystemExit(
@@ -365,7 +407,7 @@ def run_topology(args: argparse.Namespace) -> int:
     )
   if "ring" not in algorithms:
     raise SystemExit("--algorithms must include ring (the figure marks where it loses).")
-  max_p = 64 if args.smoke else args.max_p
+  max_p = _max_p(args)
   ps = [p for p in PS if p <= max_p]
   if args.ps:
     try:

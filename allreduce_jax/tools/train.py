@@ -123,6 +123,8 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
     if smoke[f.name] != default:
       notes.append(f"--smoke: {_default_text(smoke[f.name], rate)}")
     text = f"({'; '.join(notes)})"
+    if rate:
+      text = f"{units.RATE_HELP[0].upper()}{units.RATE_HELP[1:]}. {text}"
     if f.name in docs:  # docstring markup (``x``) is not help text
       text = docs[f.name].replace("``", "").replace("%", "%%") + " " + text
     opt = option_of(f.name)

@@ -70,8 +70,7 @@ class Setup:
     compute_s: seconds of one mean gradient computation on B samples at speed 1.
     network: a link preset: 10gbe, 100gbe, ib_ndr, nvlink4, tpu_v5e_ici or default
       (latency and bandwidth in ``cost_model.PRESETS``).
-    bandwidth_GBps: overrides the preset's link bandwidth (GB/s per direction; the option
-      takes a unit: 100Gbit or 12.5GB/s).
+    bandwidth_GBps: overrides the preset's link bandwidth, per direction (held in GB/s).
     algorithm: the all-reduce algorithm of the sync arms (a key of ``ALGORITHMS``).
     model_params: parameters priced (0: the workload's real count).
     bytes_per_param: 4 (float32 gradients and parameters).
