@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[cli,train,notebooks,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,notebooks]'
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -29,20 +29,17 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# JupyterLab on notebooks/: a double-click opens a .py notebook as a notebook (jupytext's
-# viewer made the default for Python files in this venv's JupyterLab settings; pairing in
-# jupytext.toml). Each notebook asks for its own 8 emulated CPU devices.
-LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.json
+# JupyterLab on notebooks/ (lab/serve): prints the URL to open (127.0.0.1, a token); runs as
+# root too. A double-click opens a .py notebook as a notebook; Lab asks for one of two kernels,
+# both with 8 emulated CPU devices: "allreduce-jax" and "allreduce-jax small" (small mode).
 lab: $(STAMP)
-	mkdir -p $(dir $(LAB_SETTINGS))
-	echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"python": "Jupytext Notebook"}}}' > $(LAB_SETTINGS)
-	$(BIN)/jupyter lab notebooks/
+	lab/serve
 
 # Execute every notebook in full mode; executed copies (with outputs) go to results/report/notebooks/.
 notebooks: $(STAMP)
 	mkdir -p results/report/notebooks
 	for nb in notebooks/[0-9][0-9]_*.py; do \
-	  ALLREDUCE_JAX_RESULTS=$(CURDIR)/results $(BIN)/jupytext --to ipynb --execute "$$nb" -o results/report/notebooks/$$(basename "$$nb" .py).ipynb || exit 1; \
+	  ALLREDUCE_JAX_RESULTS=$(CURDIR)/results $(BIN)/jupytext --to ipynb --set-kernel python3 --execute "$$nb" -o results/report/notebooks/$$(basename "$$nb" .py).ipynb || exit 1; \
 	done
 
 # The API reference, built from the docstrings with pdoc into results/api/ (open

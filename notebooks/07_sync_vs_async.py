@@ -1,446 +1,413 @@
-# ---
-# jupyter:
-#   jupytext:
-#     formats: py:percent,ipynb
-#     text_representation:
-#       extension: .py
-#       format_name: percent
-#   kernelspec:
-#     display_name: Python 3
-#     language: python
-#     name: python3
-# ---
-
 # %% [markdown]
-# # 5 · Synchronous vs asynchronous SGD
+# # 7 · Synchronous vs asynchronous SGD
 #
 # **Synchronous** data parallelism: N workers each compute a gradient on their slice of
 # the batch, an all-reduce averages them, and every worker applies the same update —
-# mathematically one large-batch SGD step, however the all-reduce is implemented.
+# mathematically one large-batch SGD step, whichever all-reduce algorithm runs.
 #
 # **Asynchronous** SGD (Downpour, Dean et al. 2012): no all-reduce and no waiting; each
 # worker pushes its gradient to a parameter server as soon as it is ready and the server
 # applies it at once. The catch: that gradient was computed on parameters that are τ
 # updates old (its *staleness*).
 #
-# Here we train a Flax MLP on the 8×8 digits, synchronously on 8 emulated devices with
-# the hand-written ring and with `lax.psum`, then replay asynchronous SGD at fixed
-# staleness τ and try the two classic mitigations. Then we charge communication on both
-# sides and add the methods the field uses *between* the two ends — Local SGD, DiLoCo
-# and gossip (D-PSGD) — on the digits and on a small byte-level transformer language
-# model trained on Python's own documentation.
+# This notebook trains a small network on the 8×8 digits: synchronously on 8 emulated
+# devices with the hand-written ring (and with `lax.pmean`, to compare), then writes
+# stale-gradient SGD in a few lines and sweeps τ with two classic mitigations, and finally
+# prices communication on both sides and adds the methods between the two ends (Local
+# SGD, DiLoCo, gossip).
+#
+# **Run time.** Full mode takes about 5 minutes on 2 CPU cores. Small mode
+# (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
+# JupyterLab) takes about 1 minute: fewer steps and updates, fewer staleness values, one
+# seed, 4 workers between the ends. Small mode trains too briefly to separate the arms
+# between the ends; the closing cell says which sentences it cannot support.
 
 # %% tags=["parameters"]
 import os
 
 SMALL = os.environ.get("ALLREDUCE_JAX_SMALL", "0") == "1"  # CI runs the small mode
 DEVICES = 8
-SYNC_ALGORITHMS = ["ring", "psum"] if SMALL else ["ring", "psum", "halving_doubling"]
-SYNC_STEPS = 40 if SMALL else 300
+BATCH = 16  # examples per worker per gradient
+SYNC_STEPS = 60 if SMALL else 300
 SYNC_EVAL_EVERY = 10 if SMALL else 25
-STALENESS_UPDATES = 200 if SMALL else 1500
+UPDATES = 200 if SMALL else 1500  # stale-gradient updates per run
 TAUS = (0, 2, 8) if SMALL else (0, 1, 2, 4, 8, 16)
 SEEDS = (0,) if SMALL else (0, 1, 2)
-STALENESS_EVAL_EVERY = 25 if SMALL else 50
-TARGET = 0.9 if SMALL else 0.95  # test accuracy that counts as "trained"
-# Between the ends (Local SGD, DiLoCo, gossip) on one time model, digits and the LM
+EVAL_EVERY = 25 if SMALL else 50
+LR = 0.02  # per-gradient learning rate (batch 16); sync uses DEVICES × LR for its batch
 BETWEEN_WORKERS = 4 if SMALL else 8
 BETWEEN_GRADIENTS = 160 if SMALL else 2400  # per-worker gradients per run, every arm
-H_SHORT, H_LONG = (4, 10) if SMALL else (8, 50)  # local steps per round
-DIGITS_ARMS = ["sync", "async", f"local_sgd_h{H_SHORT}", f"diloco_h{H_LONG}", "gossip"]
-DIGITS_ARMS += [] if SMALL else [f"local_sgd_h{H_LONG}", "diloco_h100", "gossip_ring", "ssp4"]
-LM_ARMS = ["sync", f"diloco_h{H_LONG}", "gossip", "async"]
-LM_BATCH = 8  # windows of 64 bytes per worker-gradient (16 for digits)
+H = 10 if SMALL else 50  # local steps per round (Local SGD, DiLoCo)
 
 # %%
 import jax
 
 jax.config.update("jax_num_cpu_devices", DEVICES)  # before the first JAX computation
 
+from collections import deque
 
+import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
-from IPython.display import Markdown, display
-
-from allreduce_jax.tools import report
-from allreduce_jax.training import async_sim, experiments, figures, tables
-
-OUT = report.results_dir("notebooks", "07")  # the repository's results/, wherever this runs
-print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
-
-# %% [markdown]
-# ## The optax route
-#
-# The same hand-written all-reduce in the step a Flax user writes: parameters
-# replicated (`in_specs=P()`), the batch sharded over `"data"`, and
-# `all_reduce_gradients` chained before Adam where `lax.pmean` would sit. Each device
-# differentiates its own copy (`lax.pcast(..., to="varying")`): under typed
-# `shard_map`, `jax.grad` with respect to replicated parameters would already *sum* the
-# gradients with XLA's all-reduce, which `all_reduce_gradients` refuses with an error
-# (see `docs/gradients.md`). We train a few steps with the ring and with `lax.pmean` and
-# compare the parameters.
-
-# %%
-import jax.numpy as jnp
 import optax
+import pandas as pd
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from sklearn.datasets import load_digits
 
 from allreduce_jax import all_reduce_gradients
+from allreduce_jax.training import (
+  Setup,
+  event_schedule,
+  get_arm,
+  get_workload,
+  load_digits,
+  make_model,
+  run_arm,
+)
+
+print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
+data = load_digits()  # standardized 8×8 digits, a fixed train/test split
+x_train, y_train = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
+x_test, y_test = jnp.asarray(data.x_test), jnp.asarray(data.y_test)
+print(f"{len(x_train)} training and {len(x_test)} test images of {x_train.shape[1]} pixels")
 
 
-def optax_route(first, steps=10):
-  mesh = jax.make_mesh((DEVICES,), ("data",))
-  rngs = nnx.Rngs(0)
-  model = nnx.Sequential(nnx.Linear(64, 32, rngs=rngs), nnx.relu, nnx.Linear(32, 10, rngs=rngs))
-  graphdef, params = nnx.split(model)
-  tx = optax.chain(first, optax.adam(1e-2))
-  opt_state = tx.init(params)
-
-  def loss_fn(params, x, y):
-    logits = nnx.merge(graphdef, params)(x)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
-
-  @jax.jit
-  @jax.shard_map(mesh=mesh, in_specs=(P(), P(), P("data"), P("data")), out_specs=(P(), P()))
-  def step(params, opt_state, x, y):
-    grads = jax.grad(loss_fn)(jax.lax.pcast(params, "data", to="varying"), x, y)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
-
-  x, y = load_digits(return_X_y=True)
-  n = len(x) // DEVICES * DEVICES
-  x = jax.device_put(jnp.asarray(x[:n] / 16, jnp.float32), NamedSharding(mesh, P("data")))
-  y = jax.device_put(jnp.asarray(y[:n]), NamedSharding(mesh, P("data")))
-  for _ in range(steps):
-    params, opt_state = step(params, opt_state, x, y)
-  return params, float(loss_fn(params, x, y))
+def init(seed):
+  """The project's MLP (64 → 128 → 10), split into its graph and its parameters."""
+  graphdef, params = nnx.split(make_model("mlp", seed))
+  return graphdef, params
 
 
+def loss_fn(graphdef, params, x, y):
+  return optax.softmax_cross_entropy_with_integer_labels(nnx.merge(graphdef, params)(x), y).mean()
+
+
+def test_accuracy(graphdef, params):
+  return float((nnx.merge(graphdef, params)(x_test).argmax(-1) == y_test).mean())
+
+
+# %% [markdown]
+# ## 1 · Synchronous: one large-batch step, on the hand-written ring
+#
+# The step a Flax user writes: parameters replicated (`in_specs=P()`), the batch sharded
+# over `"data"` (16 examples per device), and `all_reduce_gradients` chained before the
+# optimizer where `lax.pmean` would sit. Each device differentiates its own copy
+# (`lax.pcast(..., to="varying")`): under typed `shard_map`, `jax.grad` with respect to
+# replicated parameters would already *sum* the gradients with XLA's all-reduce, which
+# `all_reduce_gradients` refuses with an error (see `docs/gradients.md`). The same run
+# (same initial weights, same batches) trains once with the ring and once with
+# `lax.pmean`.
+
+# %%
+mesh = jax.make_mesh((DEVICES,), ("data",))
 pmean = optax.GradientTransformation(
   lambda params: optax.EmptyState(),
   lambda updates, state, params=None: (jax.lax.pmean(updates, "data"), state),
 )
-ring_params, ring_loss = optax_route(all_reduce_gradients("data", algorithm="ring"))
-pmean_params, pmean_loss = optax_route(pmean)
-gap = max(
+
+
+def train_sync(first, seed=0):
+  graphdef, params = init(seed)
+  tx = optax.chain(first, optax.sgd(DEVICES * LR, momentum=0.9))  # linear lr scaling
+  opt_state = tx.init(params)
+
+  @jax.jit
+  @jax.shard_map(mesh=mesh, in_specs=(P(), P(), P("data"), P("data")), out_specs=(P(), P()))
+  def step(params, opt_state, x, y):
+    grads = jax.grad(loss_fn, argnums=1)(
+      graphdef, jax.lax.pcast(params, "data", to="varying"), x, y
+    )
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  rng = np.random.default_rng(seed)
+  shard = NamedSharding(mesh, P("data"))
+  curve = [(0, test_accuracy(graphdef, params))]
+  for s in range(1, SYNC_STEPS + 1):
+    idx = rng.integers(0, len(x_train), DEVICES * BATCH)
+    xb, yb = jax.device_put(x_train[idx], shard), jax.device_put(y_train[idx], shard)
+    params, opt_state = step(params, opt_state, xb, yb)
+    if s % SYNC_EVAL_EVERY == 0:
+      curve.append((s, test_accuracy(graphdef, params)))
+  return params, np.array(curve)
+
+
+ring_params, ring_curve = train_sync(all_reduce_gradients("data", algorithm="ring"))
+pmean_params, pmean_curve = train_sync(pmean)
+param_gap = max(
   float(jnp.max(jnp.abs(a - b)))
   for a, b in zip(jax.tree.leaves(ring_params), jax.tree.leaves(pmean_params))
 )
-print(f"loss after 10 Adam steps: ring {ring_loss:.4f}, lax.pmean {pmean_loss:.4f}")
-print(f"largest parameter difference: {gap:.1e}")
+acc_gap = float(np.max(np.abs(ring_curve[:, 1] - pmean_curve[:, 1])))
+print(f"largest parameter difference after {SYNC_STEPS} steps: {param_gap:.1e}")
+print(f"largest test-accuracy difference along the way: {acc_gap:.3f}")
 
-# %% [markdown]
-# ## Synchronous data parallelism on the hand-written all-reduce
-#
-# `experiments.run_sync` gives each of the 8 participants its own copy of the
-# parameters and optimizer state and its own shard of each batch (16 examples each);
-# per step it averages the gradients with `all_reduce_tree(..., algorithm=...)` and
-# applies the same optax update everywhere. Nothing but the all-reduce keeps the copies
-# equal, so `replicas_identical` checks the algorithm on every step of a real training
-# run. The seeds fix the initial weights and the batch order, so the runs differ only
-# in the all-reduce.
-
-# %%
-sync_rows = {}
-for alg in SYNC_ALGORITHMS:
-  cfg = experiments.SyncConfig(
-    workers=DEVICES,
-    steps=SYNC_STEPS,
-    eval_every=SYNC_EVAL_EVERY,
-    algorithm=alg,
-    target=TARGET,
-  )
-  sync_rows[alg] = experiments.run_sync(cfg, seed=0)
-  r = sync_rows[alg]
-  print(
-    f"{alg:>18}: test acc {r['final_test_acc']:.4f}, final loss {r['final_loss']:.6f},"
-    f" replicas identical: {r['replicas_identical']}, {r['wall_s']:.1f} s"
-  )
-assert all(r["replicas_identical"] for r in sync_rows.values())
-
-# %%
-fig, ax = plt.subplots(figsize=(6, 3.8))
-styles = ["o-", "x--", "s:"]
-for (alg, r), style in zip(sync_rows.items(), styles):
-  ax.plot(r["eval_steps"], r["test_acc"], style, ms=5, label=f"sync, {alg}")
-ax.set_xlabel(f"synchronous steps (batch {DEVICES}×16)")
+fig, ax = plt.subplots(figsize=(6.5, 3.5))
+ax.plot(*ring_curve.T, "o-", label="all_reduce_gradients(algorithm='ring')")
+ax.plot(*pmean_curve.T, "x--", color="black", label="lax.pmean")
+ax.set_xlabel(f"synchronous steps (batch {DEVICES} × {BATCH})")
 ax.set_ylabel("test accuracy")
 ax.set_ylim(0, 1)
-ax.set_title("the same training run, whatever the all-reduce")
+ax.set_title("the same training run, whichever all-reduce")
 ax.grid(True, alpha=0.3)
-ax.legend()
-plt.show()
-ref = sync_rows["psum"]
-acc_gap = max(
-  abs(a - b) for r in sync_rows.values() for a, b in zip(r["test_acc"], ref["test_acc"])
-)
-loss_gap = max(abs(r["final_loss"] - ref["final_loss"]) for r in sync_rows.values())
-print(
-  f"largest test-accuracy difference to psum: {acc_gap:.2g}; final-loss difference: {loss_gap:.2g}"
-)
-
-# %% [markdown]
-# The curves lie on top of each other: summing in a different order changes the last
-# bits of a float, not the trajectory.
-#
-# ## Where staleness comes from
-#
-# With N asynchronous workers, while one worker computes its gradient the other N−1
-# each push one on average, so the mean staleness is N−1 whatever the distribution of
-# compute times; how long the tail is depends on it. `async_sim.event_schedule` plays
-# the parameter server's event loop in NumPy:
-
-# %%
-fig, ax = plt.subplots(figsize=(6, 3.5))
-for n in (4, DEVICES, 2 * DEVICES):
-  s = async_sim.event_schedule("exponential", n, 20_000, seed=0)
-  h = np.bincount(s.staleness) / len(s.staleness)
-  ax.plot(np.arange(h.size), h, label=f"N={n}: mean τ = {s.staleness.mean():.2f}")
-ax.set_xlabel("staleness τ (updates applied since the gradient's parameters were read)")
-ax.set_ylabel("fraction of updates")
-ax.set_xlim(0, 6 * DEVICES)
-ax.set_title("async SGD, exponential compute times")
-ax.legend()
-plt.show()
-
-# %% [markdown]
-# ## The staleness sweep
-#
-# To isolate the effect of staleness, every update below uses a gradient exactly τ
-# updates old: w_{t+1} = w_t − η·g(w_{t−τ}). The replay keeps the last τ+1 parameter
-# snapshots in a ring buffer and runs as one jitted `lax.scan`
-# (`async_sim.make_replay`); every arm sees the same initial weights and the same
-# batches (16 examples per update) in the same order. τ = 0 is plain sequential SGD —
-# what synchronous training computes.
-#
-# Mitigations, each a one-line change to the gradient before the optimizer:
-#
-# * **η/τ** (staleness-aware learning rate, Zhang et al. 2016): divide the gradient by τ.
-# * **DC-ASGD** (Zheng et al. 2017): first-order correction towards the current
-#   parameters, g + λ·g⊙g⊙(w_now − w_read), λ = 0.04.
-#
-# Runs are appended to `staleness.jsonl` as they finish and skipped when the notebook
-# runs again with the same settings.
-
-# %%
-scfg = experiments.StalenessConfig(
-  updates=STALENESS_UPDATES,
-  taus=TAUS,
-  seeds=SEEDS,
-  eval_every=STALENESS_EVAL_EVERY,
-  target=TARGET,
-)
-stale_rows = experiments.run_staleness_sweep(scfg, OUT / "staleness", log=lambda line: None)
-display(Markdown(tables.staleness_table(stale_rows)))
-
-# %%
-methods = ["async", "async_eta_tau", "dcasgd"]
-base = [r for r in stale_rows if r["method"] == "sync"]
-taus_pos = [t for t in TAUS if t > 0]
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-for m in methods:
-  acc = [
-    [r["final_test_acc"] for r in stale_rows if r["method"] == m and r["tau"] == t]
-    for t in taus_pos
-  ]
-  axes[0].errorbar(
-    taus_pos, [np.mean(a) for a in acc], [np.std(a) for a in acc], fmt="o-", capsize=3, label=m
-  )
-axes[0].axhline(
-  np.mean([r["final_test_acc"] for r in base]), color="k", ls="--", label="τ = 0 (sync)"
-)
-axes[0].set_xscale("log", base=2)
-axes[0].set_xlabel("staleness τ (updates)")
-axes[0].set_ylabel(f"test accuracy after {STALENESS_UPDATES} updates")
-axes[0].set_title(f"final accuracy vs staleness (mean ± std of {len(SEEDS)} seed(s))", fontsize=10)
-axes[0].legend(fontsize=8)
-tau_max = max(TAUS)
-for m, style in zip(["sync", *methods], ["k--", "o-", "s-", "x:"]):
-  rs = [r for r in stale_rows if r["method"] == m and r["tau"] == (0 if m == "sync" else tau_max)]
-  x = rs[0]["eval_updates"]
-  y = np.mean([r["test_acc"] for r in rs], axis=0)
-  axes[1].plot(x, y, style, ms=4, label="τ = 0 (sync)" if m == "sync" else m)
-axes[1].set_xlabel("updates applied")
-axes[1].set_ylabel("test accuracy")
-axes[1].set_ylim(0, 1)
-axes[1].set_title(f"learning curves at τ = {tau_max}", fontsize=10)
-axes[1].legend(fontsize=8)
-for ax in axes:
-  ax.grid(True, alpha=0.3)
+ax.legend(loc="lower right")
 fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# Staleness slows learning per update, and more with larger τ; with momentum 0.9 the
-# optimizer already averages over ~10 past gradients, so a small τ costs little
-# (asynchrony acts like extra momentum, Mitliagkas et al. 2016) while a large one makes
-# the effective step overshoot. η/τ trades that instability for smaller steps; DC-ASGD
-# keeps the step size and corrects the direction.
+# The two curves lie on top of each other: the ring adds the same numbers as XLA's
+# all-reduce in another order, which changes the last bits of a float, not the training.
 #
-# In wall-clock terms async has the advantage of never waiting — notebook 8 puts both
-# on the same simulated clock with real-looking compute-time distributions.
-
-# %% [markdown]
-# ## Communication, charged on both sides
+# ## 2 · Where staleness comes from
 #
-# Every arm below runs on one clock (`allreduce_jax.training.arms`): simulated compute
-# (log-normal σ = 0.5 compute times, one worker 4× slower) **plus** communication priced
-# by the project's cost model on 100 GbE — sync pays one all-reduce per step, the
-# parameter server a push and a pull per gradient through its one link (a FIFO queue),
-# and the arms between the ends pay what they send:
-#
-# * **Local SGD(H)** (Stich 2019): H local steps per worker, then one all-reduce (mean)
-#   of the *parameters* — the hand-written ring inside `shard_map`, once every H steps.
-# * **DiLoCo(H)** (Douillard et al. 2023): inner AdamW for H steps, then an outer
-#   Nesterov SGD step (lr 0.7, momentum 0.9) on the averaged pseudo-gradient
-#   Δ = θ − mean(θ_i). Same bytes as Local SGD(H).
-# * **Gossip D-PSGD** (Lian et al. 2017): no all-reduce at all; every step each worker
-#   averages its parameters with one ring neighbour (alternating pairings) — one
-#   `ppermute` of the parameters per step, executed on the emulated devices.
-#
-# What each sends, per training sample, for this MLP and for a 100 M-parameter model:
+# A parameter server's event loop in a few lines: each worker reads the current version
+# of the parameters, computes for a random time, and pushes; the server applies each
+# gradient as it arrives and counts how many updates landed since that worker read. With
+# N workers, while one computes the other N − 1 each push one gradient on average, so the
+# mean staleness is N − 1 whatever the compute-time distribution; its tail is not.
 
 # %%
-import pandas as pd
+import heapq
 
-from allreduce_jax.training import arms, configs, gossip, local, models
 
-mlp_params = models.n_params(models.split(models.make_model("mlp", 0))[1])
-names = ["sync", "async", f"local_sgd_h{H_SHORT}", f"diloco_h{H_LONG}", "gossip"]
+def ps_staleness(n_workers, n_updates, draw):
+  version, taus = 0, []
+  busy = [(draw(), w, 0) for w in range(n_workers)]  # (finish time, worker, version read)
+  heapq.heapify(busy)
+  while len(taus) < n_updates:
+    t, w, read = heapq.heappop(busy)
+    taus.append(version - read)  # updates applied since this worker read
+    version += 1
+    heapq.heappush(busy, (t + draw(), w, version))
+  return np.array(taus)
+
+
+rng = np.random.default_rng(0)
+fig, ax = plt.subplots(figsize=(6.5, 3.5))
+means = {}
+for n in (4, DEVICES, 2 * DEVICES):
+  tau = ps_staleness(n, 20_000, lambda: rng.exponential())
+  means[n] = tau.mean()
+  ax.plot(np.bincount(tau) / len(tau), label=f"N = {n}: mean τ = {tau.mean():.2f}")
+ax.set_xlabel("staleness τ (updates applied since the gradient's parameters were read)")
+ax.set_ylabel("fraction of updates")
+ax.set_xlim(0, 6 * DEVICES)
+ax.set_title("a parameter server, exponential compute times")
+ax.grid(True, alpha=0.3)
+ax.legend()
+fig.tight_layout()
+plt.show()
+lib = event_schedule("exponential", DEVICES, 20_000, seed=0).staleness.mean()
+print(f"the library's event_schedule at N = {DEVICES}: mean τ = {lib:.2f} (N − 1 = {DEVICES - 1})")
+
+# %% [markdown]
+# ## 3 · What staleness costs, and two mitigations
+#
+# To isolate staleness, every update below uses a gradient exactly τ updates old:
+# w_{t+1} = w_t − η·g(w_{t−τ}), with momentum SGD (0.9) and 16 examples per update.
+# A `deque` of the last τ + 1 parameter versions is all it takes. τ = 0 is plain
+# sequential SGD, what synchronous training computes. Each mitigation is one line:
+#
+# * **η/τ** (staleness-aware learning rate, Zhang et al. 2016): divide the gradient by τ.
+# * **DC-ASGD** (Zheng et al. 2017): correct the gradient towards the current parameters,
+#   g + λ·g⊙g⊙(w_now − w_read), with λ = 0.04.
+#
+# Every arm sees the same initial weights and the same batches in the same order.
+
+# %%
+DC_LAMBDA = 0.04
+tx = optax.sgd(LR, momentum=0.9)
+
+
+def make_stale_step(graphdef):
+  @jax.jit
+  def step(params, opt_state, read, idx, scale, lam):
+    g = jax.grad(loss_fn, argnums=1)(graphdef, read, x_train[idx], y_train[idx])
+    # scale = 1/τ for η/τ; lam = λ for DC-ASGD: g + λ·g⊙g⊙(w_now − w_read)
+    g = jax.tree.map(lambda g, w, r: scale * (g + lam * g * g * (w - r)), g, params, read)
+    updates, opt_state = tx.update(g, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  return step
+
+
+def train_stale(tau, method, seed):
+  graphdef, params = init(seed)
+  step, opt_state = make_stale_step(graphdef), tx.init(params)
+  scale = 1.0 / tau if method == "η/τ" and tau > 0 else 1.0
+  lam = DC_LAMBDA if method == "DC-ASGD" else 0.0
+  history = deque([params] * (tau + 1), maxlen=tau + 1)  # history[0]: τ updates old
+  batches = np.random.default_rng(seed).integers(0, len(x_train), (UPDATES, BATCH))
+  curve = [(0, test_accuracy(graphdef, params))]
+  for t in range(UPDATES):
+    params, opt_state = step(params, opt_state, history[0], batches[t], scale, lam)
+    history.append(params)
+    if (t + 1) % EVAL_EVERY == 0:
+      curve.append((t + 1, test_accuracy(graphdef, params)))
+  return np.array(curve)
+
+
+METHODS = ["plain async", "η/τ", "DC-ASGD"]
+runs = {(0, "sync", s): train_stale(0, "plain async", s) for s in SEEDS}
+runs |= {(t, m, s): train_stale(t, m, s) for t in TAUS if t > 0 for m in METHODS for s in SEEDS}
+
+
+def final(tau, method):
+  """Mean over seeds of the final test accuracy."""
+  return float(np.mean([c[-1, 1] for (t, m, s), c in runs.items() if (t, m) == (tau, method)]))
+
+
+taus_pos = [t for t in TAUS if t > 0]
+sweep = pd.DataFrame({m: [final(t, m) for t in taus_pos] for m in METHODS}, index=taus_pos)
+sweep.index.name = "τ"
+print(f"final test accuracy after {UPDATES} updates, mean of {len(SEEDS)} seed(s);", end=" ")
+print(f"τ = 0 (sequential SGD): {final(0, 'sync'):.3f}")
+sweep.round(3)
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+for m, marker in zip(METHODS, "osx"):
+  axes[0].plot(taus_pos, sweep[m], marker=marker, label=m)
+axes[0].axhline(final(0, "sync"), color="k", ls="--", label="τ = 0 (sync)")
+axes[0].set_xscale("log", base=2)
+axes[0].set_xlabel("staleness τ (updates)")
+axes[0].set_ylabel(f"test accuracy after {UPDATES} updates")
+axes[0].set_title(f"final accuracy vs staleness ({len(SEEDS)} seed(s))", fontsize=10)
+tau_max = max(TAUS)
+for key, style in zip([(0, "sync"), *[(tau_max, m) for m in METHODS]], ["k--", "o-", "s-", "x:"]):
+  c = np.mean([c for (t, m, s), c in runs.items() if (t, m) == key], axis=0)
+  axes[1].plot(*c.T, style, ms=4, label="τ = 0 (sync)" if key[1] == "sync" else key[1])
+axes[1].set_xlabel("updates applied")
+axes[1].set_ylabel("test accuracy")
+axes[1].set_ylim(0, 1)
+axes[1].set_title(f"learning curves at τ = {tau_max}", fontsize=10)
+for ax in axes:
+  ax.grid(True, alpha=0.3)
+  ax.legend(fontsize=8, loc="lower right")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# With momentum 0.9 the optimizer already averages over about ten past gradients, so a
+# small τ changes little (asynchrony acts like extra momentum, Mitliagkas et al. 2016),
+# while a large τ makes the effective step overshoot. η/τ trades that instability for
+# smaller steps; DC-ASGD keeps the step size and corrects the direction. The table above
+# says which of them helped in this run.
+#
+# ## 4 · Communication, charged on both sides, and the methods between the ends
+#
+# In wall-clock terms asynchrony never waits for a straggler (notebook 8), but its
+# messages are not free: a parameter server receives every gradient and sends back the
+# parameters through its one link. Between the two ends the field uses:
+#
+# * **Local SGD(H)** (Stich 2019): H local steps per worker, then one all-reduce (mean) of
+#   the *parameters*.
+# * **DiLoCo(H)** (Douillard et al. 2023): inner AdamW for H steps, then an outer Nesterov
+#   step on the averaged pseudo-gradient Δ = θ − mean(θ_i). Same bytes as Local SGD(H).
+# * **Gossip D-PSGD** (Lian et al. 2017): no all-reduce; every step each worker averages
+#   its parameters with one ring neighbour — one `ppermute` of the parameters.
+#
+# Each is a record of `allreduce_jax.training.ARMS` with its schedule, its training and
+# its price. What each sends per training sample, for this MLP and for a 100 M-parameter
+# model, on the default link:
+
+# %%
+arm_names = ["sync", "async", f"local_sgd_h{H}", f"diloco_h{H}", "gossip"]
+mlp_params = sum(a.size for a in jax.tree.leaves(init(0)[1]))
 price = pd.DataFrame(
   {
-    f"{label}: {unit}": [
-      fn(arms.get_arm(a))(arms.Setup(workers=BETWEEN_WORKERS, model_params=size)) for a in names
+    f"{label}: {what}": [
+      fn(get_arm(a), Setup(workers=BETWEEN_WORKERS, model_params=size)) for a in arm_names
     ]
     for size, label in [(mlp_params, "MLP"), (100_000_000, "100 M")]
-    for unit, fn in [
-      ("bytes / sample", lambda arm: arm.bytes_per_sample),
-      ("one exchange (ms)", lambda arm: lambda s: 1e3 * arm.comm_seconds(s)),
+    for what, fn in [
+      ("bytes / sample", lambda arm, s: arm.bytes_per_sample(s)),
+      ("one exchange (ms)", lambda arm, s: 1e3 * arm.comm_seconds(s)),
     ]
   },
-  index=names,
+  index=arm_names,
 )
-display(price.style.format("{:,.3g}"))
+print(f"{BETWEEN_WORKERS} workers, {mlp_params:,} MLP parameters, link {Setup().network}")
+price.style.format("{:,.3g}")
 
 # %% [markdown]
-# The gossip claim, checked in the compiled program: one step of gossip sends the
-# parameters once (n bytes per participant, one `collective-permute`), against
-# 2(p−1)/p · n for the ring all-reduce of synchronous SGD — in 2(p−1) messages.
+# Now train them all on one simulated clock: log-normal compute times with one worker 4×
+# slower, communication priced at the MLP's size; every arm computes the same number of
+# per-worker gradients from the same weights.
 
 # %%
-g_mlp, w_mlp, r_mlp = models.split(models.make_model("mlp", 0))
-audit = gossip.audit_step_bytes(g_mlp, w_mlp, r_mlp, BETWEEN_WORKERS)
-print(
-  f"p = {BETWEEN_WORKERS}, n = {audit['param_bytes']:,} bytes: gossip sends "
-  f"{audit['sent_bytes_per_step']:,.0f} bytes per step per participant in "
-  f"{audit['permutes_per_step']:.0f} collective-permute; the ring all-reduce sends "
-  f"{audit['ring_allreduce_bytes']:,} (= 2(p−1)/p · n)"
-)
-
-# %% [markdown]
-# ## Between the ends, on the digits
-#
-# Every arm computes the same number of per-worker gradients, starts from the same
-# weights and sees the same batches; the table counts time to the target in simulated
-# seconds *including* communication and the bytes sent per sample. Runs resume from
-# `table_c.jsonl`.
-
-# %%
-tc_setup = dict(
+wl = get_workload("digits_mlp", smoke=SMALL)
+between = Setup(
   workers=BETWEEN_WORKERS,
   speeds=(1.0,) * (BETWEEN_WORKERS - 1) + (0.25,),
   gradients=BETWEEN_GRADIENTS,
-  seeds=SEEDS,
 )
-digit_cfg = configs.TableCConfig(workloads=("digits_mlp",), arms=tuple(DIGITS_ARMS), **tc_setup)
-digit_rows = experiments.run_table_c(digit_cfg, OUT / "between", smoke=SMALL, log=lambda line: None)
-display(Markdown(tables.setup_line(digit_cfg) + "\n\n" + tables.table_c(digit_rows)))
-local.bytes_figure(digit_rows)
-plt.show()
-
-# %% [markdown]
-# DiLoCo averages once every H steps, so it sends H× fewer bytes than sync for the same
-# number of gradients. In the full run (8 workers, 2400 gradients each, 3 seeds;
-# `docs/results/training/between/digits`) DiLoCo(50) ended within 0.3 points of sync's
-# accuracy with 50× fewer bytes, and its outer Nesterov step recovered what plain Local
-# SGD(50) lost (over a point); the small CI mode runs too few rounds to show it. On a
-# model this small the bytes saved buy no time: the all-reduce costs microseconds, the
-# global model only exists at round ends, and the slow worker delays every round. Gossip sends about half of the ring all-reduce's bytes, in one message
-# instead of 2(p−1), and only approximately agrees (the workers' average is evaluated).
-#
-# ## The same arms on a language model
-#
-# `lm` is a 2-layer byte-level transformer (d_model 64, 4 heads, context 64, Flax NNX,
-# Adam) trained on the help topics that ship with Python (`pydoc_data.topics`, no
-# download), with a fixed train/validation split; the metric is validation loss in nats
-# per byte (lower is better). Small mode trains a 1-layer, d_model-32 smoke version.
+rows = pd.DataFrame([run_arm(get_arm(a), between, wl, s) for a in arm_names for s in SEEDS])
+summary = rows.groupby("arm", sort=False).agg(
+  final_accuracy=("final_metric", "median"),
+  reached=("time_to_target", lambda t: f"{t.notna().sum()}/{len(t)}"),
+  time_to_target_s=("time_to_target", "median"),
+  bytes_per_sample=("bytes_per_sample", "median"),
+)
+print(f"target {wl.target}; median over {len(SEEDS)} seed(s)")
+summary.round(4)
 
 # %%
-lm_cfg = configs.TableCConfig(
-  workloads=("lm",), arms=tuple(LM_ARMS), batch_per_worker=LM_BATCH, **tc_setup
-)
-lm_rows = experiments.run_table_c(lm_cfg, OUT / "between_lm", smoke=SMALL, log=lambda line: None)
-display(Markdown(tables.setup_line(lm_cfg) + "\n\n" + tables.table_c(lm_rows)))
-figures.table_c_figure(lm_rows)
+fig, ax = plt.subplots(figsize=(7, 3.8))
+for (a, r), ls in zip(rows[rows["seed"] == SEEDS[0]].set_index("arm").iterrows(), ["-", "--"] * 5):
+  ax.plot(r["eval_time"], r["test_metric"], ls, marker=".", label=a)
+ax.axhline(wl.target, color="k", lw=0.8, ls=":")
+ax.set_xlabel("simulated seconds (compute + communication)")
+ax.set_ylabel("test accuracy")
+ax.set_ylim(0.5, 1.0)
+ax.set_title(f"{BETWEEN_WORKERS} workers, one 4× slower (seed {SEEDS[0]})")
+ax.grid(True, alpha=0.3)
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The LM is where the ends and the middle separate. In the full run
-# (`docs/results/training/between/lm`, 3 seeds) sync reached the 2.2 nats/byte target
-# in ~190 of 300 steps and ended near 1.79; DiLoCo ended near 2.37 at H = 50 *and* at
-# H = 10, so on this short budget its gap is mostly not the averaging interval: Local
-# SGD with H = 1 (Adam on each worker's small batch, parameters averaged every step)
-# already ends ~0.37 above sync. Per-worker Adam normalises each worker's own noisy
-# gradient before averaging; sync takes one Adam step on the averaged gradient. The
-# parameter server (Adam on stale single-worker gradients) is the furthest from sync.
-
-# %% [markdown]
+# Local SGD and DiLoCo average once every H steps, so they send H times fewer bytes than
+# sync for the same gradients; on a model this small the bytes saved buy little time (one
+# all-reduce costs microseconds here) and the slow worker still delays every round.
+# Gossip sends about half of what the ring all-reduce sends, in one message instead of
+# 2(p−1), and its workers only approximately agree (their average is what is evaluated).
+# The same arms on a byte-level transformer language model, which separates them more,
+# are in the training study (`experiments/sync_vs_async/`): that run takes far longer
+# than a notebook should.
+#
 # ## What this run showed
 
 
 # %%
-def mean_acc(method, tau):
-  return float(
-    np.mean([r["final_test_acc"] for r in stale_rows if r["method"] == method and r["tau"] == tau])
+best_tau_max = max(METHODS, key=lambda m: final(tau_max, m))
+print(
+  f"Synchronous training on {DEVICES} devices with the hand-written ring followed "
+  f"lax.pmean's run: largest parameter difference {param_gap:.1e} after {SYNC_STEPS} steps, "
+  f"test accuracies within {acc_gap:.3f}, ending at {ring_curve[-1, 1]:.1%}."
+)
+print(
+  f"A simulated parameter server with {DEVICES} workers had mean staleness "
+  f"{means[DEVICES]:.2f} (N − 1 = {DEVICES - 1})."
+)
+print(
+  f"With every gradient τ updates old ({UPDATES} updates, {len(SEEDS)} seed(s)): τ = 0 "
+  f"reached {final(0, 'sync'):.1%}; plain async "
+  + ", ".join(f"{final(t, 'plain async'):.1%} at τ = {t}" for t in taus_pos)
+  + f". At τ = {tau_max} η/τ reached {final(tau_max, 'η/τ'):.1%} and DC-ASGD "
+  f"{final(tau_max, 'DC-ASGD'):.1%}; the best there was {best_tau_max}."
+)
+acc = summary["final_accuracy"]
+ratio = summary.loc["sync", "bytes_per_sample"] / summary.loc[f"diloco_h{H}", "bytes_per_sample"]
+print(
+  f"Between the ends ({BETWEEN_WORKERS} workers, {BETWEEN_GRADIENTS} gradients each): "
+  f"DiLoCo(H={H}) sent {ratio:.0f}× fewer bytes per sample than sync and ended at "
+  f"{acc[f'diloco_h{H}']:.1%} against sync's {acc['sync']:.1%}; gossip "
+  f"{acc['gossip']:.1%}, the parameter server {acc['async']:.1%}."
+)
+if SMALL:
+  print(
+    f"(Small mode: {BETWEEN_GRADIENTS} gradients per worker are "
+    f"{BETWEEN_GRADIENTS // H} rounds of H = {H}, too few to rank the arms between the ends.)"
   )
-
-
-sync0 = mean_acc("sync", 0)
-best_m = max(methods, key=lambda m: mean_acc(m, tau_max))
-identical = all(r["replicas_identical"] for r in sync_rows.values())
-plain = ", ".join(f"{mean_acc('async', t):.1%} at τ={t}" for t in taus_pos)
-print(
-  f"Synchronous training on {DEVICES} emulated devices with the hand-written "
-  f"{', '.join(a for a in SYNC_ALGORITHMS if a != 'psum')} all-reduce followed psum's trajectory "
-  f"(largest test-accuracy difference {acc_gap:.2g}, final-loss difference {loss_gap:.2g}, "
-  f"replicas identical: {identical}) and reached {ref['final_test_acc']:.1%} test accuracy in "
-  f"{SYNC_STEPS} steps. In the staleness sweep ({STALENESS_UPDATES} updates, {len(SEEDS)} "
-  f"seed(s)), τ = 0 reached {sync0:.1%}; plain async reached "
-  f"{plain}. At τ = {tau_max} "
-  f"η/τ reached {mean_acc('async_eta_tau', tau_max):.1%} and DC-ASGD "
-  f"{mean_acc('dcasgd', tau_max):.1%}; the best method there was {best_m}."
-)
-
-
-def median(rows, arm, field):
-  return float(np.median([r[field] for r in rows if r["arm"] == arm]))
-
-
-sync_acc, dil_acc = (
-  median(digit_rows, "sync", "final_metric"),
-  median(digit_rows, f"diloco_h{H_LONG}", "final_metric"),
-)
-ratio = median(digit_rows, "sync", "bytes_per_sample") / median(
-  digit_rows, f"diloco_h{H_LONG}", "bytes_per_sample"
-)
-lm_line = ", ".join(f"{a} {median(lm_rows, a, 'final_metric'):.2f}" for a in LM_ARMS)
-print(
-  f"Between the ends ({BETWEEN_WORKERS} workers, {BETWEEN_GRADIENTS} gradients each, median of "
-  f"{len(SEEDS)} seed(s)): on the digits DiLoCo(H={H_LONG}) reached {dil_acc:.1%} against "
-  f"sync's {sync_acc:.1%} ({100 * (dil_acc - sync_acc):+.2f} points) sending {ratio:.0f}× fewer "
-  f"bytes; gossip sent {audit['sent_bytes_per_step'] / audit['ring_allreduce_bytes']:.2f}× the "
-  f"ring all-reduce's bytes per step. LM validation loss (nats/byte): {lm_line}."
-)
