@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,notebooks]'
+	$(BIN)/python -m pip install --quiet -e '.[cli,train,notebooks,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
