@@ -32,3 +32,153 @@ def test_an_unknown_name_gets_a_stable_look_and_bad_input_one_line():
     palette.style("ring", "int4")
   with pytest.raises(ValueError, match="algorithm=None"):
     palette.style(None)
+
+
+# ------------------------------------------------------------------ the tools' figures
+
+import json  # noqa: E402
+
+import numpy as np  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.image import imread  # noqa: E402
+
+from allreduce_jax import cost_model, devices, gloo_model, names  # noqa: E402
+from allreduce_jax.tools import plot  # noqa: E402
+from allreduce_jax.tools.scaling import crossovers  # noqa: E402
+
+PARAMS = cost_model.Params(100e-6, 1e-9, 0.5e-9)
+
+
+def _bench_rows(algs, p=8, sizes=(1024, 65536, 1 << 20), wire=None, key=None):
+  rows = []
+  for n in sizes:
+    for a in algs:
+      inner = devices.inner_size(a, p)
+      t = cost_model.predict_seconds(a, p, n, PARAMS, inner=inner) * 1e6 * (1.3 if wire else 1)
+      rows.append({
+        "algorithm": a, "n_devices": p, "bytes": n, "count": n // 4, "time_us": t,
+        "time_us_min": 0.9 * t, "time_us_max": 1.1 * t, "busbw_GBps": n / t / 1e3,
+        "wire": wire, "backend": "cpu", "key": json.dumps(key or {}), "choices": None,
+      })  # fmt: skip
+  return rows
+
+
+def _algorithm_lines(fig):
+  """``(axes, label, line)`` of every labelled line of an algorithm in ``fig``."""
+  for ax in fig.axes:
+    bars = [(c.get_label(), c.lines[0]) for c in ax.containers if hasattr(c, "has_xerr")]
+    for label, line in [*((line.get_label(), line) for line in ax.get_lines()), *bars]:
+      name = label.split(" ")[0]
+      if name in ALGORITHMS and line is not None:
+        yield ax, name, line
+
+
+def _same_colour(a, b) -> bool:
+  from matplotlib.colors import to_rgba
+
+  return np.allclose(to_rgba(a), to_rgba(b))
+
+
+def test_the_figures_draw_each_algorithm_in_its_palette_look():
+  algs = list(names(priced=True))
+  scaling = [
+    {"scenario": sc, "algorithm": a, "p": p, "bytes": 1 << 20, "predicted_us": float(p * (k + 1)),
+     "flat_us": float(p), "over_flat": float(k + 1), "best": "ring", "ring_over_best": 1.0}
+    for sc in ("switch", "torus:3d") for k, a in enumerate(algs) for p in (8, 16, 32)
+  ]  # fmt: skip
+  audit = [{"algorithm": a, "p": p, "sent_over_n": 1.5, "compile_s": 0.1} for a in algs
+           for p in (2, 4)]  # fmt: skip
+  figures = {
+    "bench": plot.bench(_bench_rows(algs), PARAMS),
+    "busbw": plot.busbw(_bench_rows(algs)),
+    "scaling": plot.scaling(scaling, crossovers(scaling)),
+    "over_flat": plot.over_flat(scaling, 1 << 20),
+    "audit": plot.audit(audit),
+    "model": plot.model(8, PARAMS, algs[:4]),
+  }
+  for name, fig in figures.items():
+    seen = set()
+    for _, alg, line in _algorithm_lines(fig):
+      look = palette.style(alg)
+      assert _same_colour(line.get_color(), look["color"]), (name, alg)
+      if line.get_marker() not in (None, "None", "none", ""):
+        assert line.get_marker() == look["marker"], (name, alg)
+      seen.add(alg)
+    assert seen, name  # the figure drew labelled algorithm lines at all
+
+
+def _legends(fig):
+  return [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+
+
+def test_legends_sit_off_the_data_and_inside_the_saved_image(tmp_path):
+  algs = [a for a in names(at_scale=True) if a in names(priced=True)]
+  rows = [
+    {"scenario": sc, "algorithm": a, "p": p, "bytes": n, "predicted_us": float(p * (k + 1) + n),
+     "best": "ring", "ring_over_best": 1.0}
+    for sc in ("fat_tree:8:7", "switch", "torus:3d") for n in (1 << 20, 1 << 28)
+    for k, a in enumerate(algs) for p in (8, 64, 1024)
+  ]  # fmt: skip
+  figures = {
+    "scaling": plot.scaling(rows, crossovers(rows)),
+    "bench": plot.bench(_bench_rows(list(names(priced=True))), PARAMS),
+  }
+  for name, fig in figures.items():
+    path = plot.save(fig, tmp_path / f"{name}.png", dpi=50)
+    height, width = imread(path).shape[:2]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    tight = fig.get_tightbbox(renderer)  # what save kept, in inches
+    data_axes = [ax for ax in fig.axes if ax.axison and ax.has_data()]
+    labels = set()
+    for legend in _legends(fig):
+      box = legend.get_window_extent(renderer).transformed(fig.dpi_scale_trans.inverted())
+      assert tight.x0 - 0.01 <= box.x0 and box.x1 <= tight.x1 + 0.01, name  # not clipped
+      assert tight.y0 - 0.01 <= box.y0 and box.y1 <= tight.y1 + 0.01, name
+      assert box.width * 50 <= width + 1 and box.height * 50 <= height + 1, name
+      window = legend.get_window_extent(renderer)
+      for ax in data_axes:  # off every panel that holds data
+        assert not window.overlaps(ax.get_window_extent(renderer)), (name, ax.get_title())
+      labels |= {t.get_text().split(" ")[0] for t in legend.get_texts()}
+    drawn = {alg for _, alg, _ in _algorithm_lines(fig)}
+    assert drawn <= labels, (name, drawn - labels)  # every algorithm in a legend (ring too)
+
+
+def test_compressed_rows_are_split_by_wire_format():
+  rows = [*_bench_rows(["ring", "two_shot", "psum"]), *_bench_rows(["ring", "two_shot"], wire="int8"),
+          *_bench_rows(["ring", "two_shot"], wire="bf16")]  # fmt: skip
+  fig = plot.bench(rows, PARAMS)
+  titles = [ax.get_title() for ax in fig.axes if ax.axison]
+  assert titles[0].startswith("exact") and {"bf16 on the wire", "int8 on the wire"} <= set(titles)
+  for ax, alg, line in _algorithm_lines(fig):
+    x = np.asarray(line.get_xdata(), float)
+    assert np.all(np.diff(x) > 0), (ax.get_title(), alg)  # one wire per line: no zig-zag
+  # a wire panel holds only its own rows (and the exact reference): 1.3x the exact times
+  int8 = next(ax for ax in fig.axes if ax.get_title() == "int8 on the wire")
+  ring = next(line for ax, a, line in _algorithm_lines(fig) if ax is int8 and a == "ring")
+  exact = [r["time_us"] for r in rows if r["algorithm"] == "ring" and r["wire"] is None]
+  np.testing.assert_allclose(np.asarray(ring.get_ydata(), float), np.asarray(exact) * 1.3)
+
+
+def test_a_network_run_is_drawn_against_its_own_network():
+  net = {"hosts": 4, "link_Bps": 25e6, "mtu": 1500, "network": "switch"}
+  rows = _bench_rows(["ring", "halving_doubling", "psum"], p=4, sizes=(1 << 20, 1 << 22),
+                     key={"network": net})  # fmt: skip
+  fig = plot.bench(rows, PARAMS)  # the in-process fit is handed in and must not be drawn
+  assert "switch, 4 hosts, 200 Mbit/s links" in fig._suptitle.get_text()
+  link = gloo_model.link_params(25e6, 0.0, 1500)
+  top = gloo_model.emulated("switch")
+  dashed = [(alg, line) for _, alg, line in _algorithm_lines(fig)] + [
+    (None, line) for ax in fig.axes for line in ax.get_lines() if line.get_linestyle() == "--"
+  ]
+  checked = 0
+  for line in (line for _, line in dashed if line.get_linestyle() == "--"):
+    colour = line.get_color()
+    alg = next(
+      a for a in ("ring", "halving_doubling") if _same_colour(colour, palette.style(a)["color"])
+    )
+    for n, t in zip(line.get_xdata(), line.get_ydata()):
+      want = gloo_model.predict_seconds(alg, 4, n, link, top, "half") * 1e6
+      assert t == pytest.approx(want, rel=1e-9)
+      assert t > 10 * cost_model.predict_us(alg, 4, n, PARAMS)  # not the in-process fit
+      checked += 1
+  assert checked == 4

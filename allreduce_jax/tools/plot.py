@@ -3,22 +3,25 @@
 The figures are built without ``pyplot`` and without choosing a backend, so the same
 function serves a headless command (:func:`save` writes a PNG) and a notebook (show
 the returned figure, e.g. as a cell's last expression or with ``display(fig)``).
-Reference lines are styled alike everywhere: XLA's own all-reduce (``psum``, the
-registry record with ``hand_written=False``) is black and thicker, and every algorithm keeps one color, marker and line style.
+Every algorithm keeps one colour, marker and line style in every figure
+(:func:`allreduce_jax.palette.style`); XLA's own all-reduce (``psum``, the registry
+record with ``hand_written=False``) is black, thicker and drawn on top. Legends sit
+outside the axes (beside or below them), and :func:`save` keeps them in the image.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from matplotlib import colormaps, rcParams
+from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from allreduce_jax import ALGORITHMS, cost_model, devices, names, replay
-from allreduce_jax.units import format_bytes
+from allreduce_jax import ALGORITHMS, cost_model, devices, gloo_model, names, palette, replay
+from allreduce_jax.units import format_bytes, format_rate
 
 #: The figures and the helpers the tools and notebooks use (a public module: notebooks
 #: import it, see ``tests/test_layout.py``).
@@ -31,6 +34,7 @@ __all__ = [
   "is_reference",
   "mark",
   "model",
+  "network_of",
   "over_flat",
   "save",
   "scaling",
@@ -51,41 +55,52 @@ def _order(algorithms) -> list[str]:
   return sorted(set(algorithms), key=lambda a: (is_reference(a), a))
 
 
-_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*")
 _LINESTYLES = ("-", "--", "-.", ":")
 
 
-def style(algorithm: str, k: int) -> dict:
-  """Line style of the ``k``-th algorithm of a figure: psum black and thick, the
-  others a color, a marker and a line style each (overlapping lines stay visible)."""
-  if is_reference(algorithm):
-    return {"color": "black", "lw": 2.6, "marker": "o", "ls": "-", "zorder": 5}
-  colors = rcParams["axes.prop_cycle"].by_key()["color"]
-  colors = [c for c in colors if c not in ("black", "#000000", "k")]
-  return {
-    "color": colors[k % len(colors)],
-    "lw": 1.4,
-    "marker": _MARKERS[k % len(_MARKERS)],
-    "ls": _LINESTYLES[k % len(_LINESTYLES)],
-    "zorder": 3,
-  }
+def style(algorithm: str, wire: str | None = None) -> dict:
+  """:func:`allreduce_jax.palette.style` (the algorithm's colour, marker and line
+  style, in every figure the same) with a line width and drawing order: the reference
+  thicker and on top."""
+  ref = is_reference(algorithm)
+  return {**palette.style(algorithm, wire), "linewidth": 2.6 if ref else 1.4,
+          "zorder": 5 if ref else 3}  # fmt: skip
+
+
+def _legend_below(fig: Figure, axes, ncol: int = 4, title: str | None = None) -> None:
+  """One legend for every panel (the entries of all of them, once each), centred below
+  the panels: off every curve and note; :func:`save` keeps it in the image."""
+  handles: dict = {}
+  for ax in axes:
+    for h, label in zip(*ax.get_legend_handles_labels()):
+      handles.setdefault(label, h)
+  if handles:
+    fig.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(ncol, len(handles)), fontsize=8, frameon=False, title=title,
+               title_fontsize=8)  # fmt: skip
 
 
 def mark(ax, x: float, y: float, text: str) -> None:
   """A dotted red vertical line at ``x`` labelled ``text`` (top-aligned at ``y``): where
   something changes (the model's best algorithm, the ring's crossover)."""
   ax.axvline(x, color="tab:red", ls=":", lw=1)
-  label = "\n".join(" " + line for line in text.splitlines())
+  lo, hi = ax.dataLim.intervalx
+  # Right of the middle (log axis) the note hangs left of the line, inside the panel.
+  right = x > math.sqrt(lo * hi) if lo > 0 else x > (lo + hi) / 2
+  pad = (lambda line: line + " ") if right else (lambda line: " " + line)
+  label = "\n".join(pad(line) for line in text.splitlines())
   # On a white box: a curve running through the note does not cross its letters.
   box = {"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1}
-  ax.text(x, y, label, fontsize=7, color="tab:red", va="top", bbox=box)
+  ax.text(x, y, label, fontsize=7, color="tab:red", va="top", ha="right" if right else "left",
+          bbox=box)  # fmt: skip
 
 
 def save(fig: Figure, path, dpi: int = 120) -> Path:
   """Writes ``fig`` to ``path`` (folders created); returns the path."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(path, dpi=dpi)
+  # tight: the legends placed outside the axes are part of the image, never clipped
+  fig.savefig(path, dpi=dpi, bbox_inches="tight")
   return path
 
 
@@ -110,60 +125,137 @@ def _groups(algs: Sequence[str], p: int) -> list[tuple[str, list[str]]]:
     steps = None
     if record is not None and record.schedule is not None:
       steps = cost_model.schedule(a, p, 1024, inner=devices.inner_size(a, p)).steps
-    (linear if steps is not None and steps >= p - 1 and p > 2 else logarithmic).append(a)
+    linear_steps = steps is not None and steps >= p - 1 and steps > 2 * math.log2(p)
+    (linear if linear_steps and p > 2 else logarithmic).append(a)
   groups = [("O(p) steps: the ring family", linear), ("O(log p) steps", logarithmic)]
   return [(name, [*g, *ref]) for name, g in groups if g] or [("", ref)]
 
 
+def network_of(rows: Sequence[dict]) -> dict | None:
+  """The emulated network bench rows ran on (``allreduce-jax cluster``; their key's
+  ``network``: ``network``, ``hosts``, ``link_Bps``, ``mtu``), None for rows of one
+  process or of a network without a shaped link rate."""
+  for r in rows[:1]:
+    try:
+      net = json.loads(r.get("key") or "{}").get("network")
+    except (TypeError, ValueError, AttributeError):
+      return None
+    if isinstance(net, dict) and net.get("link_Bps") and net.get("network"):
+      return net
+  return None
+
+
+def _network_title(net: dict) -> str:
+  """``"switch, 4 hosts, 200 Mbit/s links"``."""
+  rate = format_rate(net["link_Bps"]).split("(")[-1].rstrip(")")
+  return f"{net['network']}, {net.get('hosts', '?')} hosts, {rate} links"
+
+
+def _model_us(alg: str, p: int, n: float, params, net: dict | None, choices=None):
+  """The model a measured line is drawn against (µs), None where it has none: on an
+  emulated network the schedule replayed on its own links as XLA:CPU and gloo run it
+  (``gloo_model``: one ppermute at a time, exchanges half duplex, the link rate less
+  TCP/IP headers, α = 0: a bound); in one process the fitted α-β-γ model."""
+  record = ALGORITHMS.get(alg)
+  if record is None or record.schedule is None:
+    return None
+  if net is not None:
+    if record.messages is None or not record.hand_written:
+      return None
+    link = gloo_model.link_params(net["link_Bps"], 0.0, int(net.get("mtu", 1500)))
+    top = gloo_model.emulated(net["network"])
+    return 1e6 * gloo_model.predict_seconds(alg, p, n, link, top, "half", choices=choices)
+  return cost_model.predict_us(alg, p, n, params, inner=devices.inner_size(alg, p))
+
+
+def _time_panel(ax, rows, algs, p, params, net, sizes, wire=None) -> None:
+  """Measured time vs size (solid, bars min–max; a size that is not a multiple of p
+  hollow and unconnected) and each algorithm's model dashed in its colour."""
+  for alg in algs:
+    mine = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["bytes"])
+    if not mine:
+      continue
+    even = [r for r in mine if r.get("count", 0) % p == 0] or mine
+    odd = [r for r in mine if r not in even]
+    st = {**style(alg), "linestyle": "-"}
+    ax.errorbar(
+      [r["bytes"] for r in even],
+      [r["time_us"] for r in even],
+      yerr=[  # rows of older versions may hold another process's spread: clip at 0
+        [max(0.0, r["time_us"] - r.get("time_us_min", r["time_us"])) for r in even],
+        [max(0.0, r.get("time_us_max", r["time_us"]) - r["time_us"]) for r in even],
+      ],
+      ms=4,
+      label=alg + (" (XLA, reference)" if is_reference(alg) else ""),
+      capsize=2,
+      **st,
+    )
+    if odd:
+      ax.plot([r["bytes"] for r in odd], [r["time_us"] for r in odd], ls="none",
+              marker=st["marker"], mfc="none", color=st["color"], ms=6)  # fmt: skip
+    if wire is not None:  # the model prices the exact program's bytes only
+      continue
+    if net is not None:  # the replay at the measured sizes, with the choices each ran
+      pred = [(r["bytes"], _model_us(alg, p, r["bytes"], params, net, r.get("choices")))
+              for r in even]  # fmt: skip
+    else:
+      pred = [(n, _model_us(alg, p, n, params, None)) for n in sizes]
+    pred = [(n, t) for n, t in pred if t is not None]
+    if pred:
+      ax.plot(*zip(*pred), ls="--", color=st["color"], alpha=0.8, lw=1)
+
+
 def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
-  """Measured time vs size (log-log; solid lines and markers, bars min–max) with the
-  fitted model dashed in the same colour, one panel per group of algorithms (O(p) and
-  O(log p) steps, XLA's psum in each), then a bus-bandwidth panel of every algorithm.
-  The latency-bound region (below ring's α/β balance point) is shaded and the sizes
-  where the model's argmin changes marked; a size whose element count is not a multiple
-  of p is drawn as an unconnected hollow marker. None if no row has p > 1."""
+  """Measured time vs size (log-log; solid lines and markers, bars min–max) with each
+  algorithm's model dashed in its colour, then a bus-bandwidth panel; one legend for
+  all panels. None if no row has p > 1.
+
+  The time panels: in one process, one per group of algorithms (O(p) and O(log p)
+  steps, XLA's psum in each), against the fitted α-β-γ model (``params``), the
+  latency-bound region (below the ring's α/β balance point) shaded and the sizes where
+  the model's pick among the drawn algorithms changes marked. Rows in several wire
+  formats (``wire``): one panel per wire format, the exact program's with its model
+  (no bus-bandwidth panel: a compressed wire does not send n). Rows of an emulated
+  network (:func:`network_of`): the same groups against the schedule replayed on that
+  network's links (``gloo_model``, ``params`` unused), titled with the network, the
+  link rate drawn in the bus-bandwidth panel. A size whose element count is not a
+  multiple of p is drawn as an unconnected hollow marker."""
 
   rows = [r for r in rows if r["n_devices"] > 1]
   if not rows:
     return None
   p = rows[0]["n_devices"]
+  net = network_of(rows)
   algs = _order(r["algorithm"] for r in rows)
-  groups = _groups(algs, p)
-  fig = Figure(figsize=(6 * (len(groups) + 1), 5.5))
-  axes = fig.subplots(1, len(groups) + 1)
+  wires = list(dict.fromkeys(r.get("wire") or None for r in rows))
   lo, hi = min(r["bytes"] for r in rows), max(r["bytes"] for r in rows)
   if lo == hi:  # a single-size sweep: draw the model over a span around it
     lo, hi = lo / 2, hi * 2
   sizes = np.geomspace(lo, hi, 200)
-  colour = {a: style(a, k) for k, a in enumerate(algs)}
-  n_star = cost_model.balance_bytes("ring", p, params)
-  for ax, (name, group) in zip(axes, groups):
-    for alg in group:
-      mine = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["bytes"])
-      even = [r for r in mine if r.get("count", 0) % p == 0] or mine
-      odd = [r for r in mine if r not in even]
-      st = {**colour[alg], "ls": "-"}
-      ax.errorbar(
-        [r["bytes"] for r in even],
-        [r["time_us"] for r in even],
-        yerr=[  # rows of older versions may hold another process's spread: clip at 0
-          [max(0.0, r["time_us"] - r.get("time_us_min", r["time_us"])) for r in even],
-          [max(0.0, r.get("time_us_max", r["time_us"]) - r["time_us"]) for r in even],
-        ],
-        ms=4,
-        label=alg + (" (XLA, reference)" if is_reference(alg) else ""),
-        capsize=2,
-        **st,
-      )
-      if odd:
-        ax.plot([r["bytes"] for r in odd], [r["time_us"] for r in odd], ls="none",
-                marker=st["marker"], mfc="none", color=st["color"], ms=6)  # fmt: skip
-      record = ALGORITHMS.get(alg)
-      if record is not None and record.schedule is not None:
-        inner = devices.inner_size(alg, p)
-        pred = [cost_model.predict_us(alg, p, n, params, inner=inner) for n in sizes]
-        ax.plot(sizes, pred, ls="--", color=st["color"], alpha=0.7, lw=1)
-    if math.isfinite(n_star):
+  if len(wires) > 1:  # the exact program first, then each wire format
+    wires.sort(key=lambda w: (w is not None, w or ""))
+    exact_ref = [r for r in rows if is_reference(r["algorithm"]) and not r.get("wire")]
+    panels = [  # XLA's exact psum drawn in every panel: the reference to beat
+      ("exact (no compression)" if w is None else f"{w} on the wire",
+       [r for r in rows if (r.get("wire") or None) == w] + (exact_ref if w else []), w)
+      for w in wires
+    ]  # fmt: skip
+  else:
+    panels = [(name, rows, None) for name in _groups(algs, p)]
+  n_panels = len(panels) + (len(wires) == 1)
+  ncols = 1 if n_panels == 1 else 2
+  nrows = math.ceil(n_panels / ncols)
+  fig = Figure(figsize=(5.4 * ncols, 4.0 * nrows + 0.6))
+  grid = fig.subplots(nrows, ncols, squeeze=False).ravel()
+  time_axes = list(grid[: len(panels)])
+  for ax in time_axes[1:]:
+    ax.sharey(time_axes[0])
+  n_star = cost_model.balance_bytes("ring", p, params) if net is None else math.inf
+  for ax, (label, panel_rows, wire) in zip(time_axes, panels):
+    name, group = label if isinstance(label, tuple) else (label, algs)
+    drawn = {r["algorithm"] for r in panel_rows}
+    _time_panel(ax, panel_rows, [a for a in group if a in drawn], p, params, net, sizes, wire)
+    if math.isfinite(n_star) and wire is None:
       ax.axvspan(sizes[0], max(min(n_star, sizes[-1]), sizes[0]), color="0.92", zorder=0)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -171,30 +263,61 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
     ax.set_xlabel("bytes per participant")
     ax.set_ylabel("time (µs)")
     ax.set_title(name, fontsize=10)
-    ax.legend(fontsize=7, title="solid: measured median (bars min–max)\ndashed: fitted model",
-              title_fontsize=7)  # fmt: skip
     ax.grid(True, which="major", alpha=0.3)
-  for n, before, after in cost_model.switch_points(p, params, sizes[0], sizes[-1]):
-    mark(axes[0], n, max(r["time_us"] for r in rows), f"{before}→{after}\n{format_bytes(n)}")
-  bw = axes[-1]
-  for alg in algs:
-    mine = sorted(
-      (r for r in rows if r["algorithm"] == alg and r.get("count", 0) % p == 0),
-      key=lambda r: r["bytes"],
-    )
-    bw.plot([r["bytes"] for r in mine], [r["busbw_GBps"] for r in mine], ms=4, label=alg,
-            **{**colour[alg], "ls": "-"})  # fmt: skip
-  bw.set_xscale("log", base=2)
-  byte_ticks(bw, lo, hi)
-  bw.set_xlabel("bytes per participant")
-  bw.set_ylabel("bus bandwidth (GB/s) = n/t · 2(p−1)/p")
-  bw.set_title("bus bandwidth (nccl-tests' busbw), measured", fontsize=10)
-  bw.legend(fontsize=7)
-  bw.grid(True, which="major", alpha=0.3)
-  fig.suptitle(
-    title or f"all-reduce on {p} {rows[0].get('backend', '')} devices (shaded: latency-bound)"
+  if net is None:  # where the fitted model's pick among the drawn algorithms changes
+    drawn = tuple(a for a in cost_model.auto_candidates() if a in algs)
+    if len(drawn) > 1:
+      top = max(r["time_us"] for r in rows)
+      for n, before, after in cost_model.switch_points(p, params, sizes[0], sizes[-1], drawn):
+        mark(time_axes[0], n, top, f"{before}→{after}\n{format_bytes(n)}")
+  if len(wires) == 1:
+    bw = grid[len(panels)]
+    for alg in algs:
+      mine = sorted(
+        (r for r in rows if r["algorithm"] == alg and r.get("count", 0) % p == 0),
+        key=lambda r: r["bytes"],
+      )
+      bw.plot([r["bytes"] for r in mine], [r["busbw_GBps"] for r in mine], ms=4,
+              **{**style(alg), "linestyle": "-"})  # fmt: skip
+    if net is not None:
+      rate = net["link_Bps"] / 1e9
+      bw.axhline(rate, color="0.4", ls=":", lw=1)
+      bw.text(lo, rate, " link rate", fontsize=7, color="0.3", va="bottom")
+      bw.set_ylim(0, rate * 1.15)
+    bw.set_xscale("log", base=2)
+    byte_ticks(bw, lo, hi)
+    bw.set_xlabel("bytes per participant")
+    bw.set_ylabel("bus bandwidth (GB/s)")
+    bw.set_title("bus bandwidth = n/t · 2(p−1)/p (nccl-tests' busbw)", fontsize=10)
+    bw.grid(True, which="major", alpha=0.3)
+  for ax in grid[n_panels:]:
+    ax.set_axis_off()
+  model = (
+    "replayed on the network's links (gloo_model, α = 0)"
+    if net is not None
+    else "fitted α-β-γ model" + (", exact program only" if len(wires) > 1 else "")
   )
+  key = f"solid: measured median (bars: min–max); dashed: {model}"
+  if len(grid) > n_panels:  # the spare panel holds the legend, in the figure's order
+    seen: dict = {}
+    for ax in time_axes:
+      for h, label in zip(*ax.get_legend_handles_labels()):
+        seen.setdefault(label, h)
+    rank = {a: k for k, a in enumerate(algs)}
+    seen = dict(sorted(seen.items(), key=lambda kv: rank.get(kv[0].split(" ")[0], len(rank))))
+    spare = grid[n_panels]
+    spare.legend(seen.values(), seen.keys(), loc="center", fontsize=8, frameon=False,
+                 ncol=2 if len(seen) > 8 else 1, title=key.replace("; ", "\n"),
+                 title_fontsize=8)  # fmt: skip
+  if net is not None:
+    where = _network_title(net) + f" ({rows[0].get('process_count', p)} processes, gloo)"
+  else:
+    where = f"{p} {rows[0].get('backend', '')} devices in one process".replace("  ", " ")
+  shaded = "; shaded: latency-bound" if math.isfinite(n_star) else ""
+  fig.suptitle(title or f"all-reduce on {where}{shaded}", fontsize=11)
   fig.tight_layout()
+  if len(grid) == n_panels:
+    _legend_below(fig, time_axes, ncol=4, title=key)
   return fig
 
 
@@ -206,12 +329,11 @@ def fusion(rows: Sequence[dict], buckets: Sequence[str] | None = None) -> Figure
   for r in rows:
     groups.setdefault((r["model"], r["algorithm"], r["n_leaves"]), []).append(r)
   order = list(buckets or dict.fromkeys(r["bucket"] for r in rows))
-  algs = _order(g[1] for g in groups)
   models = sorted({g[0] for g in groups})
   for (model, alg, leaves), rs in groups.items():
     rs = sorted(rs, key=lambda r: order.index(r["bucket"]) if r["bucket"] in order else 99)
-    st = style(alg, algs.index(alg))
-    st["ls"] = _LINESTYLES[models.index(model) % len(_LINESTYLES)]
+    st = style(alg)  # the algorithm's colour and marker; the line style: the model
+    st["linestyle"] = _LINESTYLES[models.index(model) % len(_LINESTYLES)]
     ax.plot(
       [r["bucket"] for r in rs],
       [r["speedup_vs_per_leaf"] for r in rs],
@@ -224,7 +346,7 @@ def fusion(rows: Sequence[dict], buckets: Sequence[str] | None = None) -> Figure
   ax.set_ylabel("speedup over per-leaf all-reduce (median times)")
   if rows:
     ax.set_title(f"tensor fusion on {rows[0]['n_devices']} {rows[0]['backend']} devices")
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
   ax.grid(True, which="both", alpha=0.3)
   fig.tight_layout()
   return fig
@@ -240,7 +362,7 @@ def audit(rows: Sequence[dict]) -> Figure:
   for k, alg in enumerate(algs):
     rs = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["p"])
     ps = [r["p"] for r in rs]
-    st = style(alg, k)
+    st = style(alg)
     ms = 9 - 1.2 * (k % 4)  # overlapping markers: larger ones drawn behind smaller ones
     ax1.plot(ps, [r["sent_over_n"] for r in rs], ms=ms, mfc="none", label=alg, **st)
     ax2.plot(ps, [r["compile_s"] for r in rs], ms=ms, mfc="none", label=alg, **st)
@@ -254,8 +376,8 @@ def audit(rows: Sequence[dict]) -> Figure:
   ax1.set_yscale("log")
   ax1.set_title("bytes each participant sends")
   ax2.set_title("compile time (no execution)")
-  ax1.legend(fontsize=7, title="algorithm", title_fontsize=7)
   fig.tight_layout()
+  _legend_below(fig, [ax1], ncol=5)
   return fig
 
 
@@ -267,7 +389,6 @@ def scaling(rows: Sequence[dict], crossovers: Sequence[dict] = ()) -> Figure:
   fig = Figure(figsize=(5 * len(sizes), 4 * len(scenarios)))
   axes = fig.subplots(len(scenarios), len(sizes), squeeze=False)
   cross = {(c["scenario"], c["bytes"]): c for c in crossovers}
-  algs = list(dict.fromkeys(r["algorithm"] for r in rows))
   for si, sc in enumerate(scenarios):
     for ni, n in enumerate(sizes):
       ax = axes[si][ni]
@@ -279,7 +400,7 @@ def scaling(rows: Sequence[dict], crossovers: Sequence[dict] = ()) -> Figure:
           [r["predicted_us"] for r in rs],
           ms=3,
           label=a,
-          **style(a, algs.index(a)),
+          **style(a),
         )
       c = cross.get((sc, n))
       if c and c["ring_loses_at"]:
@@ -296,13 +417,8 @@ def scaling(rows: Sequence[dict], crossovers: Sequence[dict] = ()) -> Figure:
       ax.grid(True, which="both", alpha=0.3)
   # One legend for every panel (the same algorithms), below them: inside a panel it
   # covered curves, and the crossover notes sit at the top.
-  handles = {}
-  for ax in axes.flat:
-    for h, label in zip(*ax.get_legend_handles_labels()):
-      handles.setdefault(label, h)
-  fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles),
-             fontsize=8, frameon=False)  # fmt: skip
-  fig.tight_layout(rect=(0, 0.4 / fig.get_figheight(), 1, 1))
+  fig.tight_layout()
+  _legend_below(fig, axes.flat, ncol=5)
   return fig
 
 
@@ -313,14 +429,14 @@ def busbw(rows: Sequence[dict], title: str = "") -> Figure:
   fig = Figure(figsize=(7, 4.5))
   ax = fig.subplots()
   algs = _order(r["algorithm"] for r in rows)
-  for k, alg in enumerate(algs):
+  for alg in algs:
     mine = sorted((r for r in rows if r["algorithm"] == alg), key=lambda r: r["bytes"])
     ax.plot(
       [r["bytes"] for r in mine],
       [r["busbw_GBps"] for r in mine],
       ms=4,
       label=alg + (" (XLA, reference)" if is_reference(alg) else ""),
-      **style(alg, k),
+      **style(alg),
     )
   ax.set_xscale("log", base=2)
   if rows:
@@ -331,7 +447,7 @@ def busbw(rows: Sequence[dict], title: str = "") -> Figure:
     p = rows[0]["n_devices"]
     ax.set_title(title or f"bus bandwidth on {p} {rows[0].get('backend', '')} devices".strip())
   ax.grid(True, which="both", alpha=0.3)
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
   fig.tight_layout()
   return fig
 
@@ -352,10 +468,10 @@ def model(
   sizes = np.geomspace(lo, hi, 200)
   fig = Figure(figsize=(9.5, 4.5))
   ax = fig.subplots()
-  for k, alg in enumerate(algorithms):
+  for alg in algorithms:
     inner = devices.inner_size(alg, p)
     t = [cost_model.predict_us(alg, p, n, params, inner=inner) for n in sizes]
-    ax.plot(sizes, t, label=alg, **{**style(alg, k), "marker": None})
+    ax.plot(sizes, t, label=alg, **{**style(alg), "marker": None})
   ring_star = cost_model.balance_bytes("ring", p, params)
   if math.isfinite(ring_star):
     ax.axvspan(lo, min(ring_star, hi), color="0.92", zorder=0, label="ring latency-bound")
@@ -401,7 +517,7 @@ def step_loads(steps: dict, network, title: str = "") -> Figure:
     ax.set_title(f"{name}: busiest link carries {peak:.3g} n", fontsize=8, loc="left")
     ax.set_ylabel("load (× n)", fontsize=7)
     ax.grid(True, axis="y", alpha=0.3)
-  axes[0].legend(fontsize=6, ncol=4, loc="upper right")
+  axes[0].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
   axes[-1].set_xlabel("directed link (grouped by class)")
   fig.suptitle(title or f"link loads of one step on {network.name}", fontsize=10)
   fig.tight_layout()
@@ -416,7 +532,7 @@ def winners(rows: Sequence[dict]) -> Figure:
   algs = list(dict.fromkeys(r["algorithm"] for r in rows))
   fig = Figure(figsize=(5.2 * len(scenarios), 3.2))
   axes = fig.subplots(1, len(scenarios), squeeze=False)[0]
-  cmap = colormaps["tab10"]
+  cmap = ListedColormap([style(a)["color"] for a in algs])  # each cell its winner's colour
   for ax, sc in zip(axes, scenarios):
     mine = [r for r in rows if r["scenario"] == sc]
     ps = sorted({r["p"] for r in mine})
@@ -428,7 +544,8 @@ def winners(rows: Sequence[dict]) -> Figure:
         grid[i, j] = algs.index(r["best"])
         short = r["best"].replace("halving_doubling", "hd").replace("double_binary_tree", "dbt")
         ax.text(j, i, short.replace("_", "\n"), ha="center", va="center", fontsize=5.5)
-    ax.imshow(grid, cmap=cmap, vmin=0, vmax=9, aspect="auto", alpha=0.6, origin="lower")
+    ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(algs) - 0.5, aspect="auto", alpha=0.45,
+              origin="lower", interpolation="nearest")  # fmt: skip
     ax.set_xticks(range(len(ps)), [str(p) for p in ps], fontsize=6, rotation=90)
     ax.set_yticks(range(len(sizes)), [format_bytes(n) for n in sizes], fontsize=7)
     ax.set_xlabel("participants p")
@@ -448,13 +565,13 @@ def over_flat(rows: Sequence[dict], n_bytes: float) -> Figure:
     mine = [r for r in rows if r["scenario"] == sc and r["bytes"] == n_bytes]
     for a in dict.fromkeys(r["algorithm"] for r in mine):
       rs = sorted((r for r in mine if r["algorithm"] == a), key=lambda r: r["p"])
-      ax.plot([r["p"] for r in rs], [r["over_flat"] for r in rs], "o-", ms=3, label=a)
+      ax.plot([r["p"] for r in rs], [r["over_flat"] for r in rs], ms=3, label=a, **style(a))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_title(f"{sc}, {format_bytes(n_bytes)} per participant", fontsize=9)
     ax.set_xlabel("participants p")
     ax.grid(True, which="both", alpha=0.3)
   axes[0].set_ylabel("replayed time / flat α-β time")
-  axes[0].legend(fontsize=6)
   fig.tight_layout()
+  _legend_below(fig, axes, ncol=5)
   return fig
