@@ -5,7 +5,7 @@ traced to the sources, what the replay (:mod:`allreduce_jax.topology`) did not k
 
 - **Bytes per host** are the schedule's: :func:`schedule_bytes` sums a host's messages
   (the ring's ~2n, the parameter server root's (p-1)n) and the interface counters
-  agree within TCP/IP headers (``docs/results/network/``); :func:`link_params` prices
+  agree within TCP/IP headers (``experiments/emulated_network/``); :func:`link_params` prices
   those headers (:func:`payload_share`: 4.4 % of the link at a 1500-byte MTU).
 - **A pairwise exchange runs half duplex over gloo.** When host A and B swap buffers in
   one ``ppermute``, XLA's gloo collective-permute posts the send before the receive
@@ -17,7 +17,7 @@ traced to the sources, what the replay (:mod:`allreduce_jax.topology`) did not k
   earlier learns it may send: the two directions take turns. Gloo alone shows the
   order is the cause: the same exchange with the receive posted first ran at full
   duplex (one way's time at 1–16 MiB; ``experiments/gloo_pair_order/``, rows in
-  ``docs/results/network/gloo_pair_order.jsonl``); the fix is XLA's, out of reach of
+  ``experiments/gloo_pair_order/rows/gloo_pair_order.jsonl``); the fix is XLA's, out of reach of
   ``ppermute``. :func:`half_duplex` prices XLA as it is: in each step, a message whose
   reverse is in the same step shares the pair's time with it (its fraction becomes the
   sum of both). A shift (j → j+1) has no reverse message and keeps full duplex.
@@ -36,13 +36,15 @@ traced to the sources, what the replay (:mod:`allreduce_jax.topology`) did not k
   directions take turns (:func:`exchange_turns`), so the second direction's link refills
   while the first sends: each turn starts with a full bucket. One ``ppermute`` exchange
   on 4 hosts measured 1.31–1.34×, 1.77–1.86× and 1.93–1.96× a shift of the same bytes
-  at 256 KiB, 1 MiB and 4 MiB (``docs/results/network/half_duplex_sizes_p4.jsonl``),
+  at 256 KiB, 1 MiB and 4 MiB (``experiments/gloo_pair_order/rows/half_duplex_sizes_p4.jsonl``),
   not 2×: the bucket each turn finds.
 
 NumPy over the replay's schedules; it traces nothing and touches no device.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -171,17 +173,35 @@ def predict_seconds(
   if p < 2:
     return 0.0
   top = top or topology.switch()
-  sizes = topology.axis_sizes(algorithm, p, top)
-  if duplex == "half":  # steps_as_run's, keeping the posted steps the buckets take turns on
-    posted = ppermute_steps(algorithm, sizes, n_bytes, choices)
-    steps = half_duplex(posted)
-  else:
-    posted, steps = None, steps_as_run(algorithm, sizes, n_bytes, duplex, choices)
+  if choices is None:  # the schedule's choices now, so that the plan below is keyed by them
+    choices = topology.trace_choices(algorithm, p, n_bytes)
+  prof, loads = _plan(algorithm, p, float(n_bytes), top, duplex, tuple(sorted(choices.items())))
   params = cost_model.resolve(params, algorithm)
   if bucket_s:
-    return float(bucket_replay(steps, top, p, n_bytes, params, bucket_s, posted).sum())
-  prof = topology.profile(steps, top, p)
+    return float(_drain(prof, loads, n_bytes, params, bucket_s).sum())
   return float(prof.seconds(n_bytes, params).sum())
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(algorithm: str, p: int, n_bytes: float, top, duplex: str, choices: tuple):
+  """The parts of :func:`predict_seconds` that do not depend on the cost parameters:
+  the routed profile of :func:`steps_as_run`'s steps on ``top`` and, for the token
+  bucket, each step's link loads per turn (:func:`exchange_turns` of the posted step at
+  ``duplex="half"``). Cached: fits price the same schedules many times."""
+  sizes = topology.axis_sizes(algorithm, p, top)
+  posted = None
+  if duplex == "half":  # steps_as_run's, keeping the posted steps the buckets take turns on
+    posted = ppermute_steps(algorithm, sizes, n_bytes, dict(choices))
+    steps = half_duplex(posted)
+  else:
+    steps = steps_as_run(algorithm, sizes, n_bytes, duplex, dict(choices))
+  prof = topology.profile(steps, top, p)
+  loads = None
+  if isinstance(top, (topology.Torus, topology.FatTree)) or (
+    isinstance(top, topology.Switch) and top.ports is not None
+  ):
+    loads = _turn_loads(steps, top.fit(p), p, posted)
+  return prof, loads
 
 
 def _link_vector(step: topology.Step, top, p: int) -> np.ndarray:
@@ -237,27 +257,52 @@ def bucket_replay(
   Needs a network whose hosts have links (``switch(ports)``, ``torus``, ``fat_tree``):
   a message's own link (``switch()``) has no bucket to carry over, and ``islands``
   price by level."""
+  _check_bucket_network(top)
+  if posted is not None and len(posted) != len(steps):
+    raise ValueError(f"posted: {len(posted)} steps where steps has {len(steps)}.")
+  fit = top.fit(p)
+  prof = topology.profile(steps, fit, p)
+  return _drain(prof, _turn_loads(steps, fit, p, posted), n_bytes, params, bucket_s)
+
+
+def _check_bucket_network(top) -> None:
   if isinstance(top, topology.Islands) or (isinstance(top, topology.Switch) and top.ports is None):
     raise ValueError(
       f"top={top!r}: a token bucket needs a network of physical links (switch(1), torus,"
       " fat_tree; gloo_model.emulated(spec) gives the one a cluster builds)."
     )
-  fit = top.fit(p)
-  prof = topology.profile(steps, fit, p)
-  fixed = prof.seconds(n_bytes, cost_model.Params(params.alpha, 0.0, params.gamma))
-  scale = n_bytes * params.beta
-  if posted is not None and len(posted) != len(steps):
-    raise ValueError(f"posted: {len(posted)} steps where steps has {len(steps)}.")
+
+
+def _turn_loads(steps: topology.Steps, fit, p: int, posted) -> list[list[np.ndarray]]:
+  """Per step, its directed links' loads (units of n per capacity) in each turn: the
+  step itself, or its posted step's :func:`exchange_turns`. Identical steps share one
+  list."""
   memo: dict[int, list[np.ndarray]] = {}
-  tokens = np.full(_link_vector([], fit, p).shape, float(bucket_s))
-  out = np.empty(len(steps))
+  out = []
   for i, step in enumerate(steps):
     if id(step) not in memo:
       parts = (step,) if posted is None else exchange_turns(posted[i])
-      memo[id(step)] = [_link_vector(part, fit, p) * scale for part in parts]
+      memo[id(step)] = [_link_vector(part, fit, p) for part in parts]
+    out.append(memo[id(step)])
+  return out
+
+
+def _drain(prof, loads, n_bytes: float, params: cost_model.Params, bucket_s: float) -> np.ndarray:
+  """:func:`bucket_replay`'s time per step from the routed profile and the turns' loads."""
+  if loads is None:
+    raise ValueError(
+      "top: a token bucket needs a network of physical links (switch(1), torus, fat_tree;"
+      " gloo_model.emulated(spec) gives the one a cluster builds)."
+    )
+  fixed = prof.seconds(n_bytes, cost_model.Params(params.alpha, 0.0, params.gamma))
+  scale = n_bytes * params.beta
+  tokens = np.full(loads[0][0].shape if loads else (0,), float(bucket_s))
+  out = np.empty(len(loads))
+  for i, parts in enumerate(loads):
     tokens = np.minimum(bucket_s, tokens + fixed[i])
     out[i] = fixed[i]
-    for need in memo[id(step)]:
+    for load in parts:
+      need = load * scale
       data = max(0.0, float(np.max(need - tokens)))
       tokens = np.minimum(bucket_s, tokens - need + data)
       out[i] += data
@@ -279,7 +324,7 @@ def payload_share(mtu: int = 1500) -> float:
   segment carries ``mtu - 52`` payload bytes (20 of IPv4, 32 of TCP with timestamps)
   in an ``mtu + 14``-byte frame (the Ethernet header, which ``tc`` counts): 0.956 at
   1500, 0.993 at 9000. The plain-TCP ring on the emulated switch reaches 0.951–0.955
-  of the rate (``experiments/tcp_ring_ceiling.py``)."""
+  of the rate (``experiments/emulated_network/tcp_ring_ceiling.py``)."""
   if mtu <= 52:
     raise ValueError(f"mtu={mtu!r}: expected more than 52 bytes (IPv4 + TCP headers).")
   return (mtu - 52) / (mtu + 14)
@@ -289,3 +334,180 @@ def link_params(rate_bytes_per_s: float, alpha_s: float, mtu: int = 1500) -> cos
   """α-β parameters of an emulated link for gloo's payload: β from its rate and the
   frames' headers (:func:`payload_share` at ``mtu``), α (per step) as fitted."""
   return cost_model.Params(alpha_s, 1.0 / (rate_bytes_per_s * payload_share(mtu)), 0.0)
+
+
+# The replay against the wire: what an emulated network's measured rows are compared with.
+
+PROBE_BYTES = (4096, 65536)
+"""The sizes per participant (4 and 64 KiB) whose measured times :func:`fit_alpha` fits α
+on by default: small enough that the per-step time dominates, large enough to leave the
+launch noise of the smallest calls behind."""
+
+
+def emulated_seconds(
+  algorithm: str,
+  p: int,
+  n_bytes: float,
+  network: str,
+  *,
+  rate: float,
+  alpha: float,
+  duplex: str = "half",
+  bucket_s: float = 0.0,
+  mtu: int = 1500,
+  choices: dict | None = None,
+) -> float:
+  """The replayed time of ``algorithm`` on ``p`` hosts of the emulated network that
+  ``allreduce-jax cluster --topology network`` builds (:func:`emulated`), every link
+  shaped to ``rate`` bytes/s (β of gloo's payload at ``mtu``, :func:`link_params`) and
+  ``alpha`` seconds per step: :func:`predict_seconds` on that network.
+
+  With ``bucket_s = 0`` it is linear in α, ``steps·α + the bytes' time`` (with
+  ``duplex="half"``: exchanges at half duplex, one ``ppermute`` at a time); ``bucket_s``
+  prices each link's token bucket (:func:`link_bucket_s` gives an emulated link's).
+
+  Args:
+    algorithm: a key of ``ALGORITHMS``.
+    p: hosts (one participant each).
+    n_bytes: bytes per participant.
+    network: a ``cluster --topology`` spec: ``"switch"``, ``"fat_tree:4:2"``, ``"torus:8"``.
+    rate: each host link's rate in bytes/s (25e6 for 200 Mbit/s).
+    alpha: seconds per step (:func:`fit_alpha`).
+    duplex, bucket_s, choices: as :func:`predict_seconds` takes them.
+    mtu: the links' MTU (the frames' header share of the rate).
+
+  Returns:
+    Seconds.
+  """
+  if not rate > 0:
+    raise ValueError(f"rate={rate!r}: expected a link rate in bytes/s > 0.")
+  params = link_params(rate, alpha, mtu)
+  return predict_seconds(
+    algorithm, p, n_bytes, params, emulated(network), duplex, bucket_s, choices
+  )
+
+
+def replay_steps(algorithm: str, p: int, n_bytes: float, network: str, duplex: str = "half") -> int:
+  """The number of steps the replay charges α for: the slope of :func:`emulated_seconds`
+  in α (without a bucket), e.g. 2(p−1) for the ring and 2·lg p for halving-doubling, one
+  step per ``ppermute`` at ``duplex="half"``/``"recv_first"``."""
+  top = emulated(network)
+  steps = steps_as_run(algorithm, topology.axis_sizes(algorithm, p, top), n_bytes, duplex)
+  return int(topology.profile(steps, top, p).steps)
+
+
+def fit_alpha(
+  rows,
+  p: int,
+  network: str,
+  *,
+  rate: float,
+  duplex: str = "half",
+  bucket_s: float = 0.0,
+  probe_bytes: tuple[int, ...] = PROBE_BYTES,
+  mtu: int = 1500,
+  max_alpha: float = 0.02,
+) -> float:
+  """α per step that makes :func:`emulated_seconds` fit the measured ``rows`` at the
+  probe sizes, by least squares over ``(time - model)²``.
+
+  Without a bucket the model is ``t = k·α + b`` per row (``k`` steps, ``b`` its bytes'
+  time at α = 0), so α = Σ k(t − b) / Σ k², floored at 0. With ``bucket_s > 0`` the
+  bucket's refill during α makes the time nonlinear in α: a golden-section search on
+  ``[0, max_alpha]``.
+
+  Args:
+    rows: ``bench`` rows (``algorithm``, ``bytes``, ``time_us``) of one network and host
+      count; rows at other sizes than ``probe_bytes`` are ignored.
+    p, network, rate, duplex, bucket_s, mtu: as :func:`emulated_seconds` takes them.
+    probe_bytes: the sizes per participant fitted on (default :data:`PROBE_BYTES`).
+    max_alpha: the search's upper end in seconds (with a bucket).
+
+  Returns:
+    Seconds per step (0.0 when no row is at a probe size).
+  """
+  small = [r for r in rows if r["bytes"] in probe_bytes]
+  if not small:
+    return 0.0
+  if bucket_s:
+
+    def err(a):
+      return sum(
+        (emulated_seconds(r["algorithm"], p, r["bytes"], network, rate=rate, alpha=a,
+                          duplex=duplex, bucket_s=bucket_s, mtu=mtu) - r["time_us"] * 1e-6) ** 2
+        for r in small
+      )  # fmt: skip
+
+    return _golden_min(err, 0.0, max_alpha)
+  num = den = 0.0
+  for r in small:
+    k = replay_steps(r["algorithm"], p, r["bytes"], network, duplex)
+    b = emulated_seconds(
+      r["algorithm"], p, r["bytes"], network, rate=rate, alpha=0.0, duplex=duplex, mtu=mtu
+    )
+    num += k * (r["time_us"] * 1e-6 - b)
+    den += k * k
+  return max(num / den, 0.0) if den else 0.0
+
+
+def _golden_min(f, lo: float, hi: float, tol: float = 1e-8) -> float:
+  """The minimum of a unimodal ``f`` on ``[lo, hi]`` to within ``tol`` (golden section)."""
+  g = (5**0.5 - 1) / 2
+  a, b = lo, hi
+  c, d = b - g * (b - a), a + g * (b - a)
+  fc, fd = f(c), f(d)
+  while b - a > tol:
+    if fc <= fd:
+      b, d, fd = d, c, fc
+      c = b - g * (b - a)
+      fc = f(c)
+    else:
+      a, c, fc = c, d, fd
+      d = a + g * (b - a)
+      fd = f(d)
+  return (a + b) / 2
+
+
+def steady_step_seconds(
+  step: topology.Step,
+  p: int,
+  n_bytes: float,
+  network: str,
+  *,
+  rate: float,
+  alpha: float,
+  bucket_s: float,
+  repeats: int = 4,
+) -> float:
+  """The time of one ``ppermute`` step (messages ``(src, dst, fraction)``) once it runs
+  back to back: the last of ``repeats`` identical calls, each link's token bucket drained
+  by the ones before (:func:`bucket_replay`, an exchange's two directions in turn). A
+  shift ``j → j+1`` passes n at the rate; an exchange ``j ↔ j^1`` at most twice that."""
+  posted = [list(step)] * repeats
+  top = emulated(network)
+  params = link_params(rate, alpha)
+  return float(bucket_replay(half_duplex(posted), top, p, n_bytes, params, bucket_s, posted)[-1])
+
+
+def traced_params(rows) -> cost_model.Params:
+  """The cost parameters that ``bench`` rows of CPU hosts traced with when no fit file was
+  given: the shipped CPU fit (``cost_model.backend_params("cpu")``), which chose e.g. the
+  double binary tree's chunk count. Checked, not assumed: every ring row's
+  ``predicted_us`` and every row's recorded ``choices`` must be that fit's, else a
+  ``ValueError`` names the row (the replay would price another schedule than the one that
+  ran). Rows of other kinds than ``"bench"`` are skipped."""
+  params = cost_model.backend_params("cpu")
+  with cost_model.use_params(params):
+    for r in rows:
+      if r.get("kind") != "bench":
+        continue
+      alg, p, n = r["algorithm"], r["n_devices"], r["bytes"]
+      ours = cost_model.predict_us(alg, p, n, params) if alg == "ring" else None
+      off = ours is not None and abs(ours - r["predicted_us"]) > 1e-6 * ours
+      if off or r.get("choices") not in (None, topology.trace_choices(alg, p, n) or None):
+        raise ValueError(
+          f"rows: the {alg} row at {n} bytes on {p} hosts traced with other cost parameters"
+          " than the shipped CPU fit; the replay would price another schedule than the one"
+          " that ran."
+        )
+  return params

@@ -1,5 +1,6 @@
 """What the wire taught the replay (:mod:`allreduce_jax.gloo_model`), against closed forms."""
 
+import numpy as np
 import pytest
 
 from allreduce_jax import cost_model, gloo_model, topology
@@ -274,3 +275,104 @@ def test_the_double_trees_chunks_follow_the_parameters_in_effect_not_a_stale_cac
     )
   assert ran == pytest.approx(direct(k_cpu)) and ran != pytest.approx(direct(k_guess))
   assert topology.trace_choices("ring", 8, n) == {}
+
+
+# The replay against the wire: emulated_seconds, fit_alpha, steady_step_seconds.
+
+RATE = 25e6  # 200 Mbit/s
+
+
+def _beta(mtu=1500):
+  return 1 / (RATE * gloo_model.payload_share(mtu))
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+def test_emulated_seconds_is_steps_alpha_plus_the_ring_bytes_at_the_payload_rate(p):
+  """On 2 hosts the ring's shift is an exchange (0 → 1 and 1 → 0): twice the bytes' time."""
+  alpha = 1.5e-3
+  got = gloo_model.emulated_seconds("ring", p, N, "switch", rate=RATE, alpha=alpha)
+  turns = 2 if p == 2 else 1
+  assert got == pytest.approx(2 * (p - 1) * alpha + turns * 2 * (p - 1) / p * N * _beta())
+  assert gloo_model.replay_steps("ring", p, N, "switch") == 2 * (p - 1)
+  # jumbo frames carry a larger share of the rate as payload
+  jumbo = gloo_model.emulated_seconds("ring", p, N, "switch", rate=RATE, alpha=0.0, mtu=9000)
+  assert jumbo == pytest.approx(turns * 2 * (p - 1) / p * N * _beta(9000))
+
+
+def test_emulated_seconds_halving_doubling_exchanges_take_turns_at_half_duplex():
+  p, alpha = 8, 1e-3
+  half = gloo_model.emulated_seconds("halving_doubling", p, N, "switch", rate=RATE, alpha=alpha)
+  full = gloo_model.emulated_seconds(
+    "halving_doubling", p, N, "switch", rate=RATE, alpha=alpha, duplex="full"
+  )
+  steps = 2 * 3  # 2 lg p
+  assert gloo_model.replay_steps("halving_doubling", p, N, "switch") == steps
+  assert full == pytest.approx(steps * alpha + 2 * (p - 1) / p * N * _beta())
+  assert half == pytest.approx(steps * alpha + 2 * 2 * (p - 1) / p * N * _beta())
+  with pytest.raises(ValueError, match="rate=0"):
+    gloo_model.emulated_seconds("ring", 4, N, "switch", rate=0, alpha=0.0)
+
+
+def _rows(alpha, p, net, sizes, bucket_s=0.0, noise=()):
+  rows = []
+  for i, (a, n) in enumerate((a, n) for a in ("ring", "halving_doubling", "tree") for n in sizes):
+    t = gloo_model.emulated_seconds(a, p, n, net, rate=RATE, alpha=alpha, bucket_s=bucket_s)
+    t += noise[i] if noise else 0.0
+    rows.append({"algorithm": a, "bytes": n, "time_us": t * 1e6})
+  return rows
+
+
+@pytest.mark.parametrize("net,p", [("switch", 4), ("torus:8", 8), ("fat_tree:4:2", 8)])
+def test_fit_alpha_recovers_the_alpha_that_made_the_rows(net, p):
+  rows = _rows(1.2e-3, p, net, (4096, 65536, 1 << 20))
+  assert gloo_model.fit_alpha(rows, p, net, rate=RATE) == pytest.approx(1.2e-3)
+  bucket = gloo_model.link_bucket_s(RATE)
+  rows = _rows(1.2e-3, p, net, (4096, 65536), bucket)
+  got = gloo_model.fit_alpha(rows, p, net, rate=RATE, bucket_s=bucket)
+  assert got == pytest.approx(1.2e-3, abs=1e-7)
+
+
+def test_fit_alpha_is_least_squares_over_the_probe_sizes_only():
+  """Noisy rows: α equals NumPy's least squares of (t - bytes' time) on the step counts;
+  rows at other sizes (here 1 MiB, wildly off) do not count."""
+  p, net = 4, "switch"
+  noise = [3e-4, -2e-4, 5e-4, 1e-4, -4e-4, 2e-4]
+  rows = _rows(1e-3, p, net, (4096, 65536), noise=noise)
+  rows.append({"algorithm": "ring", "bytes": 1 << 20, "time_us": 1e9})
+  k = np.array([gloo_model.replay_steps(r["algorithm"], p, r["bytes"], net) for r in rows[:-1]])
+  b = np.array(
+    [
+      gloo_model.emulated_seconds(r["algorithm"], p, r["bytes"], net, rate=RATE, alpha=0.0)
+      for r in rows[:-1]
+    ]
+  )
+  t = np.array([r["time_us"] * 1e-6 for r in rows[:-1]])
+  want = np.linalg.lstsq(k[:, None].astype(float), t - b, rcond=None)[0][0]
+  assert gloo_model.fit_alpha(rows, p, net, rate=RATE) == pytest.approx(want)
+  assert gloo_model.fit_alpha(rows[-1:], p, net, rate=RATE) == 0.0  # no probe row
+  assert gloo_model.fit_alpha(rows, p, net, rate=RATE, probe_bytes=(4096,)) != pytest.approx(want)
+
+
+def test_steady_step_seconds_shift_and_exchange_closed_forms():
+  """Back to back, a shift's links never idle: each step's α refills α of tokens, which
+  the bytes then spend, so a step takes n·β. An exchange's directions take turns, and
+  each turn's links idled through the other turn: each turn starts with a full bucket,
+  so α + 2(n·β − bucket)."""
+  p, n, alpha = 4, 4 << 20, 1e-3
+  bucket = gloo_model.link_bucket_s(RATE)
+  shift = [(j, (j + 1) % p, 1.0) for j in range(p)]
+  exchange = [(j, j ^ 1, 1.0) for j in range(p)]
+  kw = {"rate": RATE, "alpha": alpha, "bucket_s": bucket}
+  assert gloo_model.steady_step_seconds(shift, p, n, "switch", **kw) == pytest.approx(n * _beta())
+  assert gloo_model.steady_step_seconds(exchange, p, n, "switch", **kw) == pytest.approx(
+    alpha + 2 * (n * _beta() - bucket)
+  )
+
+
+def test_traced_params_accepts_shipped_fit_rows_and_names_a_foreign_one():
+  params = cost_model.backend_params("cpu")
+  pred = cost_model.predict_us("ring", 4, 1 << 20, params)
+  row = {"kind": "bench", "algorithm": "ring", "n_devices": 4, "bytes": 1 << 20}
+  assert gloo_model.traced_params([{**row, "predicted_us": pred}, {"kind": "other"}]) == params
+  with pytest.raises(ValueError, match="ring row at 1048576 bytes on 4 hosts"):
+    gloo_model.traced_params([{**row, "predicted_us": 2 * pred}])

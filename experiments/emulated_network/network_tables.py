@@ -1,16 +1,16 @@
-"""Tables and figures of docs/results/network/ from its committed rows (no measurement here).
+"""The emulated network's tables and figure from its committed rows (no measurement here).
 
-    python experiments/network_tables.py [docs/results/network]
+    python experiments/emulated_network/network_tables.py [ROWS]
 
-Reads ``bench_NET_HOSTS.jsonl`` (``allreduce-jax bench`` on ``allreduce-jax cluster``),
-``wire_bytes.jsonl`` (``experiments/wire_bytes.py``), ``half_duplex_p*.jsonl``
-(``experiments/gloo_exchange_half_duplex.py``) and ``gloo_pair_order.jsonl``
-(``experiments/gloo_pair_order/``), all from ``experiments/network_sweep.sh``,
-and writes ``tables.md`` and ``*.png`` next to them. The model: the topology replay of
-each algorithm's schedule on the emulated network (:func:`allreduce_jax.gloo_model.emulated`),
-β from the link's payload rate (`gloo_model.link_params`), one α per network fitted on the 4 KiB and 64 KiB
-rows, priced at full duplex (the replay as it was) and at half duplex for exchanges
-(:func:`allreduce_jax.gloo_model.steps_as_run`: one ppermute at a time, exchanges in turn).
+Reads ``ROWS`` (default ``rows/`` beside this script): ``bench_NET_HOSTS.jsonl`` and
+``blocks_NET_HOSTS.jsonl`` (``allreduce-jax bench`` on ``allreduce-jax cluster``),
+``link_queue.py``'s and ``wire_bytes.py``'s rows, all from ``network_sweep.sh``; writes
+``tables.md``, ``token_bucket.md`` and ``time_vs_model.png`` beside this script. The
+model is :func:`allreduce_jax.gloo_model.emulated_seconds`: the topology replay of each
+algorithm's schedule on the emulated network, β from the link's payload rate, one α per
+network fitted on the 4 and 64 KiB rows (:func:`allreduce_jax.gloo_model.fit_alpha`),
+priced at full duplex (the replay's own assumption) and at half duplex for exchanges
+(one ppermute at a time, exchanges in turn, as XLA:CPU runs them over gloo).
 """
 
 from __future__ import annotations
@@ -20,59 +20,34 @@ import statistics
 import sys
 from pathlib import Path
 
-from scipy.optimize import minimize_scalar
-
-from allreduce_jax import cost_model, gloo_model, topology, units
+from allreduce_jax import cost_model, gloo_model, units
 from allreduce_jax.tools import plot
 
-RATE = 25e6  # 200 Mbit/s
+HERE = Path(__file__).resolve().parent
+RATE = 25e6  # 200 Mbit/s, every committed run's link rate
 BUCKET_S = gloo_model.link_bucket_s(RATE)  # 4 ms: every emulated link's tbf bucket
-SMALL = (4096, 65536)
 NETS = (("switch", 4), ("switch", 8), ("fat_tree:4:2", 8), ("torus:8", 8))
 
 
 def _rows(path: Path) -> list[dict]:
+  """The JSON Lines rows of ``path`` ([] if it does not exist)."""
   if not path.exists():
     return []
   return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _parts(alg: str, p: int, n: int, net: str, duplex: str) -> tuple[int, float]:
-  """(steps, bandwidth seconds with α = 0) of the replay."""
-  top = gloo_model.emulated(net)
-  steps = gloo_model.steps_as_run(alg, topology.axis_sizes(alg, p, top), n, duplex)
-  prof = topology.profile(steps, top, p)
-  return prof.steps, float(prof.seconds(n, gloo_model.link_params(RATE, 0.0)).sum())
-
-
 def fit_alpha(rows: list[dict], p: int, net: str, duplex: str, bucket_s: float = 0.0) -> float:
-  """Least-squares α per step from the small rows: t = steps·α + replayed bytes time
-  (closed form); with each link's token bucket priced (``bucket_s``), by a bounded
-  1-D search, since the bucket's refill during α makes the time nonlinear in α."""
-  small = [r for r in rows if r["bytes"] in SMALL]
-  if bucket_s:
-
-    def err(a):
-      return sum((model(r["algorithm"], p, r["bytes"], net, duplex, a, bucket_s)
-                  - r["time_us"] * 1e-6) ** 2 for r in small)  # fmt: skip
-
-    return float(minimize_scalar(err, bounds=(0.0, 0.02), method="bounded").x) if small else 0.0
-  num = den = 0.0
-  for r in small:
-    steps, bw = _parts(r["algorithm"], p, r["bytes"], net, duplex)
-    num += steps * (r["time_us"] * 1e-6 - bw)
-    den += steps * steps
-  return max(num / den, 0.0) if den else 0.0
+  """α per step on the 4 and 64 KiB rows at this study's link rate (``gloo_model.fit_alpha``)."""
+  return gloo_model.fit_alpha(rows, p, net, rate=RATE, duplex=duplex, bucket_s=bucket_s)
 
 
 def model(
   alg: str, p: int, n: int, net: str, duplex: str, alpha: float, bucket_s: float = 0.0
 ) -> float:
-  if bucket_s:
-    params = gloo_model.link_params(RATE, alpha)
-    return gloo_model.predict_seconds(alg, p, n, params, gloo_model.emulated(net), duplex, bucket_s)
-  steps, bw = _parts(alg, p, n, net, duplex)
-  return steps * alpha + bw
+  """The replayed seconds at this study's link rate (``gloo_model.emulated_seconds``)."""
+  return gloo_model.emulated_seconds(
+    alg, p, n, net, rate=RATE, alpha=alpha, duplex=duplex, bucket_s=bucket_s
+  )
 
 
 def _cell(net: str, p: int, a: str, n: int, m: float, a_half: float, a_full: float) -> dict:
@@ -199,7 +174,7 @@ def repeat_spread(
 
 def tcp_queue_table(root: Path) -> list[str]:
   """The ring and psum against line rate with the kernel's TCP queue (4 MiB a socket)
-  and 16 KiB, in one run (``experiments/link_queue.py --tcp-queues``), and the incast."""
+  and 16 KiB, in one run (``experiments/emulated_network/link_queue.py --tcp-queues``), and the incast."""
   rows = _rows(root / "tcp_queue.jsonl")
   cells = _queue_cells(rows, ("tcp_queue",))
   if not cells:
@@ -207,7 +182,7 @@ def tcp_queue_table(root: Path) -> list[str]:
   lines = [
     "### The TCP queue: ring and psum busbw / line rate (switch, 200 Mbit/s, 100 ms link queue)",
     "",
-    "`python experiments/link_queue.py --queues 100ms --tcp-queues 4MiB,16KiB --order blocks"
+    "`python experiments/emulated_network/link_queue.py --queues 100ms --tcp-queues 4MiB,16KiB --order blocks"
     " --incast` (`cluster --tcp-queue T -- bench --algorithms ring,psum -b 4MiB -e 16MiB -f 4"
     " -n 5 -a 3 --order blocks`), the two settings taking turns. Each cell: the median over"
     " repeats [min–max].",
@@ -225,7 +200,7 @@ def tcp_queue_table(root: Path) -> list[str]:
 
 def mtu_table(root: Path) -> list[str]:
   """The ring and psum against line rate at MTU 1500 and 9000, both with the cluster's
-  16 KiB TCP queue (``mtu_16k.jsonl``, ``experiments/link_queue.py --mtus 1500,9000
+  16 KiB TCP queue (``mtu_16k.jsonl``, ``experiments/emulated_network/link_queue.py --mtus 1500,9000
   --tcp-queues 16KiB``). Line rate counts frames: 1500 carries at most 0.956 of it as
   TCP payload, 9000 0.993 (``gloo_model.payload_share``)."""
   cells = _queue_cells(_rows(root / "mtu_16k.jsonl"), ("mtu",))
@@ -234,7 +209,7 @@ def mtu_table(root: Path) -> list[str]:
   return [
     "### Jumbo frames at `--tcp-queue 16KiB`: ring and psum busbw / line rate (switch, 200 Mbit/s)",
     "",
-    "`python experiments/link_queue.py --hosts 4,8 --queues 100ms --mtus 1500,9000"
+    "`python experiments/emulated_network/link_queue.py --hosts 4,8 --queues 100ms --mtus 1500,9000"
     " --tcp-queues 16KiB --order blocks --repeats 3` (`cluster --mtu M -- bench --algorithms"
     " ring,psum -b 4MiB -e 16MiB -f 4 -n 5 -a 3 --order blocks`), the MTUs taking turns. Each"
     " cell: the median over repeats [min–max]; the payload ceiling is 0.956 at MTU 1500, 0.993"
@@ -255,13 +230,13 @@ CC_SETS = (
   ("finish_per_slice.jsonl", "each reduced slice finished by its owner", ", finish per slice",
    "--hosts 8,4 --congestion-controls cubic,bbr --repeats 2",
    " Then the same with `--hosts 4 --congestion-controls cubic --repeats 4`: two more runs"
-   " at 4 hosts and cubic (a later session)."),
+   " at 4 hosts and cubic."),
 )  # fmt: skip
 
 
 def congestion_control_table(root: Path) -> list[str]:
   """The ring and psum against line rate with the hosts' TCP congestion control chosen
-  (``experiments/link_queue.py --congestion-controls``), at MTU 1500 and the 16 KiB TCP
+  (``experiments/emulated_network/link_queue.py --congestion-controls``), at MTU 1500 and the 16 KiB TCP
   queue, 4 to 64 MiB: ``congestion_control.jsonl``, then ``finish_per_slice.jsonl``
   (the same runs after ``all_reduce`` finished each reduced slice, ``_comm.finished``)."""
   sizes = (4 << 20, 16 << 20, 64 << 20)
@@ -275,10 +250,10 @@ def congestion_control_table(root: Path) -> list[str]:
       f"### The hosts' TCP congestion control, {what}: ring and psum busbw / line rate"
       " (switch, 200 Mbit/s)",
       "",
-      f"`python experiments/link_queue.py {args} --queues 100ms --tcp-queues 16KiB"
-      f" --max-bytes 64MiB --order blocks --out docs/results/network/{name}`"
+      f"`python experiments/emulated_network/link_queue.py {args} --queues 100ms --tcp-queues 16KiB"
+      f" --max-bytes 64MiB --order blocks --out experiments/emulated_network/rows/{name}`"
       " (`cluster --congestion-control C -- bench --algorithms ring,psum -b 4MiB -e 64MiB -f 4"
-      " -n 5 -a 3 --order blocks`), the two taking turns; bbr is this machine's default, which"
+      " -n 5 -a 3 --order blocks`), the two taking turns; bbr was the hosts' default, which"
       f" every other table here ran with.{then} Each cell: the median over repeats [min–max].",
       "",
       f"| hosts | congestion control | repeats | {head} |",
@@ -331,7 +306,7 @@ def _jumbo_line(root: Path, p: int) -> list[str]:
 
 def cubic_tables(root: Path) -> tuple[list[str], list[dict]]:
   """Step 5 with the hosts at ``cubic`` (``tcp_queue_16k/cubic/``, step 7 of the sweep)
-  against the first run, whose hosts ran this machine's default, ``bbr``."""
+  against the first run, whose hosts ran their default, ``bbr``."""
   return _set_tables(
     root / "tcp_queue_16k" / "cubic", root / "tcp_queue_16k",
     "in blocks with `--tcp-queue 16KiB`, the hosts at `--congestion-control cubic`",
@@ -571,213 +546,6 @@ def wire_table(root: Path) -> list[str]:
   return [*lines, ""]
 
 
-def half_duplex_table(root: Path) -> list[str]:
-  lines = []
-  for p in (2, 4):
-    rows = _rows(root / f"half_duplex_p{p}.jsonl")
-    if not rows:
-      continue
-    if not lines:
-      lines = [
-        "### One ppermute of 16 MiB per host (line rate: 0.671 s)",
-        "",
-        "Median of 7 calls [fastest–slowest]. The handshake: the exchange right after a"
-        " 4-byte exchange between the same pairs.",
-        "",
-        "| p | shift j→j+1 | exchange j↔j^1 | one way j→j^1 (even j) | handshake, then exchange |",
-        "|---|---|---|---|---|",
-      ]
-    t = {r["pattern"]: r for r in rows}
-
-    def cell(name, t=t):
-      if name not in t:
-        return "—"
-      r = t[name]
-      spread = f" [{r['min_s']:.3f}–{r['max_s']:.3f}]" if "min_s" in r else ""
-      return f"{r['median_s']:.3f} s{spread}"
-
-    cells = " | ".join(cell(k) for k in ("shift", "exchange", "one_way", "handshake"))
-    lines.append(f"| {p} | {cells} |")
-  return [*lines, ""] if lines else []
-
-
-def half_duplex_sizes_table(root: Path) -> list[str]:
-  """One ``ppermute`` per size on the 4-host switch (``gloo_exchange_half_duplex.py
-  --sizes``, runs in ``half_duplex_sizes_p4.jsonl``): the exchange and the handshake
-  against the shift of the same run, beside the replay's exchange / shift with each
-  link's bucket, in the steady state of back-to-back calls (the fourth of four
-  identical steps; α of the 4-host switch at ``cubic``, step 8, fitted with the bucket)."""
-  rows = _rows(root / "half_duplex_sizes_p4.jsonl")
-  if not rows:
-    return []
-  cubic = _good(root / "tcp_queue_16k" / "cubic_finish", "blocks_switch_4.jsonl")
-  alpha = fit_alpha(cubic, 4, "switch", "half", BUCKET_S)
-  top, params = gloo_model.emulated("switch"), gloo_model.link_params(RATE, alpha)
-
-  def steady(step, n):
-    posted = [step] * 4
-    merged = gloo_model.half_duplex(posted)
-    return gloo_model.bucket_replay(merged, top, 4, n, params, BUCKET_S, posted)[-1]
-
-  shift = [(j, (j + 1) % 4, 1.0) for j in range(4)]
-  exchange = [(j, j ^ 1, 1.0) for j in range(4)]
-  runs = sorted({r["run"] for r in rows})
-  t = {(r["run"], r["bytes"], r["pattern"]): r["median_s"] for r in rows}
-
-  lines = [
-    f"### One ppermute per host, by size: exchange vs shift (4-host switch, `cubic`, {len(runs)} runs)",
-    "",
-    "Each run times 7 calls of each pattern after a warm-up (`python experiments/"
-    "gloo_exchange_half_duplex.py --sizes ...`); per run the median exchange / median"
-    " shift, then the median over runs [min–max]. The replay: each link's 4 ms bucket,"
-    f" the exchange's two directions in turn (α = {alpha * 1e3:.2f} ms, the 4-host"
-    " switch's at `cubic` in step 8), its exchange / shift in the steady state of"
-    " back-to-back calls.",
-    "",
-    "| per host | shift (s) | shift / (n at the link rate) | exchange / shift | handshake, then exchange / shift | replay: exchange / shift |",
-    "|---|---|---|---|---|---|",
-  ]  # fmt: skip
-  for n in sorted({r["bytes"] for r in rows}):
-    sh = [t[(k, n, "shift")] for k in runs]
-    ex = [t[(k, n, "exchange")] / t[(k, n, "shift")] for k in runs]
-    hs = [t[(k, n, "handshake")] / t[(k, n, "shift")] for k in runs]
-    model = steady(exchange, n) / steady(shift, n)
-    lines.append(
-      f"| {_mib(n)} | {statistics.median(sh):.4g} | {statistics.median(sh) * RATE / n:.2f} |"
-      f" {_spread(ex)} | {_spread(hs)} | {model:.2f} |"
-    )
-  return [*lines, ""]
-
-
-def gloo_pair_order_table(root: Path) -> list[str]:
-  """Gloo alone (``experiments/gloo_pair_order/exchange``, rows in
-  ``gloo_pair_order.jsonl``, step 13 of ``network_sweep.sh``): per host count, start mode
-  and size, one way's time and each pattern's time over it (per run, then the median over
-  runs [min–max]). An exchange moves twice one way's bytes over the same links, so at full
-  duplex it takes one way's time, at half duplex twice that. Halving-doubling's
-  exchanges (n/2, n/4, ... and back: 2(p−1)/p · n each way) in either order, over
-  2(p−1)/p times one way's time: 1.00 at full duplex."""
-  rows = _rows(root / "gloo_pair_order.jsonl")
-  if not rows:
-    return []
-  t = {(r["p"], r["run"], r["mode"], r["bytes"], r["pattern"]): r["median_s"] for r in rows}
-  runs = sorted({r["run"] for r in rows})
-  hosts = sorted({r["p"] for r in rows})
-  modes = {
-    "no_barrier": "back to back (no barrier, as in a compiled program)",
-    "barrier": "a barrier before each call",
-    "skew_2ms": "a barrier, then the odd hosts 2 ms late",
-  }
-  lines = [
-    f"### Gloo alone: send or receive first in one exchange ({' and '.join(map(str, hosts))}"
-    f"-host switch, {len(runs)} runs)",
-    "",
-    "`STEPS=13 bash experiments/network_sweep.sh` (gloo's TCP transport in C++, no JAX:"
-    " `experiments/gloo_pair_order/`). Pairs j↔j^1; `send_first` posts the send, then the"
-    " receive (XLA's `CollectivePermute`), `recv_first` the receive, then the send; one way:"
-    " the even hosts send, the odd ones receive. Each call's time is its slowest host's;"
-    " per run the median of 7 calls, each pattern over one way's time of that run, then"
-    " the median over runs [min–max]. Full duplex: 1.00; half duplex: 2.00. Halving-doubling:"
-    " its exchanges without the arithmetic (n/2, n/4, ... with j^1, j^2, ..., then back, one"
-    " step after the other), over 2(p−1)/p × one way (its bytes each way at one way's rate).",
-    "",
-    "| hosts | start | per host | one way (s) | send first / one way | recv first / one way"
-    " | shift / one way | halving-doubling, send first / full duplex | recv first / full duplex |",
-    "|---|---|---|---|---|---|---|---|---|",
-  ]  # fmt: skip
-  for p in hosts:
-    hd_share = 2 * (p - 1) / p  # halving-doubling's bytes each way, in units of n
-    for mode, label in modes.items():
-      for n in sorted({k[3] for k in t if k[0] == p and k[2] == mode}):
-        have = [k for k in runs if (p, k, mode, n, "one_way") in t]
-        one = [t[(p, k, mode, n, "one_way")] for k in have]
-
-        def over(pattern, share=1.0, p=p, have=have, mode=mode, n=n):
-          xs = [t[(p, k, mode, n, pattern)] / (share * t[(p, k, mode, n, "one_way")])
-                for k in have if (p, k, mode, n, pattern) in t]  # fmt: skip
-          return _spread(xs) if xs else "—"
-
-        lines.append(
-          f"| {p} | {label} | {_mib(n)} | {statistics.median(one):.4g} | {over('send_first')} |"
-          f" {over('recv_first')} | {over('shift')} | {over('hd_send_first', hd_share)} |"
-          f" {over('hd_recv_first', hd_share)} |"
-        )
-  replay = [line for p in hosts for line in _hd_replay_lines(root, t, runs, p)]
-  return [*lines, "", *replay, ""]
-
-
-def _hd_replay_lines(root: Path, t: dict, runs: list[int], p: int) -> list[str]:
-  """Halving-doubling's exchanges on ``p`` hosts measured in both orders (back to back)
-  against the replay as XLA runs them (``duplex="half"``) and with each receive posted
-  first (``"recv_first"``), with each link's bucket and the α of the same network and TCP
-  settings in JAX (the p-host switch, 16 KiB, ``bbr``: step 5), which also prices the
-  arithmetic and JAX's own time per step that gloo alone does not have."""
-  rows = _good(root / "tcp_queue_16k", f"blocks_switch_{p}.jsonl")
-  if not rows:
-    return []
-  alpha = fit_alpha(rows, p, "switch", "half", BUCKET_S)
-  cells = []
-  for n in (4 << 20, 16 << 20):
-    keys = {
-      o: [(p, k, "no_barrier", n, f"hd_{o}") for k in runs] for o in ("send_first", "recv_first")
-    }
-    if not all(key in t for ks in keys.values() for key in ks):
-      continue
-    measured = {o: statistics.median(t[key] for key in ks) for o, ks in keys.items()}
-    half = model("halving_doubling", p, n, "switch", "half", alpha, BUCKET_S)
-    first = model("halving_doubling", p, n, "switch", "recv_first", alpha, BUCKET_S)
-    cells.append(
-      f"at {_mib(n)}, send first {measured['send_first']:.3f} s (replay as XLA runs it,"
-      f' `duplex="half"`: {half:.3f} s), receive first {measured["recv_first"]:.3f} s'
-      f' (`duplex="recv_first"`: {first:.3f} s)'
-    )
-  if not cells:
-    return []
-  return [
-    f"- {p} hosts: halving-doubling's exchanges back to back (medians over runs) against the"
-    f" replay (`gloo_model.predict_seconds`, each link's bucket, α = {alpha * 1e3:.2f} ms fitted"
-    f" on the {p}-host switch's rows at 16 KiB, step 5): " + "; ".join(cells) + "."
-  ]
-
-
-def gloo_lanes_table(root: Path) -> list[str]:
-  """The ring and the bidirectional ring in gloo alone (``gloo_lanes.jsonl``, step 14 of
-  ``network_sweep.sh``): per host count and size, the ring's time and each bidirectional
-  order's over the ring's of the same run (median over runs [min–max]), and the slowest
-  call of any run over the ring's median: the bidirectional ring's calls take the ring's
-  time or up to twice it, in either order."""
-  rows = _rows(root / "gloo_lanes.jsonl")
-  if not rows:
-    return []
-  t = {(r["p"], r["run"], r["bytes"], r["pattern"]): r for r in rows}
-  runs = sorted({r["run"] for r in rows})
-  lines = [
-    f"### Gloo alone: the ring and the bidirectional ring ({len(runs)} runs)",
-    "",
-    "`STEPS=14 bash experiments/network_sweep.sh` (`experiments/gloo_pair_order/exchange"
-    " --patterns ring,bidir_send_first,bidir_recv_first --no-barrier`): the ring's 2(p−1)"
-    " shifts of n/p, and the bidirectional ring's lanes in turn as XLA:CPU runs them (n/2p"
-    " to j+1, then n/2p to j−1, each step), with each send or each receive posted first."
-    " Per run the median of 7 calls over the ring's median of that run, then the median over"
-    " runs [min–max]; slowest call: the slowest call of all runs over the ring's median.",
-    "",
-    "| hosts | per host | ring (s) | bidirectional, send first / ring | slowest call | bidirectional, recv first / ring | slowest call |",
-    "|---|---|---|---|---|---|---|",
-  ]  # fmt: skip
-  for p, n in sorted({(k[0], k[2]) for k in t}):
-    have = [k for k in runs if (p, k, n, "ring") in t]
-    ring = [t[(p, k, n, "ring")]["median_s"] for k in have]
-    cells = []
-    for pattern in ("bidir_send_first", "bidir_recv_first"):
-      pairs = [(t[(p, k, n, pattern)], t[(p, k, n, "ring")]["median_s"]) for k in have
-               if (p, k, n, pattern) in t]  # fmt: skip
-      ratio = _spread([r["median_s"] / base for r, base in pairs]) if pairs else "—"
-      worst = max((r["max_s"] / base for r, base in pairs), default=None)
-      cells += [ratio, f"{worst:.2f}" if worst is not None else "—"]
-    lines.append(f"| {p} | {_mib(n)} | {_spread(ring, '{:.3f}')} | " + " | ".join(cells) + " |")
-  return [*lines, ""]
-
-
 def ring_alone_table(root: Path) -> list[str]:
   """The ring alone at ``cubic`` (4-host switch, 16 MiB; ``ring_alone_cubic/``, step 12 of
   ``network_sweep.sh``), and after ``naive``'s incast on the same connections: busbw /
@@ -794,7 +562,7 @@ def ring_alone_table(root: Path) -> list[str]:
   lines = [
     "### The ring alone at `cubic`, and after an incast (4-host switch, 16 MiB)",
     "",
-    "`STEPS=12 bash experiments/network_sweep.sh`: 5 runs of the ring alone, then 3 of"
+    "`STEPS=12 bash experiments/emulated_network/network_sweep.sh`: 5 runs of the ring alone, then 3 of"
     " `naive`, the ring and `tree` in blocks (the ring's connections carried `naive`'s incast"
     " just before), 5 timed calls each, nothing else running. busbw / line rate of the median"
     " call [slowest–fastest call]; retransmitted: TCP segments all four hosts retransmitted"
@@ -831,7 +599,7 @@ def rootless_table(root: Path) -> list[str]:
   lines = [
     f"### Built as root and rootless: the same cluster (4-host switch, {len(ids)} runs each)",
     "",
-    "`STEPS=11 bash experiments/network_sweep.sh`: the same bench (`--order blocks -a 3`,"
+    "`STEPS=11 bash experiments/emulated_network/network_sweep.sh`: the same bench (`--order blocks -a 3`,"
     " 200 Mbit/s, 16 KiB TCP queue, the machine's congestion control) with the cluster built"
     " as root and with `--rootless` (in a user namespace, as a user without root gets it),"
     " alternating. Seconds, median over runs [min–max]; the ratio is per run, rootless over"
@@ -855,7 +623,7 @@ def rootless_table(root: Path) -> list[str]:
 
 def _queue_cells(rows: list[dict], fields: tuple[str, ...] = ("queue", "mtu")) -> dict:
   """(hosts, *fields, algorithm, bytes) -> busbw / line rate of each repeat
-  (``experiments/link_queue.py``'s ring rows)."""
+  (``experiments/emulated_network/link_queue.py``'s ring rows)."""
   cells: dict = {}
   for r in rows:
     if r.get("set") == "ring" and r.get("wrong") == 0:
@@ -877,7 +645,7 @@ def _config_line(cells: dict, config: tuple, sizes=(4 << 20, 16 << 20)) -> str:
 
 
 def _incast_lines(rows: list[dict], field: str, label: str, caption: str) -> list[str]:
-  """The incast rows of ``experiments/link_queue.py``: each algorithm's seconds per value
+  """The incast rows of ``experiments/emulated_network/link_queue.py``: each algorithm's seconds per value
   of ``field``, one column each headed ``label value``."""
   incast = [r for r in rows if r.get("set") == "incast" and r.get("wrong") == 0]
   if not incast:
@@ -893,7 +661,7 @@ def _incast_lines(rows: list[dict], field: str, label: str, caption: str) -> lis
 
 def queue_table(root: Path) -> list[str]:
   """The ring and psum against line rate as the links' queue and MTU change
-  (``experiments/link_queue.py``), and what a short queue costs at an incast."""
+  (``experiments/emulated_network/link_queue.py``), and what a short queue costs at an incast."""
   rows = _rows(root / "link_queue.jsonl")
   cells = _queue_cells(rows)
   if not cells:
@@ -901,7 +669,7 @@ def queue_table(root: Path) -> list[str]:
   lines = [
     "### The links' queue and MTU: ring and psum busbw / line rate (switch, 200 Mbit/s)",
     "",
-    "`python experiments/link_queue.py` (`cluster --queue Q --mtu M -- bench --algorithms"
+    "`python experiments/emulated_network/link_queue.py` (`cluster --queue Q --mtu M -- bench --algorithms"
     " ring,psum -b 4MiB -e 16MiB -f 4 -n 5 -a 3`). Each cell: the median over repeats"
     " [min–max], the slowest process's time (`-a 3`).",
     "",
@@ -951,9 +719,9 @@ def targets(root: Path, summary: list[dict]) -> list[str]:
           f"- {a} at 16 MiB on the {p}-host switch: {c['measured_s'] / c['model_full_s']:.2f}×"
           f" its full-duplex bound (target ≤ 1.2), {c['measured_s'] / c['model_half_s']:.2f}× the"
           " half-duplex one: the exchange runs half duplex in gloo (see above), not fixable from"
-          " JAX; the reproduction is experiments/gloo_exchange_half_duplex.py, and gloo alone with"
+          " JAX; the reproduction is experiments/gloo_pair_order/gloo_exchange_half_duplex.py, and gloo alone with"
           " the receive posted first runs the exchange at full duplex (experiments/gloo_pair_order/,"
-          " below)."
+          " in its tables)."
         )
   wire_rows = _rows(root / "wire_bytes.jsonl")
   if wire_rows:
@@ -1038,38 +806,80 @@ def redraw(root: Path) -> None:
       plot.save(fig, path.with_suffix(".png"))
 
 
-def traced_params(root: Path):
-  """The cost parameters the rows under ``root`` traced with, which chose the double
-  binary tree's chunk count (``ALGORITHMS[a].choices``): every row here is ``bench`` on
-  the cluster's CPU hosts without a fit file, so the shipped CPU fit
-  (``cost_model.backend_params("cpu")``). Checked, not assumed: each ring row's
-  ``predicted_us`` (priced with the run's parameters) and each row's recorded ``choices``
-  must be that fit's, else a ``ValueError`` names the row."""
-  params = cost_model.backend_params("cpu")
-  with cost_model.use_params(params):
-    for path in sorted(root.rglob("*.jsonl")):
-      for r in _rows(path):
-        if r.get("kind") != "bench":
-          continue
-        alg, p, n = r["algorithm"], r["n_devices"], r["bytes"]
-        ours = cost_model.predict_us(alg, p, n, params) if alg == "ring" else None
-        off = ours is not None and abs(ours - r["predicted_us"]) > 1e-6 * ours
-        if off or r.get("choices") not in (None, topology.trace_choices(alg, p, n) or None):
-          raise ValueError(
-            f"{path}: the {alg} row at {n} bytes traced with other cost parameters than"
-            " the shipped CPU fit; the model would price another schedule than the one that ran."
-          )
-  return params
+def token_bucket_set(where: Path, title: str) -> list[str]:
+  """One set's cells (hand-written algorithms, ≥ 1 MiB) against the half-duplex replay with
+  and without each link's token bucket, α fitted for each model on the set's own 4 and
+  64 KiB rows: how many each prices within 20 %, and every cell's measured / model."""
+  lines = [f"## {title}", "", "| network | α (no bucket / bucket) | within 20 %: no bucket | with the bucket |",
+           "|---|---|---|---|"]  # fmt: skip
+  cells = []
+  for net, p in NETS:
+    rows = _good(where, "blocks_" + f"{net.replace(':', '_')}_{p}.jsonl")
+    if not rows:
+      continue
+    a0, a1 = fit_alpha(rows, p, net, "half"), fit_alpha(rows, p, net, "half", BUCKET_S)
+    good = [0, 0]
+    mine = [(a, n, t) for (a, n), t in _times(rows).items() if n >= 1 << 20 and a != "psum"]
+    for a, n, t in mine:
+      r0 = t / model(a, p, n, net, "half", a0)
+      r1 = t / model(a, p, n, net, "half", a1, BUCKET_S)
+      good[0] += 0.8 <= r0 <= 1.2
+      good[1] += 0.8 <= r1 <= 1.2
+      cells.append(f"| {net}, {p} hosts | {a} | {_mib(n)} | {r0:.2f} | {r1:.2f} |")
+    lines.append(
+      f"| {net}, {p} hosts | {a0 * 1e3:.2f} / {a1 * 1e3:.2f} ms | {good[0]} of {len(mine)}"
+      f" | {good[1]} of {len(mine)} |"
+    )
+  return [*lines, "", "<details><summary>every cell: measured / model</summary>", "",
+          "| network | algorithm | size | no bucket | bucket |", "|---|---|---|---|---|",
+          *cells, "", "</details>", ""]  # fmt: skip
 
 
-def main(argv=None) -> int:
-  args = sys.argv[1:] if argv is None else argv
-  root = Path(args[0] if args else "docs/results/network")
-  with cost_model.use_params(traced_params(root)):  # the schedules as they ran
-    return _write(root)
+def token_bucket_text(root: Path) -> str:
+  """Does pricing each link's token bucket bring the replay closer to the wire? Each
+  shaped link of ``allreduce-jax cluster`` is a ``tbf`` bucket holding 4 ms of its rate:
+  a link idle for 4 ms passes its next 100 KB (at 200 Mbit/s) at veth speed. The sets
+  timed in blocks with ``--tcp-queue 16KiB``, with and without the bucket priced."""
+  lines = [
+    "# The replay with each link's token bucket",
+    "",
+    f"Every link a bucket of {BUCKET_S * 1e3:g} ms of its rate; measured / model within"
+    " 0.8–1.2 counts as within 20 %. Hand-written algorithms, sizes ≥ 1 MiB.",
+    "",
+  ]
+  q = root / "tcp_queue_16k"
+  lines += token_bucket_set(q, "`tcp_queue_16k/` (step 5 of the sweep)")
+  lines += token_bucket_set(q / "repeat", "`tcp_queue_16k/repeat/` (step 6)")
+  lines += token_bucket_set(q / "cubic", "`tcp_queue_16k/cubic/` (step 7: cubic)")
+  lines += token_bucket_set(
+    q / "cubic_finish",
+    "`tcp_queue_16k/cubic_finish/` (step 8: cubic, each reduced slice finished by its owner)",
+  )
+  lines += token_bucket_set(
+    q / "cubic_finish" / "repeat",
+    "`tcp_queue_16k/cubic_finish/repeat/` (step 10: step 8 run again)",
+  )
+  return "\n".join(lines) + "\n"
 
 
-def _write(root: Path) -> int:
+def _all_rows(root: Path) -> list[dict]:
+  return [r for path in sorted(root.rglob("*.jsonl")) for r in _rows(path)]
+
+
+def tables(root: Path = HERE / "rows") -> dict[str, str]:
+  """``{file name: text}`` of every table this study writes, from the rows under ``root``
+  (no measurement, no figure), priced with the cost parameters the rows traced with
+  (``gloo_model.traced_params``: the schedules as they ran)."""
+  return _build(root)[0]
+
+
+def _build(root: Path) -> tuple[dict[str, str], list[dict]]:
+  with cost_model.use_params(gloo_model.traced_params(_all_rows(root))):
+    text, summary = _tables(root)
+    return {"tables.md": text, "token_bucket.md": token_bucket_text(root)}, summary
+
+
+def _tables(root: Path) -> tuple[str, list[dict]]:
   bench, summary = bench_tables(root)
   blocks, in_blocks = order_tables(root)
   small, in_small = small_queue_tables(root)
@@ -1081,18 +891,27 @@ def _write(root: Path) -> int:
   text += small_queue_targets(root, in_small, in_again, in_cubic, in_finish, in_finish2)
   text += tcp_queue_table(root) + mtu_table(root)
   text += congestion_control_table(root)
-  text += targets(root, summary + in_blocks) + queue_table(root) + half_duplex_table(root)
-  text += half_duplex_sizes_table(root) + gloo_pair_order_table(root) + gloo_lanes_table(root)
+  text += targets(root, summary + in_blocks) + queue_table(root)
   text += ring_alone_table(root)
   text += rootless_table(root)
   text += wire_table(root) + torus_lesson(summary) + bench + blocks + small + again + cubic
   text += finish + finish2
-  cells = summary + in_blocks + in_small + in_again + in_cubic + in_finish + in_finish2
-  (root / "tables.md").write_text("\n".join(text) + "\n")
-  (root / "summary.jsonl").write_text("".join(json.dumps(s) + "\n" for s in cells))
-  figure(summary, root / "time_vs_model.png")
-  redraw(root)
-  print("\n".join(text))
+  return "\n".join(text) + "\n", summary
+
+
+def main(argv=None) -> int:
+  import argparse
+
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("rows", nargs="?", type=Path, default=HERE / "rows", help="the rows' folder")
+  ap.add_argument("--out", type=Path, default=HERE, help="where the tables and figure go")
+  args = ap.parse_args(argv)
+  texts, summary = _build(args.rows)
+  for name, text in texts.items():
+    (args.out / name).write_text(text)
+  figure(summary, args.out / "time_vs_model.png")
+  redraw(args.rows)
+  print(f"wrote {', '.join(texts)} and time_vs_model.png to {args.out}")
   return 0
 
 
