@@ -1,6 +1,7 @@
 """nccl-tests-style measurement of every all-reduce algorithm (``allreduce-jax bench``).
 
-Timing goes through the tools' one timer (:mod:`allreduce_jax.tools._timing`): at
+Timing goes through the tools' one timer (:func:`time_round_robin`, defined in
+:mod:`allreduce_jax.tools._timing`; scripts import it from here): at
 each message size all algorithms are compiled apart and then timed *round robin*
 (call 1 of every algorithm, then call 2, ...), so a slow spell of a shared machine
 hits them all alike and the ratios (custom vs ``psum``) stay meaningful.
@@ -62,7 +63,7 @@ from allreduce_jax.tools._args import (
   size,
   wire_list,
 )
-from allreduce_jax.tools._timing import ORDERS, time_round_robin
+from allreduce_jax.tools._timing import ORDERS, time_round_robin  # time_round_robin: public here
 from allreduce_jax.units import format_bytes, parse_size
 
 #: The fields every bench row carries (nccl-tests' columns, the model's prediction,

@@ -1,9 +1,9 @@
 """Verify, bench and a training run on whatever devices this machine has, rows beside the CPU ones.
 
-    python experiments/accelerator_check.py            # every visible GPU/TPU (CPU: 8 emulated)
-    python experiments/accelerator_check.py --quick    # smaller sizes and fewer steps, a first look
+    python experiments/accelerators/accelerator_check.py            # every visible GPU/TPU (CPU: 8 emulated)
+    python experiments/accelerators/accelerator_check.py --quick    # smaller sizes and fewer steps, a first look
 
-Writes ``docs/results/accelerators/<backend>_<device kind>_p<N>/``: ``verify.jsonl`` (every
+Writes ``experiments/accelerators/rows/<backend>_<device kind>_p<N>/``: ``verify.jsonl`` (every
 algorithm against the NumPy oracle), ``bench.jsonl``/``bench.txt`` (nccl-tests-style sweep of
 every single-axis algorithm and XLA's psum, 8 B to 1 GiB on an accelerator) and
 ``train_sync.jsonl`` (the synchronous data-parallel run over the hand-written ring, replicas
@@ -55,7 +55,7 @@ def _run(argv: list[str], log: Path) -> int:
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="small sizes and few steps")
-  parser.add_argument("--out", default="docs/results/accelerators", help="parent folder")
+  parser.add_argument("--out", default="experiments/accelerators/rows", help="parent folder")
   args = parser.parse_args()
   p = devices.use_cpu_devices(None)  # every visible accelerator; 8 emulated on CPU
   out = Path(args.out) / _tag()
@@ -105,7 +105,7 @@ def main() -> int:
     f" compare busbw with all_reduce_perf -g {p} (docs/accelerators.md)."
   )
   (out / "NOTE.md").write_text(
-    f"# {_tag()}\n\n`python experiments/accelerator_check.py{' --quick' if args.quick else ''}`"
+    f"# {_tag()}\n\n`python experiments/accelerators/accelerator_check.py{' --quick' if args.quick else ''}`"
     f" on {p} {jax.default_backend()} device(s) ({jax.devices()[0].device_kind}),"
     f" jax {jax.__version__}.\n\nExit status: {status}.\n\n{meaning}\n"
   )

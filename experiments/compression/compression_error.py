@@ -9,10 +9,10 @@ the metric is the relative L2 error of the result against the float64 sum.
 - replayed: ``allreduce_jax.wire_error.replay`` (the same arithmetic, bit for bit at
   the tested sizes) for the ring and two_shot at p = 2, 4, ..., 1024.
 
-    python experiments/compression_error.py                 # rows + table
-    python experiments/compression_error.py --smoke
+    python experiments/compression/compression_error.py                 # rows + table
+    python experiments/compression/compression_error.py --smoke
 
-Rows: ``docs/results/compression/error_vs_p.jsonl``; table: ``error_vs_p.md``.
+Rows: ``experiments/compression/rows/error_vs_p.jsonl``; table: ``error_vs_p.md``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Config:
   replay_ps: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
   wires: tuple[str, ...] = ("bf16", "int8", "fp8")
   seed: int = 0
-  out: str = "docs/results/compression/error_vs_p.jsonl"
+  out: str = "experiments/compression/rows/error_vs_p.jsonl"
 
 
 def inputs(p: int, n: int, seed: int):

@@ -1,6 +1,6 @@
 """``auto`` fitted on the emulated network: its choice against the best measured algorithm.
 
-    python experiments/auto_on_cluster.py [docs/results/network] [PREFIX]
+    python experiments/emulated_network/auto_on_cluster.py [experiments/emulated_network/rows] [PREFIX]
 
 For each emulated network with rows in ``bench_NET_HOSTS.jsonl`` (``allreduce-jax bench``
 on ``allreduce-jax cluster``) and each size from 1 MiB up, it fits the cost model
@@ -21,14 +21,14 @@ size picks halving_doubling_near at 16 MiB on the 4-host switch, 1.9× the ring)
 the rows timed in blocks) it reads ``PREFIX*_*.jsonl`` instead and writes
 ``auto_fit_PREFIX.jsonl``/``.md``:
 
-    python experiments/auto_on_cluster.py docs/results/network/tcp_queue_16k blocks_
+    python experiments/emulated_network/auto_on_cluster.py experiments/emulated_network/rows/tcp_queue_16k blocks_
 
 With a third argument, another run's folder (``FIT_ROOT``), a fit on every size of that
 run's rows of the same network picks too, judged by these rows: a fit made on the network
 and used on a run it never saw (the sweep's step 6 against step 5):
 
-    python experiments/auto_on_cluster.py docs/results/network/tcp_queue_16k/repeat blocks_ \
-        docs/results/network/tcp_queue_16k
+    python experiments/emulated_network/auto_on_cluster.py experiments/emulated_network/rows/tcp_queue_16k/repeat blocks_ \
+        experiments/emulated_network/rows/tcp_queue_16k
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def judge(rows: list[dict], p: int, other: list[dict] | None = None) -> list[dic
 
 def main(argv=None) -> int:
   args = sys.argv[1:] if argv is None else argv
-  root = Path(args[0] if args else "docs/results/network")
+  root = Path(args[0] if args else "experiments/emulated_network/rows")
   prefix = args[1] if len(args) > 1 else "bench_"
   fit_root = Path(args[2]) if len(args) > 2 else None
   other_col = f" auto (fit on {fit_root}) | ratio |" if fit_root else ""

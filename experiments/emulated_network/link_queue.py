@@ -24,12 +24,12 @@ go round the configurations, so a slow spell of the machine hits each alike.
 converge (naive, tree, recursive doubling) at 4 MiB on the largest host count. Needs
 root; nothing else should run meanwhile.
 
-    python experiments/link_queue.py --out docs/results/network/link_queue.jsonl
-    python experiments/link_queue.py --queues 100ms --tcp-queues 4MiB,16KiB --order blocks \\
-        --incast --out docs/results/network/tcp_queue.jsonl
-    python experiments/link_queue.py --hosts 8 --queues 100ms --tcp-queues 16KiB \\
+    python experiments/emulated_network/link_queue.py --out experiments/emulated_network/rows/link_queue.jsonl
+    python experiments/emulated_network/link_queue.py --queues 100ms --tcp-queues 4MiB,16KiB --order blocks \\
+        --incast --out experiments/emulated_network/rows/tcp_queue.jsonl
+    python experiments/emulated_network/link_queue.py --hosts 8 --queues 100ms --tcp-queues 16KiB \\
         --congestion-controls bbr,cubic --max-bytes 64MiB --order blocks \\
-        --out docs/results/network/congestion_control.jsonl        # then --hosts 4
+        --out experiments/emulated_network/rows/congestion_control.jsonl        # then --hosts 4
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# The measurements behind docs/results/network/ (resumable: each step skips rows it has).
+# The measurements behind experiments/emulated_network/rows/ and experiments/gloo_pair_order/rows/
+# (resumable: each step skips rows it has).
 # As root, or rootless without it (steps 7-10 and 12 need cubic allowed for namespaces: root's
-# sysctl once; step 11 builds both ways). Runs nice'd; about an hour on a 2-core machine at 200 Mbit/s.
-#   bash experiments/network_sweep.sh [PYTHON]            # every step
-#   STEPS="5" bash experiments/network_sweep.sh [PYTHON]  # only the steps named
+# sysctl once; step 11 builds both ways). Runs nice'd; about an hour with 2 cores at 200 Mbit/s.
+#   bash experiments/emulated_network/network_sweep.sh [PYTHON]            # every step
+#   STEPS="5" bash experiments/emulated_network/network_sweep.sh [PYTHON]  # only the steps named
 set -u
 PY=${1:-python}
-OUT=docs/results/network
-# Steps 1-4 ran before --tcp-queue existed, at this kernel's own TCP queue (4 MiB a socket);
-# step 5 measures the cluster's default since (16 KiB).
+OUT=experiments/emulated_network/rows
+GLOO=experiments/gloo_pair_order/rows  # the exchange's rows: in JAX (steps 1, 9) and gloo alone
+# Steps 1-4 run at the kernel's own TCP queue (4 MiB a socket); step 5 at the cluster's
+# default (16 KiB).
 CL="$PY -m allreduce_jax cluster --link 200Mbit --timeout 1800 --tcp-queue 4MiB"
 CL16="$PY -m allreduce_jax cluster --link 200Mbit --timeout 1800 --tcp-queue 16KiB"
 ALL=ring,bidirectional_ring,tree,recursive_doubling,halving_doubling,halving_doubling_near,swing,double_binary_tree,naive,psum
@@ -20,9 +22,9 @@ want() { [[ " ${STEPS:-1 2 3 4 5 6} " == *" $1 "* ]]; }
 # 1. the half-duplex exchange (minimal reproduction), p = 2 and 4
 want 1 && {
   for h in 2 4; do
-    f=$OUT/half_duplex_p$h.jsonl
+    f=$GLOO/half_duplex_p$h.jsonl
     if [ ! -s $f ]; then  # written only when the run printed its rows
-      run $CL --hosts $h -- $PY experiments/gloo_exchange_half_duplex.py > $f.tmp
+      run $CL --hosts $h -- $PY experiments/gloo_pair_order/gloo_exchange_half_duplex.py > $f.tmp
       grep -q '^{' $f.tmp && grep '^{' $f.tmp > $f
       rm -f $f.tmp
     fi
@@ -31,7 +33,7 @@ want 1 && {
 # 2. bytes on the wire, every algorithm, p = 2, 4, 8 (4 MiB per participant)
 want 2 && {
   for h in 2 4 8; do
-    run $CL --hosts $h -- $PY experiments/wire_bytes.py --bytes 4MiB --out $OUT/wire_bytes.jsonl
+    run $CL --hosts $h -- $PY experiments/emulated_network/wire_bytes.py --bytes 4MiB --out $OUT/wire_bytes.jsonl
   done
 }
 # 3. time of every algorithm, 1-16 MiB (all) and 64 MiB (the fast ones), small sizes for alpha
@@ -98,10 +100,10 @@ want 6 && small_queue $OUT/tcp_queue_16k/repeat
 [[ " ${STEPS:-} " == *" 7 "* ]] && small_queue $OUT/tcp_queue_16k/cubic --congestion-control cubic
 [[ " ${STEPS:-} " == *" 8 "* ]] && small_queue $OUT/tcp_queue_16k/cubic_finish --congestion-control cubic
 [[ " ${STEPS:-} " == *" 9 "* ]] && {
-  f=$OUT/half_duplex_sizes_p4.jsonl
+  f=$GLOO/half_duplex_sizes_p4.jsonl
   for i in 1 2 3; do
     if ! grep -q "^{\"run\": $i," $f 2>/dev/null; then
-      run $CL16 --hosts 4 --congestion-control cubic -- $PY experiments/gloo_exchange_half_duplex.py \
+      run $CL16 --hosts 4 --congestion-control cubic -- $PY experiments/gloo_pair_order/gloo_exchange_half_duplex.py \
         --sizes 64KiB,256KiB,1MiB,4MiB,16MiB > $f.tmp
       grep '^{' $f.tmp | sed "s/^{/{\"run\": $i, \"congestion_control\": \"cubic\", /" >> $f
       rm -f $f.tmp
@@ -143,7 +145,7 @@ gloo_exchange() {  # FILE TAG HOSTS ARGS...: one run of gloo alone, its rows tag
   rm -rf $f.tmp $store
 }
 [[ " ${STEPS:-} " == *" 13 "* ]] && {
-  f=$OUT/gloo_pair_order.jsonl
+  f=$GLOO/gloo_pair_order.jsonl
   for h in 4 8; do
     for i in 1 2 3; do
       for mode in no_barrier barrier skew_2ms; do
@@ -157,7 +159,7 @@ gloo_exchange() {  # FILE TAG HOSTS ARGS...: one run of gloo alone, its rows tag
   done
 }
 [[ " ${STEPS:-} " == *" 14 "* ]] && {
-  f=$OUT/gloo_lanes.jsonl
+  f=$GLOO/gloo_lanes.jsonl
   for h in 4 8; do
     for i in 1 2 3; do
       grep -q "^{\"run\": $i, \"p\": $h," $f 2>/dev/null && continue

@@ -14,8 +14,8 @@ payload; the bubble between steps) from what gloo and XLA add.
 It builds and removes its own namespaces, as ``allreduce-jax cluster`` does: as root, or
 without root in a user namespace of the user's own. Run it while no cluster is running:
 
-    python experiments/tcp_ring_ceiling.py --hosts 4,8 --bytes 4MiB,16MiB --link 200Mbit \\
-      --tcp-queue 16KiB --out docs/results/network/tcp_ring_ceiling.jsonl
+    python experiments/emulated_network/tcp_ring_ceiling.py --hosts 4,8 --bytes 4MiB,16MiB --link 200Mbit \\
+      --tcp-queue 16KiB --out experiments/emulated_network/rows/tcp_ring_ceiling.jsonl
 
 ``--variants work,handshake`` adds, one at a time, what the hand-written ring does besides
 the transfer (its local float32 work between steps; gloo's "ready to receive" before each

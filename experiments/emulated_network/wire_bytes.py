@@ -3,7 +3,7 @@
 Runs on every host of an emulated cluster (one process per host, one device each):
 
     allreduce-jax cluster --hosts 4 --topology switch --link 200Mbit -- \\
-        python experiments/wire_bytes.py --bytes 4MiB --out docs/results/network/wire_bytes.jsonl
+        python experiments/emulated_network/wire_bytes.py --bytes 4MiB --out experiments/emulated_network/rows/wire_bytes.jsonl
 
 For each algorithm: compile and run it once, wait for every host (a barrier), read
 this host's ``tx_bytes`` (``/sys/class/net/DEV/statistics``, the namespace's own

@@ -3,7 +3,7 @@
 Self-contained (JAX only), for an upstream report. Start one process per host, with
 links of a known rate between them, e.g. on one Linux machine as root:
 
-    allreduce-jax cluster --hosts 4 --link 200Mbit -- python experiments/gloo_exchange_half_duplex.py
+    allreduce-jax cluster --hosts 4 --link 200Mbit -- python experiments/gloo_pair_order/gloo_exchange_half_duplex.py
 
 or on any machines: ``JAX_COORDINATOR_ADDRESS=host0:1234 JAX_NUM_PROCESSES=4
 JAX_PROCESS_ID=i python gloo_exchange_half_duplex.py``. It times, with 16 MiB per
@@ -20,7 +20,7 @@ warm-up):
   exchange within a network latency of each other.
 
 On a full-duplex link the three take the same time (n / rate). Measured on 200 Mbit/s
-links (``docs/results/network/half_duplex_p4.jsonl``) the exchange takes twice as long: the
+links (``experiments/gloo_pair_order/rows/half_duplex_p4.jsonl``) the exchange takes twice as long: the
 two directions take turns (``half_duplex_sizes_p4.jsonl``: 1.31× at 256 KiB, 1.81× at
 1 MiB, 1.95× at 4 MiB, where each turn's first 100 KB leave at once from the emulated
 link's token bucket, refilled during the other turn). Cause, from the sources: XLA's
@@ -33,7 +33,7 @@ one may start. Posting the receive first in ``CollectivePermute`` (or letting gl
 control messages overtake queued data) would let both directions flow at once:
 ``experiments/gloo_pair_order/`` measures that with gloo alone (C++, no JAX), where the
 same exchange with the receive posted first takes one way's time at every size from
-256 KiB (``docs/results/network/gloo_pair_order.jsonl``); its README is the report.
+256 KiB (``experiments/gloo_pair_order/rows/gloo_pair_order.jsonl``); its README is the report.
 
 ``handshake`` is the evidence for that order, and the reason it cannot be fixed from
 JAX: when both peers happen to post their send before the other's "ready to receive"

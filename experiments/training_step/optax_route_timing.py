@@ -4,12 +4,12 @@ One run times, side by side (round-robin, so load drifts hit every variant alike
 same jitted data-parallel step (Flax NNX MLP on digits, Adam, replicated parameters,
 batch sharded over 8 emulated CPU devices) with ``all_reduce_gradients`` on the
 hand-written ring, on ``algorithm="psum"`` (XLA's own all-reduce), and with a plain
-``lax.pmean``, with ``tools._timing.time_round_robin``: ``--trials`` trials of ``--steps``
+``lax.pmean``, with the tools' one timer (``tools.bench.time_round_robin``): ``--trials`` trials of ``--steps``
 timed steps each, median of the trial medians, min/max/IQR over every timed step; printed
 and appended as JSON lines.
 
-  python experiments/optax_route_timing.py --trials 7 --steps 20 \
-    --out docs/results/reuse/optax_route_timing.jsonl
+  python experiments/training_step/optax_route_timing.py --trials 7 --steps 20 \
+    --out experiments/training_step/rows/optax_route_timing.jsonl
 """
 
 import argparse
@@ -28,7 +28,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 from sklearn.datasets import load_digits  # noqa: E402
 
 from allreduce_jax import all_reduce_gradients  # noqa: E402
-from allreduce_jax.tools._timing import time_round_robin  # noqa: E402
+from allreduce_jax.tools.bench import time_round_robin  # noqa: E402
 
 
 def pmean_transform(axis_name):
@@ -65,7 +65,7 @@ def main():
   ap.add_argument("--trials", type=int, default=7)
   ap.add_argument("--steps", type=int, default=20)
   ap.add_argument("--hidden", type=int, default=32)
-  ap.add_argument("--out", default="docs/results/reuse/optax_route_timing.jsonl")
+  ap.add_argument("--out", default="experiments/training_step/rows/optax_route_timing.jsonl")
   args = ap.parse_args()
   mesh = jax.make_mesh((8,), ("data",))
   x, y = load_digits(return_X_y=True)
@@ -99,7 +99,7 @@ def main():
         "params": int(n_params),
         "hidden": args.hidden,
         "vs_psum": t.median_s / ref,
-        "command": "python experiments/optax_route_timing.py"
+        "command": "python experiments/training_step/optax_route_timing.py"
         f" --trials {args.trials} --steps {args.steps} --hidden {args.hidden}",
       }
       f.write(json.dumps(row) + "\n")

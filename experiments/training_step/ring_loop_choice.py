@@ -2,10 +2,10 @@
 
 Compiles both forms of the same ring all-reduce (the library's unrolled one, and a
 ``fori_loop`` variant written here only for this comparison) and times them side by
-side with the tools' one timer (``tools._timing``), with ``psum`` as the yardstick.
+side with the tools' one timer (``tools.bench.time_round_robin``), with ``psum`` as the yardstick.
 
-    python experiments/ring_loop_choice.py            # 8 devices, 4 KiB / 1 MiB / 16 MiB
-    python experiments/ring_loop_choice.py --smoke
+    python experiments/training_step/ring_loop_choice.py            # 8 devices, 4 KiB / 1 MiB / 16 MiB
+    python experiments/training_step/ring_loop_choice.py --smoke
 """
 
 from __future__ import annotations
@@ -23,27 +23,29 @@ class Config:
 
 
 def ring_fori_loop(flat, axis_name, combine):
-  """The ring with both phases as ``lax.fori_loop`` (one permute in the HLO each)."""
+  """The ring with both phases as ``lax.fori_loop`` (one permute in the HLO each), in
+  plain JAX: reduce-scatter, then all-gather, each p − 1 shifts by one."""
   import jax.numpy as jnp
   from jax import lax
 
-  from allreduce_jax import _comm
-
-  p, i, n = _comm.size(axis_name), _comm.index(axis_name), flat.shape[0]
-  flat = _comm.pad_to_multiple(flat, p)  # T[p*c]
+  p, i, n = lax.axis_size(axis_name), lax.axis_index(axis_name), flat.shape[0]
+  flat = jnp.pad(flat, (0, (-n) % p))  # T[p*c]
   c = flat.shape[0] // p
-  pairs = _comm.shift_pairs(p, 1)
+  pairs = [(j, (j + 1) % p) for j in range(p)]
+
+  def chunk(k):
+    return lax.dynamic_slice_in_dim(flat, k * c, c)
 
   def reduce_step(s, acc):  # acc: T[c]
-    return combine(_comm.send(acc, axis_name, pairs), _comm.chunk(flat, (i - (s + 2)) % p, c))
+    return combine(lax.ppermute(acc, axis_name, pairs), chunk((i - (s + 2)) % p))
 
-  acc = lax.fori_loop(0, p - 1, reduce_step, _comm.chunk(flat, (i - 1) % p, c))
-  out = _comm.make_varying(jnp.zeros_like(flat), axis_name)
+  acc = lax.fori_loop(0, p - 1, reduce_step, chunk((i - 1) % p))
+  out = jnp.zeros_like(flat)  # varying over the axis, as flat is
   out = lax.dynamic_update_slice_in_dim(out, acc, i * c, 0)
 
   def gather_step(s, carry):
     cur, out = carry
-    cur = _comm.send(cur, axis_name, pairs)
+    cur = lax.ppermute(cur, axis_name, pairs)
     return cur, lax.dynamic_update_slice_in_dim(out, cur, ((i - (s + 1)) % p) * c, 0)
 
   _, out = lax.fori_loop(0, p - 1, gather_step, (acc, out))
@@ -65,7 +67,7 @@ def main(argv=None) -> None:
   from jax.sharding import PartitionSpec as P
 
   from allreduce_jax import all_reduce, devices
-  from allreduce_jax.tools._timing import time_round_robin
+  from allreduce_jax.tools.bench import time_round_robin
 
   mesh = devices.submesh((cfg.devices,), ("i",))
   variants = {
