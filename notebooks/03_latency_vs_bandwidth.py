@@ -7,231 +7,377 @@
 # (recursive doubling: lg p steps of n bytes) wins on small messages; one with few
 # bytes but many steps (the ring: 2(p−1) steps of n/p bytes) wins on large ones.
 #
-# Here we measure the algorithms on emulated devices nccl-tests style, fit α and β to
-# the measurements, read off the crossover sizes, check what `algorithm="auto"` picks,
-# and see why frameworks pack small gradients into buckets before reducing them.
+# Here we time the algorithms on emulated devices with a dozen lines of our own, fit α
+# and β to the times with a few lines of least squares, read off where each algorithm
+# stops being latency-bound and where the best one changes, check what
+# `algorithm="auto"` would pick with this fit, and see why frameworks pack small
+# gradients into buckets before reducing them.
 #
 # Emulated CPU devices share one process and one memory, so absolute numbers say
 # little about a GPU cluster; the *shape* of the curves and the method carry over.
+#
+# **Run time.** Full mode takes about 4 minutes on 2 CPU cores. Small mode
+# (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
+# JupyterLab) takes about 1 minute: four sizes from 8 KiB to 4 MiB instead of nine up
+# to 16 MiB, four algorithms and psum instead of every `auto` candidate, fewer timed
+# calls and a smaller model gradient for the bucketing. Every sentence at the end is
+# computed from the run; where a run measures too little to support one, it says so.
 
 # %% tags=["parameters"]
 import os
 
 SMALL = os.environ.get("ALLREDUCE_JAX_SMALL", "0") == "1"  # CI runs the small mode
 DEVICES = 8
+ITERS = 5 if SMALL else 9  # timed calls per algorithm and size (the median is kept)
+LAYERS, D_MODEL = (2, 32) if SMALL else (16, 128)  # the model gradient of the last section
 
 # %%
 import jax
 
 jax.config.update("jax_num_cpu_devices", DEVICES)  # before the first JAX computation
 
-# %matplotlib inline
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 from IPython.display import display
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import cost_model, names
-from allreduce_jax.tools import bench, fusion_bench, plot, report
-from allreduce_jax.units import format_bytes, parse_size
+from allreduce_jax import all_reduce, all_reduce_tree, cost_model, names
+from allreduce_jax.palette import style
+from allreduce_jax.units import format_bytes
 
-# The sizes are the report's (`allreduce-jax report`): one definition for both.
-BENCH = report.settings("bench", smoke=SMALL)
-FUSION = report.settings("fusion", smoke=SMALL)
-# psum (XLA's own, the reference) and every candidate `auto` chooses from, so each
-# gets its own fit.
-ALGORITHMS = [*names(hand_written=False, axes=1), *names(auto=True)]
-OUT = report.results_dir("notebooks", "03")
-print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices;", BENCH)
+# psum (XLA's own, the reference) and the candidates `auto` chooses from.
+CANDIDATES = names(auto=True)
+if SMALL:
+  CANDIDATES = tuple(a for a in CANDIDATES if a in ("ring", "tree", "recursive_doubling", "swing"))
+ALGORITHMS = ("psum", *CANDIDATES)
+SIZES = [8 << 10, 64 << 10, 512 << 10, 4 << 20] if SMALL else [4**k << 10 for k in range(9)]
+mesh = jax.make_mesh((DEVICES,), ("i",))
+print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
+print("sizes per participant:", ", ".join(format_bytes(n) for n in SIZES))
 
 # %% [markdown]
-# ## The benchmark: every algorithm, side by side, at each size
+# ## Timing an all-reduce, the way nccl-tests does
 #
-# `bench.measure_size` places a verifiable input on the devices, compiles each
-# algorithm separately, warms up, then times them **round robin** (call 1 of each, call
-# 2 of each, ...) so that a slow moment of this shared machine hits all alike. Every
-# result is checked against `lax.psum` (`wrong`). As in nccl-tests,
-# algbw = n/t and busbw = algbw·2(p−1)/p, the number to compare with a link's peak.
+# Each participant holds `n` bytes of float32. The input is placed on the devices
+# first; each algorithm is compiled and run once (the warm-up) before any timing; then
+# the algorithms are timed **round robin** (call 1 of each, call 2 of each, ...) so a
+# slow moment of the machine hits all alike, and the median is kept. Integer-valued
+# inputs make every sum exact, so each result is compared with `psum`'s bit for bit.
+# As in nccl-tests, algbw = n/t and busbw = algbw·2(p−1)/p: the number to compare with
+# a link's peak.
+
 
 # %%
-sizes = bench.sweep_sizes(
-  parse_size(BENCH["min_bytes"]), parse_size(BENCH["max_bytes"]), BENCH["factor"], 4, DEVICES,
-  uneven=not SMALL,
-)  # fmt: skip
+def compiled(algorithm):
+  body = lambda b: all_reduce(b, "i", algorithm=algorithm)  # noqa: E731
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+
+
+def measure(n_bytes, algorithms, iters=ITERS):
+  """Median seconds per call of each algorithm on ``n_bytes`` per participant."""
+  rng = np.random.default_rng(n_bytes)
+  x = rng.integers(-8, 8, (DEVICES * n_bytes // 4,)).astype(np.float32)  # exact sums
+  x = jax.device_put(x, NamedSharding(mesh, P("i")))
+  fns = {a: compiled(a) for a in algorithms}
+  reference = np.asarray(fns["psum"](x))
+  for a, f in fns.items():  # compile, warm up, check
+    assert np.array_equal(np.asarray(f(x)), reference), f"{a} is wrong at {n_bytes} B"
+  times = {a: [] for a in algorithms}
+  for _ in range(iters):
+    for a, f in fns.items():
+      start = time.perf_counter()
+      f(x).block_until_ready()
+      times[a].append(time.perf_counter() - start)
+  return {a: float(np.median(t)) for a, t in times.items()}
+
+
 rows = []
-for n in sizes:
-  rows += bench.measure_size(ALGORITHMS, DEVICES, n, iters=BENCH["iters"], warmup=BENCH["warmup"])
+for n in SIZES:
+  for a, t in measure(n, ALGORITHMS).items():
+    busbw = n / t * 2 * (DEVICES - 1) / DEVICES / 1e9
+    rows.append({"algorithm": a, "bytes": n, "time_us": 1e6 * t, "busbw_GBps": busbw})
 measured = pd.DataFrame(rows)
-assert (measured["wrong"] == 0).all()
-measured.pivot(index="bytes", columns="algorithm", values="busbw_GBps").round(4)
+measured.pivot(index="bytes", columns="algorithm", values="time_us").round(0)
 
 # %%
-plot.busbw(rows)
+fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(11, 4))
+for a, d in measured.groupby("algorithm", sort=False):
+  ax_t.plot(d["bytes"], d["time_us"], label=a, **style(a))
+  ax_b.plot(d["bytes"], d["busbw_GBps"], label=a, **style(a))
+for ax, what in ((ax_t, "time per all-reduce (µs)"), (ax_b, "bus bandwidth (GB/s)")):
+  ax.set(xscale="log", yscale="log", xlabel="bytes per participant", ylabel=what)
+  ax.grid(alpha=0.3)
+ax_b.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+fig.suptitle(f"measured on {DEVICES} emulated {jax.default_backend()} devices")
+fig.tight_layout()
+plt.show()
 
 # %% [markdown]
-# Bus bandwidth in GB/s above. Small messages reach a tiny fraction of the bandwidth:
-# the time is almost all fixed cost. busbw climbs with size as the per-byte part takes
-# over; the algorithm with the fewest steps leads on the left, the one with the fewest
-# bytes on the right.
+# Small messages reach a tiny fraction of the bandwidth: the time is almost all fixed
+# cost, and it hardly moves as the size grows. Further right the per-byte part takes
+# over and busbw climbs.
 #
-# ## The α-β model, fitted to these measurements
+# ## The α-β model, fitted with least squares
 #
-# `cost_model.schedule` gives each algorithm's step count and bytes on the critical
-# path in closed form; time = α·steps + β·bytes + γ·bytes reduced is linear in
-# (α, β, γ), so a non-negative least-squares fit over the measured rows gives them
-# (`bench.fit_and_save`: one shared fit and one per algorithm, the way NCCL keeps a
-# latency and a bandwidth per algorithm). For one algorithm at one p the bytes reduced
-# are a fixed multiple of the bytes sent, so its own γ cannot be told from β: it shows
-# as NaN below and β includes it.
+# `cost_model.schedule(a, p, n)` gives an algorithm's schedule in closed form: its
+# sequential message `steps` and the bytes on its critical path (`beta_bytes`). The
+# model says time = α·steps + β·beta_bytes, linear in (α, β), so each algorithm's own
+# α and β come from an ordinary least-squares fit over its measured sizes. Dividing
+# each row by the measured time makes the fit minimise *relative* errors, so the
+# microsecond sizes count as much as the millisecond ones. (The local reduction, γ per
+# byte, is a fixed multiple of the bytes sent for one algorithm at one p: it cannot be
+# told apart from β, so β includes it.)
 
 # %%
-fit_path = OUT / "cost_params.json"
-fitted, fit_text, fit_table = bench.fit_and_save(rows, fit_path)
-display(pd.DataFrame(bench.fit_params_table(fitted)).set_index("fit").round(4))
-errors = pd.DataFrame(fit_table)
-errors.pivot(index="bytes", columns="algorithm", values="fit_err").round(2)
-
-# %% [markdown]
-# The relative error of each algorithm's own fit, per size (0.1 = the model 10 % slow).
-# The library's `bench` figure shows the same: measured medians with min–max bars, the
-# fitted model dashed, the ring's latency-bound region shaded and the model's switch
-# points marked.
-
-# %%
-plot.bench(rows, fitted, title=f"all-reduce time vs size, p={DEVICES}")
-
-# %% [markdown]
-# ## Crossover sizes
-#
-# Two questions, both answered from the fitted parameters:
-#
-# * **Where is one algorithm latency-bound?** Its latency term α·steps equals its
-#   per-byte term at n* (`cost_model.balance_bytes`); for the ring
-#   2(p−1)α = 2(p−1)/p·nβ gives n* = p·α/β. Below n* adding bytes is almost free.
-# * **Where does the best algorithm change?** `cost_model.switch_points` finds the
-#   sizes where the model's argmin changes, among the algorithms measured here.
-#
-# For contrast, the same numbers for the documented NVLink-class defaults
-# (α = 5 µs, 100 GB/s). What sets the crossovers is α/β: the bytes a link could have
-# moved in the time of one step's latency. A GPU link has a much smaller α but a far
-# larger bandwidth, so its α/β — and every crossover — can sit at larger sizes than
-# on emulated CPU devices.
-
-# %%
-custom = [a for a in ALGORITHMS if a in names(hand_written=True)]
-defaults = cost_model.DEFAULT_PARAMS
-balance = pd.DataFrame(
-  {
-    name: {a: cost_model.balance_bytes(a, DEVICES, params) / 1024 for a in custom}
-    for name, params in [("fitted here", fitted), ("NVLink-class default", defaults)]
+fits = {}
+for a, d in measured.groupby("algorithm", sort=False):
+  sched = [cost_model.schedule(a, DEVICES, n) for n in d["bytes"]]
+  A = np.array([[s.steps, s.beta_bytes] for s in sched])  # one row per size
+  t = d["time_us"].to_numpy() * 1e-6
+  coef, *_ = np.linalg.lstsq(A / t[:, None], np.ones(len(t)), rcond=None)
+  if (coef < 0).any():  # a cost cannot be negative: fit the other term alone
+    keep = coef > 0
+    coef = np.zeros(2)
+    coef[keep] = np.linalg.lstsq(A[:, keep] / t[:, None], np.ones(len(t)), rcond=None)[0]
+  alpha, beta = coef
+  model = A @ coef
+  fits[a] = {
+    "alpha_us": 1e6 * alpha,
+    "GBps": 1e-9 / beta if beta > 0 else np.nan,
+    "worst error": np.abs(model / t - 1).max(),
+    # How much of the largest measured time the per-byte term explains.
+    "per-byte share at the largest size": beta * A[-1, 1] / t[-1],
   }
-).round(1)
-balance.index.name = "latency-bound below (KiB)"
-display(balance)
-switches = cost_model.switch_points(DEVICES, fitted, 8, 1 << 30, custom)
-pd.DataFrame(
+fit_table = pd.DataFrame(fits).T
+fit_table.round(3)
+
+# %% [markdown]
+# `GBps` is 1/β; where the fit finds no positive per-byte cost it shows NaN: the
+# sizes measured never left the latency-bound regime. The last column is the fraction
+# of the largest measured time that the per-byte term accounts for — near 0, β is a
+# guess.
+
+# %%
+sizes_fine = np.geomspace(min(SIZES), max(SIZES), 50)
+fig, ax = plt.subplots(figsize=(8, 4.5))
+for a, d in measured.groupby("algorithm", sort=False):
+  s = style(a)
+  ax.plot(d["bytes"], d["time_us"], marker=s["marker"], color=s["color"], ls="none", label=a)
+  alpha, gbps = fits[a]["alpha_us"] * 1e-6, fits[a]["GBps"]
+  beta = 1e-9 / gbps if gbps > 0 else 0.0
+  model = [
+    alpha * cost_model.schedule(a, DEVICES, n).steps
+    + beta * cost_model.schedule(a, DEVICES, n).beta_bytes
+    for n in sizes_fine
+  ]
+  ax.plot(sizes_fine, 1e6 * np.array(model), color=s["color"], ls="--", lw=1)
+ax.set(xscale="log", yscale="log", xlabel="bytes per participant", ylabel="µs")
+ax.set_title(f"measured (markers) and each algorithm's fitted α-β model (dashed), p={DEVICES}")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+ax.grid(alpha=0.3)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Where an algorithm stops being latency-bound, and where the best one changes
+#
+# * An algorithm is **latency-bound** below the size n* where its latency term equals
+#   its per-byte term: α·steps = β·beta_bytes(n*). For the ring, 2(p−1)α = 2(p−1)/p·n·β
+#   gives n* = p·α/β. Below n*, adding bytes is almost free.
+# * The **best algorithm** at a size is the one with the smallest predicted time, as
+#   NCCL decides per size. Evaluating every fitted model on a fine grid of sizes and
+#   taking the argmin shows where it changes.
+#
+# What sets both is α/β: the bytes a link could have moved in the time of one step's
+# latency. A GPU link has a far smaller α but a far larger bandwidth, so its crossovers
+# can sit at larger sizes than on emulated CPU devices.
+
+# %%
+hand_written = [a for a in CANDIDATES if fits[a]["GBps"] > 0]
+n_star = {
+  a: fits[a]["alpha_us"] * 1e-6 * cost_model.schedule(a, DEVICES, 1.0).steps
+  / (1e-9 / fits[a]["GBps"] * cost_model.schedule(a, DEVICES, 1.0).beta_bytes)
+  for a in hand_written
+}  # fmt: skip
+display(pd.Series({a: format_bytes(int(n)) for a, n in n_star.items()}, name="latency-bound below"))
+
+grid = np.geomspace(8, 1 << 30, 400)
+predicted = np.array(
   [
-    {"params": name, "from": before, "to": after, "at (KiB)": round(n / 1024, 1)}
-    for name, params in [("fitted here", fitted), ("NVLink-class default", defaults)]
-    for n, before, after in cost_model.switch_points(DEVICES, params, 8, 1 << 30, custom)
+    [
+      fits[a]["alpha_us"] * 1e-6 * cost_model.schedule(a, DEVICES, n).steps
+      + 1e-9 / fits[a]["GBps"] * cost_model.schedule(a, DEVICES, n).beta_bytes
+      for n in grid
+    ]
+    for a in hand_written
   ]
 )
-
-# %%
-plot.model(
-  DEVICES, fitted, custom, title=f"the fitted model beyond the measured sizes, p={DEVICES}"
-)
-
-# %% [markdown]
-# ## What `auto` picks
-#
-# `algorithm="auto"` makes the NCCL-style choice at trace time: the candidate with
-# the smallest predicted time for this p and size, under `cost_model.current_params()`.
-# We hand it the fit just made (`cost_model.use_params`) and time it side by side with
-# the algorithm that was fastest at that size above. Every candidate was measured
-# above, so each is priced with its own fit.
-
-# %%
-fastest = measured[measured["algorithm"].isin(custom)].loc[
-  lambda d: d.groupby("bytes")["time_us"].idxmin()
+best = predicted.argmin(0)
+changes = [
+  (grid[k], hand_written[best[k - 1]], hand_written[best[k]])
+  for k in range(1, len(grid))
+  if best[k] != best[k - 1]
 ]
-auto_rows = []
-with cost_model.use_params(fitted):
-  for _, best in fastest.iterrows():
-    n = int(best["bytes"])
-    at_n = bench.measure_size(
-      ["auto", best["algorithm"]], DEVICES, n, iters=BENCH["iters"], warmup=BENCH["warmup"],
-      params=fitted,
-    )  # fmt: skip
-    assert all(r["wrong"] == 0 for r in at_n)
-    auto_rows.append(
-      {
-        "size": format_bytes(n),
-        "auto picks": at_n[0]["chosen"],
-        "fastest measured": best["algorithm"],
-        "auto (µs)": round(at_n[0]["time_us"]),
-        "it (µs)": round(at_n[1]["time_us"]),
-      }
-    )
-auto_table = pd.DataFrame(auto_rows).set_index("size")
-agree = int((auto_table["auto picks"] == auto_table["fastest measured"]).sum())
-auto_table
+pd.DataFrame([(format_bytes(int(n)), a, b) for n, a, b in changes], columns=["at", "from", "to"])
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 4.5))
+for k, a in enumerate(hand_written):
+  ax.plot(grid, 1e6 * predicted[k], label=a, **{**style(a), "marker": None})
+ax.axvspan(min(SIZES), max(SIZES), color="0.9", zorder=0, label="measured sizes")
+for k, (n, _, _) in enumerate(changes):
+  ax.axvline(n, color="0.3", ls=(0, (6, 3)), lw=1, label="the best one changes" if k == 0 else None)
+ax.set(xscale="log", yscale="log", xlabel="bytes per participant", ylabel="predicted µs")
+ax.set_title(f"the fitted models beyond the measured sizes, p={DEVICES}")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+ax.grid(alpha=0.3)
+fig.tight_layout()
+plt.show()
 
 # %% [markdown]
-# ## Tensor fusion: why small gradients must be bucketed
+# ## What `auto` would pick
+#
+# `algorithm="auto"` makes the same NCCL-style choice at trace time, from the
+# parameters in effect: `cost_model.FittedParams` holds one (α, β) per algorithm, and
+# `cost_model.use_params(fit)` makes a fit current (`auto` then compiles to its pick).
+# `cost_model.choose` tells the pick without compiling. Is it the algorithm that was
+# fastest at each measured size?
+
+# %%
+own = {
+  a: cost_model.Params(fits[a]["alpha_us"] * 1e-6, 1e-9 / fits[a]["GBps"]) for a in hand_written
+}
+fit = cost_model.FittedParams(own[hand_written[0]], own, meta={"algorithms": hand_written})
+by = measured.set_index(["algorithm", "bytes"])["time_us"]
+picks = []
+for n in SIZES:
+  pick = cost_model.choose(DEVICES, n, fit)
+  fastest = min(CANDIDATES, key=lambda a: by[(a, n)])
+  picks.append(
+    {
+      "size": format_bytes(n),
+      "auto picks": pick,
+      "fastest measured": fastest,
+      "pick (µs)": round(by[(pick, n)]),
+      "fastest (µs)": round(by[(fastest, n)]),
+    }
+  )
+picks = pd.DataFrame(picks).set_index("size")
+picks
+
+# %% [markdown]
+# ## Tensor fusion: why small gradients are bucketed
 #
 # A model's gradient is a pytree of many leaves, most of them small (biases, norms).
 # Reduced leaf by leaf, each all-reduce pays the full latency term, so L leaves cost
-# about L·2(p−1)α + 2(p−1)/p·Nβ. Packed into B buckets they cost
-# B·2(p−1)α + 2(p−1)/p·Nβ: the bytes are the same, the fixed costs are divided by L/B.
-# PyTorch DDP uses 25 MB buckets, Horovod a 64–128 MB fusion buffer.
+# about L·2(p−1)α + 2(p−1)/p·Nβ. Packed into one flat buffer they cost
+# 2(p−1)α + 2(p−1)/p·Nβ: the same bytes, the fixed cost paid once. PyTorch DDP uses
+# 25 MB buckets, Horovod a 64–128 MB fusion buffer.
 #
-# `fusion_bench.measure_model` times `all_reduce_tree` (ring) on the gradient pytree
-# of the training CNN and of a GPT-like transformer, per leaf and in buckets, side by
-# side, and checks every result against `psum`.
+# `all_reduce_tree(tree, axis, bucket_bytes=...)` does the packing: `bucket_bytes=0`
+# is one all-reduce per leaf, `None` one bucket per dtype. Below, the gradient of a
+# small GPT-style transformer (12 leaves per layer), reduced with the ring both ways.
 
 # %%
-buckets = dict(fusion_bench.BUCKETS)
-models = {
-  "cnn": fusion_bench.cnn_shapes(),
-  "transformer": fusion_bench.transformer_shapes(FUSION["layers"], FUSION["d_model"]),
-}
-fusion_rows = []
-for model, shapes in models.items():
-  fusion_rows += fusion_bench.measure_model(
-    model, shapes, "ring", DEVICES, buckets, FUSION["iters"], FUSION["warmup"], fitted
-  )
-fusion = pd.DataFrame(fusion_rows)
-assert (fusion["wrong"] == 0).all()
-display(fusion.pivot(index="bucket", columns="model", values="n_buckets").loc[list(buckets)])
-fusion.pivot(index="bucket", columns="model", values="speedup_vs_per_leaf").loc[
-  list(buckets)
-].round(2)
+d, h = D_MODEL, 4 * D_MODEL
+shapes = {"wte": (1024, d), "wpe": (256, d)}
+for k in range(LAYERS):
+  layer = {"ln1": [(d,), (d,)], "qkv": [(d, 3 * d), (3 * d,)], "proj": [(d, d), (d,)]}
+  layer |= {"ln2": [(d,), (d,)], "fc": [(d, h), (h,)], "out": [(h, d), (d,)]}
+  shapes |= {f"h{k}/{name}/{j}": s for name, pair in layer.items() for j, s in enumerate(pair)}
+shapes |= {"ln_f/scale": (d,), "ln_f/bias": (d,)}
+tree = {k: np.ones((DEVICES, *s), np.float32) for k, s in shapes.items()}  # each block: ones
+tree = jax.device_put(tree, NamedSharding(mesh, P("i")))
+n_bytes = sum(4 * int(np.prod(s)) for s in shapes.values())
 
-# %%
-plot.fusion(fusion_rows, list(buckets))
+
+def fused(bucket_bytes):
+  body = lambda t: all_reduce_tree(t, "i", algorithm="ring", bucket_bytes=bucket_bytes)  # noqa: E731
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+
+
+fusion_fns = {"per leaf": fused(0), "one bucket": fused(None)}
+for f in fusion_fns.values():  # compile, warm up, check: each leaf sums to p
+  assert all(np.all(np.asarray(v) == DEVICES) for v in jax.tree.leaves(f(tree)))
+fusion_times = {k: [] for k in fusion_fns}
+for _ in range(ITERS):
+  for k, f in fusion_fns.items():
+    start = time.perf_counter()
+    jax.block_until_ready(f(tree))
+    fusion_times[k].append(time.perf_counter() - start)
+fusion = pd.Series({k: 1e6 * float(np.median(t)) for k, t in fusion_times.items()}, name="µs")
+print(f"{len(shapes)} leaves, {format_bytes(n_bytes)} per participant")
+fusion.round(0).to_frame()
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-by = measured.set_index(["algorithm", "bytes"])
-small_n, big_n = sizes[0], sizes[-1]
-best_small = min(custom, key=lambda a: by.loc[(a, small_n), "time_us"])
-best_big = min(custom, key=lambda a: by.loc[(a, big_n), "time_us"])
-ring_fit = cost_model.params_to_dict(fitted.get("ring"))
-ring_star = cost_model.balance_bytes("ring", DEVICES, fitted)
-tr = fusion[fusion["model"] == "transformer"].set_index("bucket")
-cross = (
-  "; ".join(f"{b}→{a} at {n / 1024:,.1f} KiB" for n, b, a in switches) or "no change in 8 B–1 GiB"
+small_n, big_n = SIZES[0], SIZES[-1]
+best_small = min(CANDIDATES, key=lambda a: by[(a, small_n)])
+best_big = min(CANDIDATES, key=lambda a: by[(a, big_n)])
+ring = fits["ring"]
+# The fit speaks for the bandwidth only if the per-byte term is a real part of the time.
+ring_measurable = (
+  ring["alpha_us"] > 0 and ring["GBps"] > 0 and ring["per-byte share at the largest size"] > 0.25
 )
-print(
-  f"On {DEVICES} emulated {jax.default_backend()} devices, at {format_bytes(small_n)} the fastest "
-  f"hand-written algorithm was {best_small} ({by.loc[(best_small, small_n), 'time_us']:.0f} µs, "
-  f"ring {by.loc[('ring', small_n), 'time_us']:.0f} µs) and at {format_bytes(big_n)} it was "
-  f"{best_big} ({by.loc[(best_big, big_n), 'busbw_GBps']:.3f} GB/s busbw; psum "
-  f"{by.loc[('psum', big_n), 'busbw_GBps']:.3f} GB/s). The ring's own fit gives α = "
-  f"{ring_fit['alpha_us']:.0f} µs per step and {ring_fit['bandwidth_GBps']:.2f} GB/s, so it "
-  f"is latency-bound below about {ring_star / 1024:,.1f} KiB here; the model's best algorithm "
-  f"changes {cross}. auto's pick matched the fastest measured algorithm at {agree}/{len(sizes)} "
-  f"sizes. Bucketing the {tr.loc['per-leaf', 'n_leaves']}-leaf transformer gradient into one "
-  f"all-reduce was {tr.loc['one', 'speedup_vs_per_leaf']:.1f}x faster than reducing it leaf by leaf."
+CONCLUSION = {
+  "p": DEVICES,
+  "backend": jax.default_backend(),
+  "small_bytes": small_n,
+  "big_bytes": big_n,
+  "best_small": best_small,
+  "best_small_us": by[(best_small, small_n)],
+  "ring_small_us": by[("ring", small_n)],
+  "best_big": best_big,
+  "best_big_busbw": measured.set_index(["algorithm", "bytes"]).loc[(best_big, big_n), "busbw_GBps"],
+  "psum_big_busbw": measured.set_index(["algorithm", "bytes"]).loc[("psum", big_n), "busbw_GBps"],
+  "agree": int((picks["auto picks"] == picks["fastest measured"]).sum()),
+  "sizes": len(SIZES),
+  "leaves": len(shapes),
+  "fusion_speedup": fusion["per leaf"] / fusion["one bucket"],
+}
+sentences = [
+  f"On {DEVICES} emulated {CONCLUSION['backend']} devices, at {format_bytes(small_n)} per "
+  f"participant the fastest hand-written algorithm was {best_small} "
+  f"({CONCLUSION['best_small_us']:.0f} µs; the ring {CONCLUSION['ring_small_us']:.0f} µs), and at "
+  f"{format_bytes(big_n)} it was {best_big} ({CONCLUSION['best_big_busbw']:.3f} GB/s busbw; psum "
+  f"{CONCLUSION['psum_big_busbw']:.3f} GB/s)."
+]
+if ring_measurable:
+  CONCLUSION |= {"ring_alpha_us": ring["alpha_us"], "ring_GBps": ring["GBps"]}
+  CONCLUSION["ring_n_star"] = n_star["ring"]
+  sentences.append(
+    f"The ring's own fit gives α = {ring['alpha_us']:.0f} µs per step and "
+    f"{ring['GBps']:.2f} GB/s, so it is latency-bound below about "
+    f"{n_star['ring'] / 1024:,.0f} KiB here."
+  )
+else:
+  sentences.append(
+    f"Up to {format_bytes(big_n)} the ring's per-byte cost is too small a part of its time"
+    " for the fit to tell its latency from its bandwidth: this run cannot say where it stops"
+    " being latency-bound (run without small mode for larger sizes)."
+  )
+if changes and ring_measurable:
+  n0, before, after = changes[0]
+  CONCLUSION |= {"first_change_bytes": n0, "before": before, "after": after}
+  sentences.append(
+    f"In the fitted model the best algorithm first changes from {before} to {after} at about "
+    f"{n0 / 1024:,.0f} KiB."
+  )
+elif ring_measurable:
+  CONCLUSION |= {"only": hand_written[best[0]], "grid_lo": grid[0], "grid_hi": grid[-1]}
+  sentences.append(
+    f"In the fitted model {CONCLUSION['only']} stays the best algorithm from "
+    f"{format_bytes(int(grid[0]))} to {format_bytes(int(grid[-1]))}."
+  )
+sentences.append(
+  f"With this fit, auto's pick was the fastest measured algorithm at {CONCLUSION['agree']} of "
+  f"{len(SIZES)} sizes. Packing the {len(shapes)}-leaf transformer gradient into one bucket "
+  f"made its all-reduce {CONCLUSION['fusion_speedup']:.1f}x faster than leaf by leaf."
 )
+print("\n".join(sentences))
