@@ -64,7 +64,11 @@ _PREFIX = b'{"schema": "' + SCHEMA.encode() + b'"'
 
 #: Fields renamed since the first row layout: old name -> new name. Reading an old row
 #: adds the new name with the old value, so old files load as new ones.
-RENAMED_FIELDS = {"algbw_gbps": "algbw_GBps", "busbw_gbps": "busbw_GBps"}
+RENAMED_FIELDS = {
+  "algbw_gbps": "algbw_GBps",
+  "busbw_gbps": "busbw_GBps",
+  "bandwidth_gbps": "bandwidth_GBps",  # training rows and phase cells
+}
 
 
 _interrupted = False

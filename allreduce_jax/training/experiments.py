@@ -559,11 +559,10 @@ def write_straggler_outputs(rows: list[dict[str, Any]], out_dir: str | Path) -> 
   return _write_outputs(out_dir, "table_b.md", parts, figures.straggler_figures(rows))
 
 
-def write_table_c_outputs(
-  rows: list[dict[str, Any]], cfg: TableCConfig, out_dir: str | Path
-) -> list[Path]:
-  """Writes ``table_c.md`` and ``table_c_curves.png`` from Table C's rows (with a
-  section on the compressed arms next to sync when there are any)."""
+def table_c_markdown(rows: list[dict[str, Any]], cfg) -> str:
+  """``table_c.md``'s text from Table C's rows (with a section on the compressed arms next
+  to sync when there are any); ``cfg``: the scenario (a :class:`TableCConfig`, or any
+  object with its fields, e.g. read back from a row)."""
   title = "# Table C: every arm × workload on one time model"
   parts = [title, tables.setup_line(cfg), tables.table_c(rows)]
   if any("compression" in r for r in rows):
@@ -573,9 +572,36 @@ def write_table_c_outputs(
       " values and indices included); the codecs' compute is not priced.",
       tables.compression_table(rows),
     ]
-  return _write_outputs(
-    out_dir, "table_c.md", parts, {"table_c_curves": figures.table_c_figure(rows)}
-  )
+  return "\n\n".join(parts) + "\n"
+
+
+def write_table_c_outputs(
+  rows: list[dict[str, Any]], cfg: TableCConfig, out_dir: str | Path
+) -> list[Path]:
+  """Writes ``table_c.md`` (:func:`table_c_markdown`) and ``table_c_curves.png`` from
+  Table C's rows."""
+  return _write_text_and_figures(
+    out_dir, "table_c.md", table_c_markdown(rows, cfg),
+    {"table_c_curves": figures.table_c_figure(rows)},
+  )  # fmt: skip
+
+
+def _write_text_and_figures(
+  out_dir: str | Path, md_name: str, text: str, figs: dict[str, Any]
+) -> list[Path]:
+  out_dir = Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  md = out_dir / md_name
+  md.write_text(text)
+  return [md, *(figures.save(f, out_dir / f"{name}.png") for name, f in figs.items())]
+
+
+def phase_markdown(cells: list[dict[str, Any]], cfg) -> str:
+  """``phase.md``'s text from the phase diagram's cells (:func:`phase_cells`); ``cfg``:
+  the scenario (a :class:`PhaseConfig`, or any object with its fields and ``sigmas``)."""
+  title = "# Phase diagram: fastest arm to the target"
+  parts = [title, tables.setup_line(cfg), tables.phase_table(cells), tables.phase_boundary(cells)]
+  return "\n\n".join(parts) + "\n"
 
 
 def write_phase_outputs(
@@ -587,9 +613,9 @@ def write_phase_outputs(
   out_dir.mkdir(parents=True, exist_ok=True)
   cells_path = out_dir / "phase_cells.jsonl"
   cells_path.write_text("".join(json.dumps(c) + "\n" for c in cells))
-  title = "# Phase diagram: fastest arm to the target"
-  parts = [title, tables.setup_line(cfg), tables.phase_table(cells), tables.phase_boundary(cells)]
   return [
     cells_path,
-    *_write_outputs(out_dir, "phase.md", parts, {"phase": figures.phase_figure(cells)}),
+    *_write_text_and_figures(
+      out_dir, "phase.md", phase_markdown(cells, cfg), {"phase": figures.phase_figure(cells)}
+    ),
   ]
