@@ -9,8 +9,12 @@ subcommand touches any device. It initializes when it finds, in this order:
 
 1. the variables set by ``allreduce-jax launch`` (``ALLREDUCE_JAX_COORDINATOR``,
    ``ALLREDUCE_JAX_NUM_PROCESSES``, ``ALLREDUCE_JAX_PROCESS_ID``, optionally
-   ``ALLREDUCE_JAX_LOCAL_DEVICES`` and ``ALLREDUCE_JAX_COORDINATOR_BIND``), or JAX's
-   own names ``JAX_COORDINATOR_ADDRESS`` + ``JAX_NUM_PROCESSES`` + ``JAX_PROCESS_ID``;
+   ``ALLREDUCE_JAX_LOCAL_DEVICES`` and ``ALLREDUCE_JAX_COORDINATOR_BIND``), or
+   ``JAX_COORDINATOR_ADDRESS`` + ``JAX_NUM_PROCESSES`` + ``JAX_PROCESS_ID``. Of these
+   three JAX reads only the first (``jax.distributed.initialize``'s default address);
+   the count and the index are names some cluster launchers export, read here so that
+   such a job needs no other variables. ``JAX_COORDINATOR_ADDRESS`` alone is left to
+   JAX (2 and 3 below);
 2. ``ALLREDUCE_JAX_DISTRIBUTED=auto``: ``jax.distributed.initialize()`` without
    arguments, which detects Cloud TPU pod slices, SLURM, Open MPI and GKE;
 3. a SLURM step or an Open MPI job with more than one task (auto-detected as in 2).
@@ -455,6 +459,10 @@ def _slurm_or_mpi_tasks(env: Mapping[str, str]) -> int:
   return 0
 
 
+#: The variables that make an explicit cluster (with a coordinator address).
+_EXPLICIT = (ENV_NUM_PROCESSES, ENV_PROCESS_ID, "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
 def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
   """Initializes ``jax.distributed`` if the environment asks for it (see the module
   docstring). Returns True when this process is now part of a multi-process run.
@@ -468,7 +476,9 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
     raise ValueError(f"environment variable {ENV_MODE}={mode!r} must be 'auto' or 'off'.")
   if mode in ("off", "0"):
     return False
-  coordinator = env.get(ENV_COORDINATOR) or env.get("JAX_COORDINATOR_ADDRESS")
+  coordinator = env.get(ENV_COORDINATOR)
+  if not coordinator and any(env.get(k, "").strip() for k in _EXPLICIT):
+    coordinator = env.get("JAX_COORDINATOR_ADDRESS")  # else JAX reads it (auto-detection)
   num = _int_env(env, ENV_NUM_PROCESSES, 1)
   if num is None:
     num = _int_env(env, "JAX_NUM_PROCESSES", 1)

@@ -209,3 +209,16 @@ def test_every_option_of_every_subcommand_has_help(name):
       if not text or text.startswith("(default"):
         missing.append(f"{path} {'/'.join(a.option_strings) or a.dest}")
   assert not missing, missing
+
+
+def test_jax_coordinator_address_alone_is_left_to_jax():
+  """JAX reads JAX_COORDINATOR_ADDRESS itself (with its cluster auto-detection); only
+  with a process count or index beside it is it an explicit cluster here."""
+  from allreduce_jax import distributed
+
+  assert distributed.initialize_from_env({"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1234"}) is False
+  with pytest.raises(ValueError, match="together"):
+    distributed.initialize_from_env(
+      {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1", "JAX_PROCESS_ID": "0"}
+    )
+  assert "JAX's own" not in distributed.__doc__
