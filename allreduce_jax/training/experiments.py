@@ -30,13 +30,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jax
 import numpy as np
 from tqdm import tqdm
 
-from allreduce_jax import devices
+from allreduce_jax import devices, results
 from allreduce_jax.cost_model import predict_us
 from allreduce_jax.devices import inner_size
 from allreduce_jax.training import arms, async_sim, data, families, figures, models, sync, tables
@@ -619,3 +620,48 @@ def write_phase_outputs(
       out_dir, "phase.md", phase_markdown(cells, cfg), {"phase": figures.phase_figure(cells)}
     ),
   ]
+
+
+_SCENARIO = ("workers", "batch_per_worker", "gradients", "compute", "compute_s", "speeds",
+             "network", "algorithm", "model_params", "server_shards", "duplex")  # fmt: skip
+
+
+def scenario_of(row: dict[str, Any], phase: bool = False) -> SimpleNamespace:
+  """The scenario one table's rows share, read back from one of its rows, as
+  :func:`tables.setup_line` reads a config (``phase``: σ per column, bandwidth per row).
+  A row records the parameter count it priced; its key, the option (0: the real count)."""
+  cfg = SimpleNamespace(**{k: row[k] for k in _SCENARIO})
+  cfg.model_params = json.loads(row["key"]).get("model_params", row["model_params"])
+  if phase:
+    cfg.sigmas = ()
+  else:
+    cfg.bandwidth_GBps = row.get("bandwidth_GBps")
+  return cfg
+
+
+def tables_from_rows(root: str | Path) -> dict[str, str]:
+  """``{path relative to root: text}``: every ``table_c.md`` and ``phase.md`` under
+  ``root`` regenerated from the rows beside it (``table_c.jsonl``; ``phase_cells.jsonl``
+  with the scenario from the ``phase_runs.jsonl`` beside it, else from a sibling
+  ``phase_all/``'s, of which a ``phase/`` folder is a subset). No training runs."""
+  root = Path(root)
+
+  def read(path: Path) -> list[dict[str, Any]]:
+    return [results.upgrade(json.loads(x)) for x in path.read_text().splitlines() if x.strip()]
+
+  out = {}
+  for path in sorted(root.rglob("table_c.jsonl")):
+    rows = read(path)
+    out[str(path.with_suffix(".md").relative_to(root))] = table_c_markdown(
+      rows, scenario_of(rows[0])
+    )
+  for path in sorted(root.rglob("phase_cells.jsonl")):
+    runs = path.parent / "phase_runs.jsonl"
+    if not runs.exists():
+      runs = path.parent.parent / "phase_all" / "phase_runs.jsonl"
+    with runs.open() as f:
+      first = results.upgrade(json.loads(f.readline()))
+    out[str(path.parent.relative_to(root) / "phase.md")] = phase_markdown(
+      read(path), scenario_of(first, phase=True)
+    )
+  return out
