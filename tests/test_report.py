@@ -204,3 +204,74 @@ def test_report_smoke_end_to_end(tmp_path, monkeypatch):
   again = (out / "REPORT.md").read_text()
   assert "*not run yet*" not in again
   assert re.search(r"\*\*([\d,]+) cases\*\* compared", again).group(1) == cases
+
+
+def test_the_summary_opens_with_what_the_run_found(tmp_path):
+  """Three sentences computed from the rows (the numbers below recomputed from the same
+  rows), before the claims; the fitted model's error is a measurement, not a claim."""
+  out = tmp_path / "report"
+  sections = _fixture(out)
+  rows = report._rows(out / "bench.jsonl")
+  top = max(r["bytes"] for r in rows)
+  at = {r["algorithm"]: r for r in rows if r["bytes"] == top}
+  ratio = at["ring"]["busbw_gbps"] / at["psum"]["busbw_gbps"]  # ring beats rd at 1 MiB
+  said = report.findings(out)
+  assert 2 <= len(said) <= 3 and all(s.endswith(".") for s in said)
+  cases = len(report._rows(out / "verify.jsonl"))
+  assert said[0].startswith("On 8 devices in one process, every algorithm matched")
+  assert f"the NumPy oracle in all {cases} verify cases" in said[0]
+  assert f"ring, reached {ratio:.2f}× the bus bandwidth of XLA's own psum" in said[0]
+  assert "3.0× faster" in said[1]  # the fusion fixture: 3000 µs per leaf, 1000 µs in one
+  text = report.write_markdown(out, sections, {"devices": 8}, smoke=True).read_text()
+  summary = text.split("## Summary")[1].split("\n## ")[0]
+  assert summary.index("What this run found") < summary.index("| claim |")
+  assert not any("fitted α-β-γ model" in c["claim"] for c in report.claims(out))
+  (measured,) = report.measurements(out)
+  fitted = cost_model.load_params(out / "cost_params.json")
+  errs = sorted(
+    abs(cost_model.predict_seconds(r["algorithm"], 8, r["bytes"], fitted.get(r["algorithm"]))
+        / (r["time_us"] * 1e-6) - 1)
+    for r in rows if r["bytes"] >= 1 << 20
+  )  # fmt: skip
+  median = errs[len(errs) // 2]
+  assert f"median {round(100 * median)} %" in measured["measured"]
+  assert f"over {len(errs)} (algorithm, size)" in measured["measured"]
+  assert "Measured, not judged" in summary
+
+
+def test_findings_name_the_network_the_rows_ran_on(tmp_path):
+  net = {"hosts": 4, "link_Bps": 25e6, "mtu": 1500, "network": "switch"}
+  rows = [
+    {"algorithm": a, "n_devices": 4, "bytes": 1 << 24, "time_us": t, "wrong": 0,
+     "key": json.dumps({"network": net})}
+    for a, t in (("ring", 1.2e6), ("psum", 1.1e6))
+  ]  # fmt: skip
+  _write(tmp_path / "network" / "bench.jsonl", rows)
+  (said,) = report.findings(tmp_path)
+  line = (1 << 24) * 2 * 3 / 4 / 1.2 / 25e6
+  assert f"switch, 4 hosts, 200 Mbit/s links) the ring moved {line:.2f} of the line rate" in said
+  assert "psum (gloo's own all-reduce) was fastest" in said
+
+
+def test_redraw_measures_nothing_and_keeps_the_recorded_run(tmp_path, monkeypatch):
+  out = tmp_path / "report"
+  sections = _fixture(out)
+  state = {s.key: {"commands": [["bench", "--out", "results/report/x.jsonl"]], "text": "$ x\n",
+                   "figures": ["bench.png"], "seconds": 5.0, "status": 0} for s in sections}  # fmt: skip
+  (out / "sections.json").write_text(json.dumps(state))
+  env = {"date": "then", "devices": 8, "backend": "cpu", "commit": "abc1234"}
+  report.write_markdown(out, sections, env, smoke=False)  # an older run's REPORT.md
+
+  def measure(argv):
+    raise AssertionError(f"--redraw ran {argv}")
+
+  monkeypatch.setattr(report, "_run_command", measure)
+  assert cli.main(["report", "--redraw", "--out", str(out)]) == 0
+  text = (out / "REPORT.md").read_text()
+  assert "| commit | abc1234 |" in text and "| date | then |" in text  # the recorded run
+  assert "allreduce-jax bench --out results/report/x.jsonl" in text  # its own commands
+  assert "*not run yet*" not in text
+  for name in ("bench.png", "bench_auto.png", "hlo_audit.png", "fusion.png", "scaling.png"):
+    assert (out / name).stat().st_size > 0, name
+  with pytest.raises(SystemExit, match="--redraw measures nothing"):
+    cli.main(["report", "--redraw", "--fresh", "--out", str(out)])

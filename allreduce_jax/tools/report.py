@@ -5,7 +5,12 @@ HLO audit, bench + fit, auto, fusion, scaling, training, a bench on an emulated
 network when the machine allows it) with its output under the
 report folder, keeps what it printed, and links the figures it drew. The markdown is
 rewritten after every section, and every sweep resumes from its JSON Lines file, so
-an interrupted report picks up where it stopped (``--fresh`` starts over).
+an interrupted report picks up where it stopped (``--fresh`` starts over). The
+markdown opens with what the run found (:func:`findings`: three sentences computed
+from the rows), then the claims it judges (:func:`claims`) and the measurements it
+reports without a threshold (:func:`measurements`). ``--redraw`` draws every figure
+and the markdown again from the rows of a report folder, measuring nothing
+(:func:`redraw`).
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from tqdm import tqdm
 from allreduce_jax import ALGORITHMS, cli, cost_model, gloo_model, names, netns, units
 from allreduce_jax.devices import inner_size, use_cpu_devices
 from allreduce_jax.results import load_json, save_json, upgrade
+from allreduce_jax.tools import plot
 from allreduce_jax.tools._args import add_devices, csv_list, output_dir
-from allreduce_jax.tools.bench import fit_params_table
+from allreduce_jax.tools.bench import fit_params_table, fit_report
 from allreduce_jax.tools.scaling import crossovers
+from allreduce_jax.training import figures as train_figures
 from allreduce_jax.training.tables import compression_table
 from allreduce_jax.units import format_bytes
 
@@ -801,13 +808,9 @@ def claims(out: Path, smoke: bool = False) -> list[dict]:
     found.append(_claim(
       "The compiled programs send exactly what the closed-form schedules say",
       f"{ok} of {len(audit)} (algorithm, p) match", "all", ok == len(audit)))  # fmt: skip
-  fitted = _fit(out)
-  errs = (fitted.meta.get("max_abs_err_ge_1MiB") or {}) if fitted else {}
-  if "ring" in errs:
-    found.append(_claim(
-      "The fitted α-β-γ model predicts the ring's time at ≥ 1 MiB",
-      f"worst error {errs['ring']:.0%}", "≤ 25 %", errs["ring"] <= 0.25))  # fmt: skip
-
+  # The fitted model's error is a measurement (see ``measurements``), not a claim: its
+  # worst error at the few sizes ≥ 1 MiB moved between 16 % and 51 % over healthy runs
+  # of the same settings, across a 25 % threshold, with the timing spread of 7 calls.
   ratios = []
   rows = _rows(out / "bench_auto.jsonl")
   for n in sorted({r["bytes"] for r in rows}):
@@ -869,6 +872,136 @@ def claims(out: Path, smoke: bool = False) -> list[dict]:
   return found
 
 
+def _quantiles(xs: list[float]) -> str:
+  """``"median 15 % (range 1–46 %)"`` of fractions."""
+  lo, med, hi = (round(100 * x) for x in (min(xs), statistics.median(xs), max(xs)))
+  return f"median {med} % (range {lo}–{hi} %)"
+
+
+def measurements(out: Path) -> list[dict]:
+  """What the report measures but does not judge: a number with its range, where the
+  run-to-run spread is too wide for a threshold to be a claim (a claim that flips
+  between healthy runs is not one). Today: the fitted α-β-γ model's relative error on
+  the bandwidth-bound sizes (≥ 1 MiB), each algorithm's own fit, next to the spread of
+  the timed calls it is compared with."""
+  rows = _rows(out / "bench.jsonl")
+  fitted = _fit(out)
+  if not rows or fitted is None:
+    return []
+  _, table = fit_report(rows, fitted, 1 << 20)
+  if not table:
+    return []
+  errs = [abs(t["fit_err"]) for t in table]
+  ring = [abs(t["fit_err"]) for t in table if t["algorithm"] == "ring"]
+  timed = {(r["algorithm"], r["bytes"]): r for r in rows}
+  spread = [
+    (r["time_us_max"] - r["time_us_min"]) / r["time_us"]
+    for t in table
+    if (r := timed.get((t["algorithm"], t["bytes"]))) and r.get("time_us_min") is not None
+  ]
+  top = max(t["bytes"] for t in table)
+  under = sum(t["fit_err"] < 0 for t in table if t["bytes"] == top)
+  at_top = sum(t["bytes"] == top for t in table)
+  value = f"|error| {_quantiles(errs)} over {len(table)} (algorithm, size)"
+  if ring:
+    value += f"; the ring's {_quantiles(ring)} over {len(ring)} sizes"
+  context = (
+    f"the timed calls' min–max spans {_quantiles(spread)} of their median; " if spread else ""
+  ) + (
+    f"at {format_bytes(top)} the model is below the measured time for {under} of"
+    f" {at_top} algorithms"
+  )
+  return [{
+    "measurement": "The fitted α-β-γ model's error on the bandwidth-bound sizes (≥ 1 MiB),"
+    " each algorithm's own fit",
+    "measured": value,
+    "context": context.strip(),
+  }]  # fmt: skip
+
+
+def findings(out: Path) -> list[str]:
+  """What this run found, in (at most) three sentences computed from its rows: the
+  one-process measurements, what the latency term decides, and the network (emulated
+  cluster, replay at scale). Sections that did not run are left out."""
+  said: list[str] = []
+  verify = _rows(out / "verify.jsonl")
+  bench = [r for r in _rows(out / "bench.jsonl") if r.get("n_devices", 0) > 1]
+  if bench:
+    p, top = bench[0]["n_devices"], max(r["bytes"] for r in bench)
+    at = {r["algorithm"]: r for r in bench if r["bytes"] == top and r.get("count", 0) % p == 0}
+    ref = next((r for a, r in at.items() if plot.is_reference(a)), None)
+    mine = [r for a, r in at.items() if not plot.is_reference(a)]
+    backend = bench[0].get("backend") or ""
+    head = f"On {p} {backend} devices in one process".replace("  ", " ")
+    if verify:
+      failed = sum(not r["passed"] for r in verify)
+      head += (
+        f", every algorithm matched the NumPy oracle in all {len(verify):,} verify cases"
+        if not failed
+        else f", {failed:,} of {len(verify):,} verify cases failed"
+      )
+    if ref and mine:
+      best = max(mine, key=lambda r: r["busbw_GBps"])
+      ratio = best["busbw_GBps"] / ref["busbw_GBps"]
+      head += (
+        f"; at {format_bytes(top)} per participant the fastest hand-written algorithm,"
+        f" {best['algorithm']}, reached {ratio:.2f}× the bus bandwidth of XLA's own"
+        f" {ref['algorithm']} ({best['busbw_GBps']:.2g} against {ref['busbw_GBps']:.2g} GB/s)"
+      )
+    said.append(head + ".")
+  fitted = _fit(out)
+  fusion = [r for r in _rows(out / "fusion.jsonl") if r.get("speedup_vs_per_leaf")]
+  parts = []
+  if fitted is not None and bench:
+    ring = fitted.get("ring")
+    n_star = cost_model.balance_bytes("ring", bench[0]["n_devices"], ring)
+    if math.isfinite(n_star):
+      parts.append(
+        f"below about {format_bytes(n_star)} per participant the ring is latency-bound"
+        f" (its fitted α is {ring.alpha * 1e6:.0f} µs a step)"
+      )
+  if fusion:
+    best = max(fusion, key=lambda r: r["speedup_vs_per_leaf"])
+    parts.append(
+      f"so reducing the {best['model']}'s {best['n_leaves']}-leaf gradient in"
+      f" {'one bucket' if best['bucket'] == 'one' else best['bucket'] + ' buckets'} instead of"
+      f" leaf by leaf made it {best['speedup_vs_per_leaf']:.1f}× faster"
+    )
+  if parts:
+    sentence = ", ".join(parts)
+    said.append(sentence[0].upper() + sentence[1:] + ".")
+  net = [r for r in _rows(out / "network" / "bench.jsonl") if r.get("wrong") == 0]
+  replayed = replay_winners(_rows(out / "scaling_topology.jsonl"))
+  parts = []
+  where = plot.network_of(net) if net else None
+  ring = [r for r in net if r["algorithm"] == "ring"]
+  if where and ring:
+    top = max(ring, key=lambda r: r["bytes"])
+    p, n = top["n_devices"], top["bytes"]
+    line = n * 2 * (p - 1) / p / (top["time_us"] * 1e-6) / where["link_Bps"]
+    fastest = min((r for r in net if r["bytes"] == n), key=lambda r: r["time_us"])
+    parts.append(
+      f"on the emulated network ({plot._network_title(where)}) the ring moved {line:.2f} of"
+      f" the line rate at {format_bytes(n)}, and"
+      + (
+        f" XLA's {fastest['algorithm']} (gloo's own all-reduce) was fastest there"
+        if plot.is_reference(fastest["algorithm"])
+        else f" {fastest['algorithm']} was fastest there"
+      )
+    )
+  if replayed:
+    changed = sum(w["best (replay)"] != w["best (flat model)"] for w in replayed)
+    parts.append(
+      f"replayed on {len({w['network'] for w in replayed})} network shapes at up to"
+      f" {max(w['p'] for w in replayed):,} participants, the fastest algorithm differs from"
+      f" the flat α-β model's choice in {changed} of {len(replayed)} (network, size) cells"
+    )
+  if parts:
+    sentence = "; ".join(parts)
+    said.append(sentence[0].upper() + sentence[1:] + ".")
+  return said
+
+
 def write_markdown(out: Path, sections: list[Section], env: dict, smoke: bool) -> Path:
   """Writes ``REPORT.md`` (and ``REPORT.html`` when the ``markdown`` package is
   installed): the summary first, one section per experiment, the environment last.
@@ -883,9 +1016,22 @@ def write_markdown(out: Path, sections: list[Section], env: dict, smoke: bool) -
     "## Summary",
     "",
   ]
+  said = findings(out)
+  if said:
+    md += ["**What this run found.** " + " ".join(said), ""]
   found = claims(out, smoke)
+  md += ["**Claims**, each judged against its threshold from this run's rows:", ""] if found else []
   md += [to_markdown(found, {"claim": "claim", "measured": "measured", "threshold": "threshold",
                              "result": "result"}) if found else "*no section has run yet*", ""]  # fmt: skip
+  measured = measurements(out)
+  if measured:
+    md += [
+      "**Measured, not judged** (the spread between runs is wider than any threshold"
+      " worth claiming):",
+      "",
+      to_markdown(measured),
+      "",
+    ]
   if (out / "bench.png").exists():
     md += ["![all-reduce time vs size](bench.png)", ""]
   failed = [s.title for s in sections if s.status]
@@ -940,6 +1086,91 @@ def write_markdown(out: Path, sections: list[Section], env: dict, smoke: bool) -
   return path
 
 
+def redraw_figures(out: Path) -> list[Path]:
+  """Draws every figure of a report folder again from the rows in it, with the
+  functions the sections draw them with (``tools.plot``, ``training.figures``);
+  measures nothing. A figure whose rows are missing is skipped. Returns the paths
+  written."""
+  written = []
+  params = _fit(out)
+
+  def save(fig, name: str, dpi: int = 120):
+    if fig is not None:
+      written.append(plot.save(fig, out / name, dpi=dpi))
+
+  for name in ("bench", "bench_auto", "compression/bench", "network/bench"):
+    rows = _rows(out / f"{name}.jsonl")
+    if rows:
+      save(plot.bench(rows, params), f"{name}.png")
+  if rows := _rows(out / "hlo_audit.jsonl"):
+    save(plot.audit(rows), "hlo_audit.png", dpi=110)
+  if rows := _rows(out / "fusion.jsonl"):
+    save(plot.fusion(rows), "fusion.png")
+  for name in ("scaling_topology", "scaling"):
+    if rows := _rows(out / f"{name}.jsonl"):
+      save(plot.scaling(rows, crossovers(rows)), f"{name}.png", dpi=110)
+
+  def train(fig, name: str):
+    written.append(train_figures.save(fig, out / name))
+
+  for folder in ("train/table_c", "train/table_c_100m", "compression/table_c"):
+    if rows := [r for r in _rows(out / folder / "table_c.jsonl") if "arm" in r]:
+      train(train_figures.table_c_figure(rows), f"{folder}/table_c_curves.png")
+  if rows := _rows(out / "train" / "staleness" / "staleness.jsonl"):
+    train(train_figures.staleness_figure(rows), "train/staleness/staleness_curves.png")
+  if rows := _rows(out / "train" / "stragglers" / "stragglers.jsonl"):
+    for name, fig in train_figures.straggler_figures(rows).items():
+      train(fig, f"train/stragglers/{name}.png")
+  if cells := _rows(out / "train" / "phase" / "phase_cells.jsonl"):
+    train(train_figures.phase_figure(cells), "train/phase/phase.png")
+  return written
+
+
+def _recorded_environment(out: Path) -> dict:
+  """The environment a report folder was measured in: ``sections.json``'s, or (folders
+  written before it kept one there) the table under ``## Environment`` of its
+  ``REPORT.md``; empty if neither has it."""
+  state = load_json(out / "sections.json", {})
+  if isinstance(state, dict) and isinstance(state.get(_ENVIRONMENT), dict):
+    return state[_ENVIRONMENT]
+  md = out / "REPORT.md"
+  if not md.exists():
+    return {}
+  env = {}
+  table = md.read_text().split("## Environment", 1)[-1].split("\n## ", 1)[0]
+  for line in table.splitlines()[4:]:  # after the heading's blank line and the header
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) == 2 and cells[0]:
+      env[cells[0]] = cells[1]
+  return env
+
+
+def redraw(out: Path, smoke: bool = False) -> Path:
+  """Draws the figures and writes ``REPORT.md`` again from a report folder's rows, its
+  ``sections.json`` (each section's commands, console output and time) and the
+  environment it recorded: the report of those measurements with today's rendering,
+  nothing re-run. Returns the markdown's path."""
+  state = load_json(out / "sections.json", None)
+  if not isinstance(state, dict):
+    raise SystemExit(
+      f"--redraw: {out / 'sections.json'} not found or unreadable; run the report first."
+    )
+  env = _recorded_environment(out)
+  devices = int(env.get("devices") or 8)
+  sections = plan(out, smoke, devices)
+  for s in sections:
+    old = state.get(s.key)
+    if old:  # the recorded commands: the ones that wrote these rows
+      s.commands, s.text, s.figures = old["commands"], old["text"], old["figures"]
+      s.seconds, s.status = old["seconds"], old["status"]
+  redraw_figures(out)
+  return write_markdown(out, sections, env, smoke)
+
+
+#: The key of ``sections.json`` that keeps the environment the report ran in.
+_ENVIRONMENT = "environment"
+
+
 def run_report(
   out: Path, smoke: bool = False, devices: int | None = None, only=None, fresh=False
 ) -> int:
@@ -963,6 +1194,7 @@ def run_report(
 
   state = load_json(state_path, {})  # a truncated file: a warning, and start over
   state = state if isinstance(state, dict) else {}
+  state[_ENVIRONMENT] = env  # what --redraw writes under "Environment"
   for s in sections:  # keep what earlier runs of the same commands printed
     old = state.get(s.key)
     if old and old.get("commands") == s.commands:
@@ -1046,9 +1278,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "--fresh", action="store_true", help="delete the folder first instead of resuming"
   )
+  parser.add_argument(
+    "--redraw",
+    action="store_true",
+    help="measure nothing: draw the figures and write REPORT.md again from the rows"
+    " already in --out",
+  )
 
 
 def run(args: argparse.Namespace) -> int:
   out = Path(args.out or ("results/report.smoke" if args.smoke else "results/report"))
   output_dir(out, "--out")  # a regular file or an unwritable path: one line, before any work
+  if args.redraw:
+    if args.fresh or args.only:
+      raise SystemExit("--redraw measures nothing: it takes neither --fresh nor --only.")
+    print(f"# wrote {redraw(out, smoke=args.smoke)} (figures redrawn from the rows)")
+    return 0
   return run_report(out, smoke=args.smoke, devices=args.devices, only=args.only, fresh=args.fresh)

@@ -2,7 +2,8 @@
 
 Nothing forces a backend: in a notebook the figures display inline, in a script
 :func:`save` writes them (matplotlib picks a non-interactive backend when there is
-no display).
+no display). Legends sit beside the panels, off the curves; :func:`save` keeps them
+in the image. Each arm keeps one colour within a figure (:func:`arm_colors`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 from matplotlib.colors import ListedColormap
 
-from allreduce_jax import cost_model
+from allreduce_jax import cost_model, palette
 
 
 def _plt():
@@ -28,9 +29,20 @@ def save(fig, path: str | Path, dpi: int = 110) -> Path:
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fig.tight_layout()
-  fig.savefig(path, dpi=dpi)
+  fig.savefig(path, dpi=dpi, bbox_inches="tight")  # the legends beside the panels kept
   _plt().close(fig)
   return path
+
+
+def arm_colors(arms) -> dict[str, str]:
+  """One distinct colour per arm of a figure, in the order given (the palette's
+  colours: a figure of up to 12 arms repeats none)."""
+  return {a: palette.COLORS[k % len(palette.COLORS)] for k, a in enumerate(dict.fromkeys(arms))}
+
+
+def _legend_beside(ax) -> None:
+  """The legend right of ``ax``, outside it: never over a curve."""
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
 
 
 def _mean_curve(rs: list[dict[str, Any]], x_field: str, y_field: str = "test_acc"):
@@ -46,18 +58,19 @@ def staleness_figure(rows: list[dict[str, Any]]):
   taus = sorted({r["tau"] for r in rows if r["tau"] > 0}) or [0]
   fig, axes = plt.subplots(1, len(taus), figsize=(3.2 * len(taus), 3), sharey=True, squeeze=False)
   sync = [r for r in rows if r["method"] == "sync"]
+  color = arm_colors(r["method"] for r in rows if r["method"] != "sync")
   for ax, tau in zip(axes[0], taus):
     if sync:
       ax.plot(*_mean_curve(sync, "eval_updates"), "k--", label="sync (τ=0)")
     for method in dict.fromkeys(r["method"] for r in rows if r["method"] != "sync"):
       rs = [r for r in rows if r["method"] == method and r["tau"] == tau]
       if rs:
-        ax.plot(*_mean_curve(rs, "eval_updates"), label=method)
+        ax.plot(*_mean_curve(rs, "eval_updates"), label=method, color=color[method])
     ax.set_title(f"τ = {tau}")
     ax.set_xlabel("updates")
     ax.set_ylim(0, 1)
   axes[0][0].set_ylabel("test accuracy")
-  axes[0][-1].legend(fontsize=7)
+  _legend_beside(axes[0][-1])
   return fig
 
 
@@ -68,6 +81,7 @@ def straggler_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
   n_main = max(r["n"] for r in rows)
   main = [r for r in rows if r["n"] == n_main]
   computes = list(dict.fromkeys(r["compute"] for r in main))
+  color = arm_colors(r["arm"] for r in rows)
   figs = {}
   fig, axes = plt.subplots(2, len(computes), figsize=(3.2 * len(computes), 5.6), squeeze=False)
   for j, c in enumerate(computes):
@@ -76,21 +90,21 @@ def straggler_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
       if r["compute"] == c:
         groups[r["arm"]].append(r)
     for arm, rs in groups.items():
-      axes[0][j].plot(*_mean_curve(rs, "eval_time"), label=arm)
+      axes[0][j].plot(*_mean_curve(rs, "eval_time"), label=arm, color=color[arm])
       x, y = _mean_curve(rs, "eval_updates")
-      axes[1][j].plot(x * rs[0]["gradients_per_update"], y, label=arm)
+      axes[1][j].plot(x * rs[0]["gradients_per_update"], y, label=arm, color=color[arm])
     axes[1][j].set_xlim(0, 0.5 * axes[1][j].get_xlim()[1])
     reached = [r["time_to_target"] for r in main if r["compute"] == c and r["time_to_target"]]
     if reached:  # zoom on the part where the arms differ
       axes[0][j].set_xlim(0, 3 * max(reached))
     axes[0][j].set_title(f"{c}, N={n_main}")
     axes[0][j].set_xlabel("simulated time (mean-compute units)")
-    axes[1][j].set_xlabel("gradients computed (updates × per-update)")
+    axes[1][j].set_xlabel("gradients computed")
     for i in (0, 1):
       axes[i][j].set_ylim(0, 1)
   axes[0][0].set_ylabel("test accuracy")
   axes[1][0].set_ylabel("test accuracy")
-  axes[0][-1].legend(fontsize=7)
+  _legend_beside(axes[0][-1])
   figs["stragglers_accuracy"] = fig
 
   fig, axes = plt.subplots(1, len(computes), figsize=(3.2 * len(computes), 3), squeeze=False)
@@ -116,11 +130,11 @@ def straggler_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if t:
           xs.append(n)
           ys.append(np.mean(t))
-      ax.plot(xs, ys, "o-", label=arm)
+      ax.plot(xs, ys, "o-", label=arm, color=color[arm])
     ax.set_xlabel("workers N")
     ax.set_ylabel("simulated time to target (mean-compute units)")
     ax.set_title("exponential compute times")
-    ax.legend(fontsize=7)
+    _legend_beside(ax)
     figs["time_to_target_vs_n"] = fig
   return figs
 
@@ -149,17 +163,18 @@ def table_c_figure(rows: list[dict[str, Any]]):
   """Test metric vs simulated seconds (compute + communication), one panel per
   workload, one line per arm (seed mean), the target as a grey line."""
   fig, panels = workload_panels(rows)
+  color = arm_colors(r["arm"] for r in rows)
   for ax, rs_w, by_arm in panels:
     for arm, rs in by_arm.items():
       x, y = _mean_curve(rs, "eval_time", "test_metric")
-      ax.plot(x, y, _STYLE.get(rs[0]["family"], "-"), label=arm)
+      ax.plot(x, y, _STYLE.get(rs[0]["family"], "-"), label=arm, color=color[arm])
     reached = [r["time_to_target"] for r in rs_w if r["time_to_target"] is not None]
     if reached:
       ax.set_xlim(0, 2.5 * float(np.median(reached)))
     ax.set_xlabel("simulated time (s): compute + communication")
     ax.set_ylabel(f"test {rs_w[0]['metric']}")
     ax.grid(True, alpha=0.3)
-  panels[-1][0].legend(fontsize=7)
+  _legend_beside(panels[-1][0])
   return fig
 
 
