@@ -1,9 +1,12 @@
 """Cost-model parameters shipped for XLA:CPU (``cost_model.backend_params("cpu")``).
 
-Fitted by ``allreduce-jax bench --fit`` on 8 emulated CPU devices of a 2-core machine
-(JAX 0.10.2); the measured rows are ``docs/results/reuse/cpu_fit_bench.jsonl`` (1 KiB to
-4 MiB per participant, median of 7 timed calls each). Re-fit on your machine with
-``allreduce-jax bench --fit`` and pass the result with ``cost_model.use_params``.
+Fitted by ``allreduce-jax bench --fit`` (the command in ``meta``) on 8 emulated XLA:CPU
+devices in one process (JAX 0.10.2): the devices share the host's cores and memory, so α
+and β price this emulation (thread hand-offs and memory copies), not a network. The
+measured rows are ``experiments/latency_vs_bandwidth/rows/cpu_fit_bench.jsonl`` (1 KiB
+to 4 MiB per participant, median of 7 timed calls each). The values depend on the CPU
+that ran them: re-fit on yours with ``allreduce-jax bench --fit`` and pass the result
+with ``cost_model.use_params``.
 """
 
 CPU_FIT = {
@@ -32,9 +35,9 @@ CPU_FIT = {
       "tree": False,
     },
     "jax_version": "0.10.2",
-    "machine": "XLA:CPU, 8 emulated devices on a 2-core VM shared with other jobs",
+    "machine": "XLA:CPU, 8 emulated devices in one process",
     "n_devices": [8],
-    "results": "docs/results/reuse/cpu_fit_bench.jsonl",
+    "results": "experiments/latency_vs_bandwidth/rows/cpu_fit_bench.jsonl",
     "rows": 56,
     "source": "shipped CPU defaults",
   },

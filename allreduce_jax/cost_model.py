@@ -293,8 +293,9 @@ def load_default_params() -> AnyParams:
 def backend_params(backend: str | None = None) -> AnyParams:
   """The parameters shipped for ``backend`` (default: ``jax.default_backend()``).
 
-  - ``"cpu"``: fitted on XLA:CPU with 8 emulated devices on a 2-core machine by
-    ``allreduce-jax bench --fit`` (the rows are ``docs/results/reuse/cpu_fit_bench.jsonl``,
+  - ``"cpu"``: fitted on XLA:CPU with 8 emulated devices in one process by
+    ``allreduce-jax bench --fit`` (the rows are
+    ``experiments/latency_vs_bandwidth/rows/cpu_fit_bench.jsonl``,
     the fit is stored in ``allreduce_jax/_cpu_params.py``); it prices only the
     algorithms it measured, so ``auto`` chooses among those.
   - anything else: :data:`DEFAULT_PARAMS`, a documented guess (an NVLink-class link),
@@ -526,7 +527,7 @@ def choose(
   Ties go to the earlier candidate (ring first). With a :class:`FittedParams` that
   names the algorithms it measured (:func:`fitted_algorithms`), only those are
   candidates: an unmeasured algorithm would be priced by a model that may not hold
-  on this backend (issue 10: a fit without ``bidirectional_ring`` chose it, 2.3×
+  on this backend (a CPU fit without ``bidirectional_ring`` chose it where it ran 2.3×
   slower than the ring).
 
   Example:

@@ -7,8 +7,8 @@ mounts over ``/etc/hosts``; rootless, through the user namespace's own ``/etc/ho
 so gloo advertises the right address to its peers.
 Links are veth pairs shaped with ``tc`` token buckets (``tbf``) on both ends, so
 each direction of a link carries at most its rate; there is no added delay
-(``netem`` is not used). A link's queue is one FIFO (this kernel has no flow-fair qdisc
-under ``tbf``), so each host caps what one TCP socket keeps in it
+(``netem`` is not used). A link's queue is one FIFO (the kernel the committed results
+ran on has no flow-fair qdisc under ``tbf``), so each host caps what one TCP socket keeps in it
 (:data:`DEFAULT_TCP_QUEUE`, ``net.ipv4.tcp_limit_output_bytes`` in its namespace). The networks are the specs :func:`topology.parse` reads:
 
 - ``switch``: one bridge in a namespace of its own; each host's link to it shaped
@@ -77,9 +77,9 @@ ETC_NETNS = Path("/etc/netns")
 DEFAULT_QUEUE = 0.1
 #: Bytes one TCP socket may keep queued below it in its host (Linux's TCP Small Queues,
 #: ``net.ipv4.tcp_limit_output_bytes``; ``cluster --tcp-queue``). The kernel's default
-#: (4 MiB here) lets one bulk flow fill its host's whole link queue, so the host's other
+#: (4 MiB where the committed results ran) lets one bulk flow fill its host's whole link queue, so the host's other
 #: packets (gloo's "ready to receive", ACKs) wait behind up to ``queue`` of it; a real
-#: host's flow-fair default qdisc (``fq_codel``, ``fq``), which this kernel lacks under a
+#: host's flow-fair default qdisc (``fq_codel``, ``fq``), which that kernel lacks under a
 #: shaped link, lets them pass. 16 KiB keeps each socket's share to about one segment.
 DEFAULT_TCP_QUEUE = 16 * 1024
 

@@ -87,7 +87,7 @@ def test_scaling_smoke(tmp_path, monkeypatch):
     main(["scaling", "--smoke", "--inner", "fast", "--out", str(out)])
 
 
-# ------------------------------------------------------------- issue 10 §4: rows and resume
+# ---------------------------------------------------------------------------- rows and resume
 
 TINY = ["--min-bytes", "1KiB", "--max-bytes", "1KiB", "--no-uneven", "--iters", "2"]
 TINY += ["--warmup", "0"]

@@ -72,7 +72,7 @@ def test_registry_is_complete():
   assert expected <= set(ALGORITHMS)
 
 
-# ---- API edges (issue 11 §4): keyword-only options, explicit auto parameters ----
+# ---- API edges: keyword-only options, explicit auto parameters ----
 
 
 def test_positional_options_are_a_clear_type_error():
@@ -141,8 +141,8 @@ def test_auto_reads_no_file_and_no_environment(tmp_path, monkeypatch):
 
 
 def test_choose_never_picks_an_algorithm_the_fit_did_not_measure():
-  """Issue 10 §4: a fit on ring, recursive_doubling, halving_doubling, psum chose
-  bidirectional_ring (never measured) from 1 MiB on."""
+  """A fit on ring, recursive_doubling, halving_doubling, psum once chose
+  bidirectional_ring (never measured) from 1 MiB on: auto picks only what was fitted."""
   from allreduce_jax import cost_model
 
   rows = [

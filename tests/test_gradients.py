@@ -1,4 +1,4 @@
-"""Gradients through all_reduce honour lax.psum's contract (issue 10 §1).
+"""Gradients through all_reduce honour lax.psum's contract.
 
 Every pattern is compared with the same program using ``lax.psum``/``lax.pmean``:
 gradient inside the shard_map body and outside it, per-participant and replicated
@@ -323,10 +323,10 @@ def test_max_gradient_goes_to_the_selected_participant(vma):
     np.testing.assert_array_equal(np.asarray(g), want)
 
 
-# ---- issue 11: all_reduce_gradients and already-reduced (invariant) gradients ----
+# ---- all_reduce_gradients and already-reduced (invariant) gradients ----
 
 
-def _issue11(check_vma, per_device, transform):
+def _invariant_grads(check_vma, per_device, transform):
   """loss = sum(w * x_block); w = ones(3) replicated; x = arange(24).reshape(8, 3) sharded."""
   mesh = submesh((8,), ("data",))
   w = jax.device_put(jnp.ones(3), NamedSharding(mesh, P()))
@@ -343,17 +343,17 @@ def _issue11(check_vma, per_device, transform):
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "psum"])
-def test_issue11_reproduction_raises_the_clear_error(algorithm):
+def test_invariant_gradients_raise_the_clear_error(algorithm):
   tx = all_reduce_gradients("data", algorithm=algorithm)
   with pytest.raises(
     AlreadyReducedError, match=r"already invariant.*SUMMED.*pcast.*check_vma=False"
   ):
-    _issue11(True, False, tx)
+    _invariant_grads(True, False, tx)
 
 
 @pytest.mark.parametrize("check_vma, per_device", [(True, True), (False, False)])
-def test_issue11_fixes_give_the_true_mean(check_vma, per_device):
-  got = _issue11(check_vma, per_device, all_reduce_gradients("data", algorithm="ring"))
+def test_invariant_gradient_fixes_give_the_true_mean(check_vma, per_device):
+  got = _invariant_grads(check_vma, per_device, all_reduce_gradients("data", algorithm="ring"))
   np.testing.assert_array_equal(got, [10.5, 11.5, 12.5])
 
 

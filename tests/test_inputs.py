@@ -1,4 +1,4 @@
-"""Issue 10 §4: every bad input or output is one line naming the option, found before
+"""Every bad input or output is one line naming the option, found before
 any work starts (no traceback, nothing measured)."""
 
 import json

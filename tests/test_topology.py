@@ -1,5 +1,5 @@
 """Topology replay: generators equal the traced schedules, replay equals closed forms,
-the issue-12 table, the flat model on a switch and the two-level model on islands."""
+the reduce-scatter table at p = 64, the flat model on a switch and the two-level model on islands."""
 
 import itertools
 import math
@@ -58,7 +58,7 @@ def test_trace_marks_reduction_and_lanes():
   assert [s[0][3] for s in steps] == [True] * 3 + [False] * 3
 
 
-# -- closed forms and the issue's table (reduce-scatter bandwidth term in units of n·β) -----
+# -- closed forms and the table at p = 64 (reduce-scatter bandwidth term in units of n·β) ---
 
 
 def _rho(s):
@@ -100,8 +100,9 @@ def test_closed_forms_on_a_ring(p):
   assert topology.bandwidth_term(_rs("ring", p), ring1d) == pytest.approx((p - 1) / p, abs=1e-9)
 
 
-def test_issue_table_at_64():
-  """Issue 12's table (exact values of the replay; the issue rounds them)."""
+def test_reduce_scatter_table_at_64():
+  """The reduce-scatter bandwidth term of ring, far- and near-first halving and Swing at
+  p = 64 on a 1-D torus and a 7:1 fat tree (exact values of the replay)."""
   ring1d, tapered = topology.torus((64,)), topology.fat_tree(8, 7)
   rows = {
     "ring": _rs("ring", 64),

@@ -1,4 +1,4 @@
-"""Issue 17 (trust, round three): rows never deleted, one writer per file, exact
+"""Trust: rows never deleted, one writer per file, exact
 max/min below 1e-38, identical NaN bits, the right process blamed, one-line errors."""
 
 from __future__ import annotations

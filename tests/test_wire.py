@@ -77,7 +77,7 @@ def test_matches_numpy_replay_bit_for_bit(algorithm, wire):
 
 
 def test_error_matches_the_model():
-  # The numpy model (16,384 normal floats, relative L2): int8 ring 8.6e-3 at
+  # A NumPy model of the same quantization (16,384 normal floats, relative L2): int8 ring 8.6e-3 at
   # p = 2 and 1.45e-2 at p = 8; quantize-once ~1.0e-2 at every p. Within 20 %.
   rng = np.random.default_rng(0)
   for p, ring_model in ((2, 8.6e-3), (8, 1.45e-2)):

@@ -471,7 +471,7 @@ def fit_and_save(rows: Sequence[dict], path, min_bytes: int = 0) -> tuple:
   On a real network keep small messages out (``--fit-min-bytes 1MiB``): below about
   1 MiB a token-bucket link lets a burst through faster than its rate and a sender's
   clock stops once its sends are buffered, and least squares over those rows halved β
-  on the emulated cluster (``docs/results/network/auto_fit.md``)."""
+  on the emulated cluster (``experiments/emulated_network/rows/auto_fit.md``)."""
   fit_rows = _fit_rows(rows, min_bytes)
   if not fit_rows:
     raise ValueError(

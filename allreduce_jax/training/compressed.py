@@ -31,7 +31,7 @@ PowerSGD's and top-k's counts come from the workload's parameter shapes
 ``model_params / real count``. Time: the cost model's α-β-γ of each collective
 (top-k's all-gather: ``(p − 1)(α + β·8K)``). Not priced: the codec's own compute
 (quantizing, the PowerSGD matmuls, ``top_k``), which on this project's XLA:CPU is not
-negligible (``docs/results/compression/``); the arms' times are the network's side.
+negligible (``experiments/compression/``); the arms' times are the network's side.
 """
 
 from __future__ import annotations
