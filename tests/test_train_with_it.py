@@ -3,7 +3,7 @@
 The block lives here (``TRAIN_WITH_IT``) and, once the lead pastes it, in README.md
 between ``<!-- train-with-it:start -->`` and ``<!-- train-with-it:end -->``: the run
 uses the README's copy when it is there, and a second test checks the two agree.
-Also (issue 11): ``all_reduce_gradients`` chained before ``optax.adam`` trains a Flax
+Also: ``all_reduce_gradients`` chained before ``optax.adam`` trains a Flax
 NNX MLP on digits like ``lax.pmean`` for every hand-written single-axis algorithm.
 """
 
@@ -176,7 +176,7 @@ def test_nnx_native_step_matches_pmean_under_check_vma():
     _run(naive)
 
 
-# ---- issue 11: Flax NNX MLP on digits, optax.adam, check_vma=False, every algorithm ----
+# ---- Flax NNX MLP on digits, optax.adam, check_vma=False, every algorithm ----
 
 HAND_WRITTEN_1D = names(axes=1, hand_written=True, priced=True)
 
