@@ -24,6 +24,7 @@ from allreduce_jax import all_reduce_gradients, names
 from allreduce_jax.gradients import AlreadyReducedError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+TRAINING_GUIDE = Path(__file__).resolve().parents[1] / "docs" / "training.md"
 START, END = "<!-- train-with-it:start -->", "<!-- train-with-it:end -->"
 ALGORITHM_ARG = 'algorithm="ring"'
 TRANSFORM = 'all_reduce_gradients("data", algorithm="ring")'
@@ -60,8 +61,10 @@ def step(params, opt_state, x, y):  # params replicated, batch sharded over "dat
 x, y = load_digits(return_X_y=True)
 x = jax.device_put(jnp.asarray(x[:1792] / 16, jnp.float32), NamedSharding(mesh, P("data")))
 y = jax.device_put(jnp.asarray(y[:1792]), NamedSharding(mesh, P("data")))
+print(f"loss before: {loss_fn(params, x, y):.2f}")  # prints about: loss before: 2.32
 for _ in range(25):
   params, opt_state = step(params, opt_state, x, y)
+print(f"loss after 25 steps: {loss_fn(params, x, y):.2f}")  # prints about: loss after 25 steps: 0.45
 """
 
 
@@ -95,15 +98,14 @@ x = jax.device_put(jnp.asarray(x[:1792] / 16, jnp.float32), NamedSharding(mesh, 
 y = jax.device_put(jnp.asarray(y[:1792]), NamedSharding(mesh, P("data")))
 for _ in range(25):
   loss = step(model, optimizer, x, y)
+print(f"loss after 25 steps: {loss:.2f}")  # prints about: loss after 25 steps: 0.57
 """
 NNX_START, NNX_END = "<!-- nnx-step:start -->", "<!-- nnx-step:end -->"
 
 
 def _readme_block(start: str = START, end: str = END) -> str | None:
-  """The ```python block between the markers in README.md, or None if not pasted yet."""
-  if not README.exists():
-    return None
-  text = README.read_text()
+  """The ```python block between the markers in README.md or docs/training.md, or None."""
+  text = "".join(p.read_text() for p in (README, TRAINING_GUIDE) if p.exists())
   if start not in text or end not in text:
     return None
   section = text[text.index(start) + len(start) : text.index(end)]
