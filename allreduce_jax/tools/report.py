@@ -1163,8 +1163,11 @@ def redraw(out: Path, smoke: bool = False) -> Path:
     if old:  # the recorded commands: the ones that wrote these rows
       s.commands, s.text, s.figures = old["commands"], old["text"], old["figures"]
       s.seconds, s.status = old["seconds"], old["status"]
-  redraw_figures(out)
-  return write_markdown(out, sections, env, smoke)
+  fitted = _fit(out)
+  # The trace-time choices (the double tree's chunks) as the run made them: with its fit.
+  with cost_model.use_params(fitted) if fitted is not None else contextlib.nullcontext():
+    redraw_figures(out)
+    return write_markdown(out, sections, env, smoke)
 
 
 #: The key of ``sections.json`` that keeps the environment the report ran in.
