@@ -139,6 +139,20 @@ def table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
+def tables(root: Path | None = None) -> dict[str, str]:
+  """``{path relative to the study folder: text}`` of every table of this study from its
+  committed rows: ``error_vs_p.md`` (:func:`table`) and the compressed training arms'
+  ``table_c.md``/``phase.md`` (:func:`allreduce_jax.training.experiments.tables_from_rows`)."""
+  from allreduce_jax.training.experiments import tables_from_rows
+
+  root = root or Path(__file__).resolve().parent / "rows"
+  rows = [json.loads(x) for x in (root / "error_vs_p.jsonl").read_text().splitlines() if x]
+  out = {"rows/error_vs_p.md": table(rows) + "\n"}
+  for name, text in tables_from_rows(root / "training").items():
+    out[f"rows/training/{name}"] = text
+  return out
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--smoke", action="store_true", help="p <= 4, replay to 16, n = 1024")

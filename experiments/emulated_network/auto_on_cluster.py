@@ -85,12 +85,26 @@ def judge(rows: list[dict], p: int, other: list[dict] | None = None) -> list[dic
   return out
 
 
-def main(argv=None) -> int:
-  args = sys.argv[1:] if argv is None else argv
-  root = Path(args[0] if args else "experiments/emulated_network/rows")
-  prefix = args[1] if len(args) > 1 else "bench_"
-  fit_root = Path(args[2]) if len(args) > 2 else None
-  other_col = f" auto (fit on {fit_root}) | ratio |" if fit_root else ""
+#: The tables this study commits: (folder under rows/, file prefix, the other run's folder
+#: whose fit also picks, or None), as ``network_sweep.sh`` laid them out.
+RUNS = (
+  ("", "bench_", None),
+  ("", "blocks_", None),
+  ("tcp_queue_16k", "blocks_", "tcp_queue_16k/repeat"),
+  ("tcp_queue_16k/repeat", "blocks_", "tcp_queue_16k"),
+  ("tcp_queue_16k/cubic", "blocks_", "tcp_queue_16k"),
+  ("tcp_queue_16k/cubic_finish", "blocks_", "tcp_queue_16k/cubic"),
+  ("tcp_queue_16k/cubic_finish/repeat", "blocks_", "tcp_queue_16k/cubic_finish"),
+)
+HERE = Path(__file__).resolve().parent
+
+
+def auto_fit(root: Path, prefix: str = "bench_", fit_root: Path | None = None, label=None):
+  """``(markdown, rows)``: auto's pick against the best measured candidate for every
+  network's ``PREFIX*_*.jsonl`` under ``root``; ``fit_root``: another run's folder whose
+  fit on every size picks too (named ``label`` in the text, default its path)."""
+  label = label or fit_root
+  other_col = f" auto (fit on {label}) | ratio |" if fit_root else ""
   table, lines = [], []
   for path in sorted(root.glob(f"{prefix}*_*.jsonl")):
     net, p = path.stem.removeprefix(prefix).rsplit("_", 1)
@@ -131,14 +145,37 @@ def main(argv=None) -> int:
     crossed = [r for r in table if "ratio_other_run" in r]
     if crossed:
       head += (
-        f"\nFitted on every size of {fit_root} (another run) and judged by these rows: within"
+        f"\nFitted on every size of {label} (another run) and judged by these rows: within"
         f" 1.10× in {sum(r['ratio_other_run'] <= 1.10 for r in crossed)} of {len(crossed)}"
         f" cells; worst {max(r['ratio_other_run'] for r in crossed):.2f}×.\n"
       )
-  name = "auto_fit" if prefix == "bench_" else f"auto_fit_{prefix.rstrip('_')}"
-  (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in table))
-  (root / f"{name}.md").write_text(head + "\n".join(lines) + "\n")
-  print(head + "\n".join(lines))
+  return head + "\n".join(lines) + "\n", table
+
+
+def _name(prefix: str) -> str:
+  return "auto_fit" if prefix == "bench_" else f"auto_fit_{prefix.rstrip('_')}"
+
+
+def tables(root: Path = HERE / "rows") -> dict[str, str]:
+  """``{path relative to the study folder: text}`` of every committed ``auto_fit*.md``
+  (:data:`RUNS`), the other run's folder named relative to ``rows/``."""
+  out = {}
+  for folder, prefix, other in RUNS:
+    fit_root = root / other if other else None
+    text, _ = auto_fit(root / folder, prefix, fit_root, other)
+    out[str(Path("rows") / folder / f"{_name(prefix)}.md")] = text
+  return out
+
+
+def main(argv=None) -> int:
+  args = sys.argv[1:] if argv is None else argv
+  root = Path(args[0] if args else HERE / "rows")
+  prefix = args[1] if len(args) > 1 else "bench_"
+  fit_root = Path(args[2]) if len(args) > 2 else None
+  text, table = auto_fit(root, prefix, fit_root)
+  (root / f"{_name(prefix)}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in table))
+  (root / f"{_name(prefix)}.md").write_text(text)
+  print(text)
   return 0
 
 
