@@ -222,3 +222,20 @@ def test_jax_coordinator_address_alone_is_left_to_jax():
       {"JAX_COORDINATOR_ADDRESS": "10.0.0.1:1", "JAX_PROCESS_ID": "0"}
     )
   assert "JAX's own" not in distributed.__doc__
+
+
+def test_core_dependencies_are_the_library_s_and_each_extra_module_has_its_extra():
+  import re
+  import tomllib
+  from pathlib import Path
+
+  project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+
+  def names(reqs):
+    return {re.split(r"[<>=\[ ;]", r, maxsplit=1)[0].lower().replace("_", "-") for r in reqs}
+
+  assert names(project["dependencies"]) == {"jax", "numpy", "ml-dtypes", "optax"}
+  extras = project["optional-dependencies"]
+  distribution = {"sklearn": "scikit-learn"}  # import name -> what pip installs
+  for module, extra in cli.EXTRAS.items():
+    assert distribution.get(module, module) in names(extras[extra]), (module, extra)
