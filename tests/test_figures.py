@@ -182,3 +182,14 @@ def test_a_network_run_is_drawn_against_its_own_network():
       assert t > 10 * cost_model.predict_us(alg, 4, n, PARAMS)  # not the in-process fit
       checked += 1
   assert checked == 4
+
+
+def test_rows_of_several_processes_on_an_unnamed_network_get_no_model():
+  rows = [dict(r, process_count=4) for r in _bench_rows(["ring", "psum"], p=4)]
+  fig = plot.bench(rows, PARAMS)
+  assert "4 processes over gloo" in fig._suptitle.get_text()
+  assert not [line for ax in fig.axes for line in ax.get_lines() if line.get_linestyle() == "--"]
+  net = {"hosts": 4, "link_Bps": 25e6, "network": "switch"}  # named by the caller
+  fig = plot.bench(rows, PARAMS, network=net)
+  assert "switch, 4 hosts, 200 Mbit/s links" in fig._suptitle.get_text()
+  assert [line for ax in fig.axes for line in ax.get_lines() if line.get_linestyle() == "--"]

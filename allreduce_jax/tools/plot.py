@@ -168,7 +168,7 @@ def _model_us(alg: str, p: int, n: float, params, net: dict | None, choices=None
   return cost_model.predict_us(alg, p, n, params, inner=devices.inner_size(alg, p))
 
 
-def _time_panel(ax, rows, algs, p, params, net, sizes, wire=None) -> None:
+def _time_panel(ax, rows, algs, p, params, net, sizes, wire=None, modelled=True) -> None:
   """Measured time vs size (solid, bars min–max; a size that is not a multiple of p
   hollow and unconnected) and each algorithm's model dashed in its colour."""
   for alg in algs:
@@ -193,7 +193,7 @@ def _time_panel(ax, rows, algs, p, params, net, sizes, wire=None) -> None:
     if odd:
       ax.plot([r["bytes"] for r in odd], [r["time_us"] for r in odd], ls="none",
               marker=st["marker"], mfc="none", color=st["color"], ms=6)  # fmt: skip
-    if wire is not None:  # the model prices the exact program's bytes only
+    if wire is not None or not modelled:  # the model prices the exact program's bytes
       continue
     if net is not None:  # the replay at the measured sizes, with the choices each ran
       pred = [(r["bytes"], _model_us(alg, p, r["bytes"], params, net, r.get("choices")))
@@ -205,7 +205,9 @@ def _time_panel(ax, rows, algs, p, params, net, sizes, wire=None) -> None:
       ax.plot(*zip(*pred), ls="--", color=st["color"], alpha=0.8, lw=1)
 
 
-def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
+def bench(
+  rows: Sequence[dict], params=None, title: str = "", network: dict | None = None
+) -> Figure | None:
   """Measured time vs size (log-log; solid lines and markers, bars min–max) with each
   algorithm's model dashed in its colour, then a bus-bandwidth panel; one legend for
   all panels. None if no row has p > 1.
@@ -218,14 +220,18 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
   (no bus-bandwidth panel: a compressed wire does not send n). Rows of an emulated
   network (:func:`network_of`): the same groups against the schedule replayed on that
   network's links (``gloo_model``, ``params`` unused), titled with the network, the
-  link rate drawn in the bus-bandwidth panel. A size whose element count is not a
-  multiple of p is drawn as an unconnected hollow marker."""
+  link rate drawn in the bus-bandwidth panel; ``network`` (the same fields) names it
+  for rows whose key does not. Rows of several processes on an unnamed network get no
+  model (an in-process fit does not price another machine). A size whose element
+  count is not a multiple of p is drawn as an unconnected hollow marker."""
 
   rows = [r for r in rows if r["n_devices"] > 1]
   if not rows:
     return None
   p = rows[0]["n_devices"]
-  net = network_of(rows)
+  net = network or network_of(rows)
+  processes = int(rows[0].get("process_count") or 1)
+  modelled = net is not None or processes == 1  # else the network is not known
   algs = _order(r["algorithm"] for r in rows)
   wires = list(dict.fromkeys(r.get("wire") or None for r in rows))
   lo, hi = min(r["bytes"] for r in rows), max(r["bytes"] for r in rows)
@@ -250,11 +256,12 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
   time_axes = list(grid[: len(panels)])
   for ax in time_axes[1:]:
     ax.sharey(time_axes[0])
-  n_star = cost_model.balance_bytes("ring", p, params) if net is None else math.inf
+  n_star = cost_model.balance_bytes("ring", p, params) if net is None and modelled else math.inf
   for ax, (label, panel_rows, wire) in zip(time_axes, panels):
     name, group = label if isinstance(label, tuple) else (label, algs)
     drawn = {r["algorithm"] for r in panel_rows}
-    _time_panel(ax, panel_rows, [a for a in group if a in drawn], p, params, net, sizes, wire)
+    _time_panel(ax, panel_rows, [a for a in group if a in drawn], p, params, net, sizes, wire,
+                modelled)  # fmt: skip
     if math.isfinite(n_star) and wire is None:
       ax.axvspan(sizes[0], max(min(n_star, sizes[-1]), sizes[0]), color="0.92", zorder=0)
     ax.set_xscale("log", base=2)
@@ -264,7 +271,7 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
     ax.set_ylabel("time (µs)")
     ax.set_title(name, fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-  if net is None:  # where the fitted model's pick among the drawn algorithms changes
+  if net is None and modelled:  # where the fitted model's pick among the drawn changes
     drawn = tuple(a for a in cost_model.auto_candidates() if a in algs)
     if len(drawn) > 1:
       top = max(r["time_us"] for r in rows)
@@ -297,7 +304,7 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
     if net is not None
     else "fitted α-β-γ model" + (", exact program only" if len(wires) > 1 else "")
   )
-  key = f"solid: measured median (bars: min–max); dashed: {model}"
+  key = "solid: measured median (bars: min–max)" + (f"; dashed: {model}" if modelled else "")
   if len(grid) > n_panels:  # the spare panel holds the legend, in the figure's order
     seen: dict = {}
     for ax in time_axes:
@@ -310,7 +317,9 @@ def bench(rows: Sequence[dict], params=None, title: str = "") -> Figure | None:
                  ncol=2 if len(seen) > 8 else 1, title=key.replace("; ", "\n"),
                  title_fontsize=8)  # fmt: skip
   if net is not None:
-    where = _network_title(net) + f" ({rows[0].get('process_count', p)} processes, gloo)"
+    where = _network_title(net) + f" ({processes} processes, gloo)"
+  elif processes > 1:
+    where = f"{processes} processes over gloo ({p} devices)"
   else:
     where = f"{p} {rows[0].get('backend', '')} devices in one process".replace("  ", " ")
   shaded = "; shaded: latency-bound" if math.isfinite(n_star) else ""
