@@ -1,32 +1,36 @@
 # %% [markdown]
-# # 4 · To thousands of nodes, on real network shapes
+# # 6 · To thousands of nodes, on real network shapes
 #
 # We cannot run 16384 accelerators here, but we can price what each algorithm *sends*.
 # The flat α-β model (`cost_model`, notebook 3) charges every message step α plus its
 # largest message times β, wherever the messages go. It cannot tell two algorithms apart
-# when they send the same bytes: ring, halving-doubling and Swing all send
-# 2(p−1)/p·n. On a real fabric a message crosses several links and shares them with
-# other messages, so distance and link sharing decide the winner.
+# when they send the same bytes: ring, halving-doubling and Swing all send 2(p−1)/p·n.
+# On a real fabric a message crosses several links and shares them with other messages,
+# so distance and link sharing decide the winner.
 #
-# `allreduce_jax.topology` replays an algorithm's message steps on a network: each
-# message `(src, dst, fraction of n)` is routed, and a step costs
-# α + (per-hop latency) + the busiest directed link's bytes × β (+ γ for the reduction).
-# The networks: `switch()` (full bisection: the flat model), `torus(dims)` (1-3-D,
-# minimal-hop dimension-order routing: TPU pods), `fat_tree(k, r)` (k hosts per leaf,
-# uplinks oversubscribed r:1, ideal ECMP: 7:1 has been reported for 24k-GPU clusters) and
-# `islands(group, intra, inter)` (NVLink islands joined by InfiniBand: the two-level
-# machine of the old model). The schedules come from each algorithm's own step generator
-# (`ALGORITHMS[name].messages`), checked equal to the schedule recorded from the real
-# program's trace at every p from 2 to 8.
+# `allreduce_jax.topology` replays an algorithm's message steps on a network: each message
+# `(src, dst, fraction of n)` is routed, and a step costs α + (per-hop latency) + the
+# busiest directed link's bytes × β (+ γ for the reduction). The networks: `switch()`
+# (full bisection: the flat model), `torus(dims)` (1-3-D, minimal-hop dimension-order
+# routing: TPU pods), `fat_tree(k, r)` (k hosts per leaf, uplinks oversubscribed r:1,
+# ideal ECMP) and `islands(group, intra, inter)` (NVLink islands joined by InfiniBand).
+# Here we route one step by hand, check it against the library, then sweep every
+# replayable algorithm to thousands of participants.
+#
+# **Run time.** Full mode (to p = 16384) takes about 5 minutes on 2 CPU cores; the
+# schedules at the largest p have millions of messages. Small mode
+# (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
+# JupyterLab) stops at p = 256 and prices three sizes instead of four, in well under a
+# minute; the published comparisons at the end then run at p = 256 and 1536 instead of
+# 4096 and 24576, so their factors are smaller.
 
 # %% tags=["parameters"]
 import os
 
-SMALL = os.environ.get("ALLREDUCE_JAX_SMALL", "0") == "1"
-LINK = "ib_ndr"  # one link: 5 µs, 50 GB/s (cost_model.PRESETS)
+SMALL = os.environ.get("ALLREDUCE_JAX_SMALL", "0") == "1"  # CI runs the small mode
+LINK = "ib_ndr"  # one link's α and β (cost_model.PRESETS)
 TOPOLOGIES = ["switch", "torus:3d", "fat_tree:8:7"]
 MAX_P = 256 if SMALL else 16384
-# bytes per participant (full mode, to p = 16384: 7-10 minutes here, with other work beside it)
 SIZES = [64 << 10, 4 << 20, 256 << 20] if SMALL else [64 << 10, 1 << 20, 16 << 20, 256 << 20]
 PAPER_P = 256 if SMALL else 4096  # Swing vs halving-doubling on tori
 BIG_P = 1536 if SMALL else 24576  # the double binary tree vs the ring (NCCL: 24,576 GPUs)
@@ -34,161 +38,210 @@ BIG_P = 1536 if SMALL else 24576  # the double binary tree vs the ring (NCCL: 24
 # %%
 import jax
 
-jax.config.update("jax_num_cpu_devices", 8)
+jax.config.update("jax_num_cpu_devices", 8)  # the trace check below runs on 8 devices
 
-# %matplotlib inline
+import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
-from allreduce_jax import ALGORITHMS, cost_model, topology
-from allreduce_jax.tools import plot, scaling
-from allreduce_jax.units import format_bytes
+from allreduce_jax import ALGORITHMS, cost_model, names, topology
+from allreduce_jax.palette import style
+
+
+def fmt_bytes(n):
+  for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    if n >= size:
+      return f"{n / size:g} {unit}"
+  return f"{n:g} B"
+
 
 params = cost_model.PRESETS[LINK]
 networks = [topology.parse(t) for t in TOPOLOGIES]
-ALGS = scaling.topology_algorithms()
-PS = [p for p in scaling.PS if p <= MAX_P]
+# every hand-written algorithm meant for scale that has a message generator
+ALGS = [a for a in names(hand_written=True, at_scale=True) if a in names(replayable=True)]
+PS = [p for p in (8 << k for k in range(12)) if p <= MAX_P]
+print(f"{LINK}: α = {params.alpha * 1e6:g} µs, {1e-9 / params.beta:g} GB/s per direction")
 print("replayable algorithms:", ", ".join(ALGS))
 print("p =", PS)
 
 # %% [markdown]
 # ## A schedule is data
 #
-# The ring's first step and halving-doubling's first step at p = 8, as the generators
-# give them: `(source, target, fraction of n, combined)`. The same lists come out of the
-# compiled program's trace (`topology.traced_messages`, which reads every `ppermute`'s
-# pairs and bytes); the check below is the one the tests run for every algorithm.
+# Each algorithm's record carries a generator of its message steps:
+# `ALGORITHMS[name].messages(axis_sizes)` returns a list of steps, each a list of
+# `(source, target, fraction of n, combined)`. The same lists come out of the compiled
+# program's trace (`topology.traced_messages` reads every `ppermute`'s pairs and bytes), so
+# what we price is what runs.
 
 # %%
 for name in ("ring", "halving_doubling"):
   steps = ALGORITHMS[name].messages((8,))
   print(f"{name}: {len(steps)} steps; step 1:", steps[0][:4], "...")
-for name in ("ring", "halving_doubling", "swing" if "swing" in ALGORITHMS else "tree"):
+for name in ("ring", "halving_doubling", "swing"):
   sizes, traced = topology.traced_messages(name, 8)
   mine = ALGORITHMS[name].messages(sizes)
   same = [sorted(m[:3] for m in s) for s in traced] == [sorted(m[:3] for m in s) for s in mine]
   print(f"{name}: generated == traced at p=8: {same}")
+  assert same
 
 # %% [markdown]
-# ## The same bytes, very different times: 64 nodes
+# ## Routing one step by hand, on a ring of 16 nodes
 #
-# The reduce-scatter half of each schedule, its bandwidth term in units of n·β (the sum
-# over steps of the busiest link's load). Halving-doubling in MPICH's order sends the
-# biggest half to the farthest partner first; the near-first order and Swing keep the
-# big halves close.
+# On a 1-D torus (a ring of nodes, each linked to its two neighbours) a message goes the
+# shorter way round (ties forward) and loads every link it crosses with its fraction of n.
+# The step's bandwidth cost is its busiest link's load × n·β. Below, the first
+# reduce-scatter step of four algorithms that all send the same bytes in total. MPICH's
+# halving-doubling sends the biggest half to the farthest partner first; the near-first
+# order and Swing keep the big halves close.
 
 # %%
-rs_names = [
-  a for a in ("ring", "halving_doubling", "halving_doubling_near", "swing") if a in ALGORITHMS
-]
+P16 = 16
+
+
+def ring_link_loads(step, p):
+  """load[d, i]: the fraction of n on the link leaving node i forward (d=0) or back (d=1)."""
+  load = np.zeros((2, p))
+  for src, dst, frac, *_ in step:
+    ahead = (dst - src) % p
+    if ahead <= p - ahead:  # forward is not longer
+      for h in range(ahead):
+        load[0, (src + h) % p] += frac
+    else:
+      for h in range(p - ahead):
+        load[1, (src - h) % p] += frac
+  return load
+
+
+rs_names = ["ring", "halving_doubling", "halving_doubling_near", "swing"]
+ring16 = topology.torus((P16,))
+fig, axes = plt.subplots(1, len(rs_names), figsize=(12, 2.8), sharey=True)
+busiest = {}
+for ax, name in zip(axes, rs_names):
+  step = ALGORITHMS[name].messages((P16,))[0]
+  load = ring_link_loads(step, P16)
+  lib = max(float(v.max()) for v in topology.step_link_loads(step, ring16).values())
+  assert np.isclose(load.max(), lib), (name, load.max(), lib)  # the library routes the same
+  busiest[name] = load.max()
+  ax.bar(np.arange(P16) - 0.2, load[0], 0.4, color=style(name)["color"], label="forward")
+  ax.bar(np.arange(P16) + 0.2, load[1], 0.4, color=style(name)["color"], alpha=0.45, label="back")
+  ax.set_title(f"{name}\nbusiest link {load.max():g}·n", fontsize=9)
+  ax.set_xlabel("link leaving node")
+axes[0].set_ylabel("load (fraction of n)")
+axes[0].legend(fontsize=8, loc="upper left")
+fig.suptitle(f"first reduce-scatter step on a ring of {P16} nodes", fontsize=10)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The whole reduce-scatter half (the sum over its steps of the busiest link's load, in
+# units of n·β), on 64 nodes, as `topology.bandwidth_term` computes it:
+
+# %%
 nets64 = {
-  "1-D torus (ring of 64)": topology.torus((64,)),
+  "ring of 64 (1-D torus)": topology.torus((64,)),
   "fat tree 8/leaf, 7:1": topology.fat_tree(8, 7),
+  "flat α-β (switch)": topology.switch(),
 }
-nets64["flat α-β (switch)"] = topology.switch()
+
+
+def reduce_scatter(name, p):
+  steps = ALGORITHMS[name].messages((p,))
+  return steps[: len(steps) // 2]
+
+
 table = pd.DataFrame(
   {
-    label: {
-      a: topology.bandwidth_term(
-        ALGORITHMS[a].messages((64,))[: len(ALGORITHMS[a].messages((64,))) // 2], net
-      )
-      for a in rs_names
-    }
+    label: {a: topology.bandwidth_term(reduce_scatter(a, 64), net) for a in rs_names}
     for label, net in nets64.items()
   }
 ).T
 table.round(3)
 
 # %% [markdown]
-# The replay equals the closed forms for XOR partners on a ring: near-first (lg p)/2 = 3,
-# far-first (p/3)(1 − 1/p²) = 21.33 (the tests check both to 1e-9). The flat model ranks
-# our halving-doubling among the best at scale; on a torus it is the worst.
+# The flat model gives all four the ring's cost; on a ring of nodes far-first
+# halving-doubling pays for every hop its big halves travel (the tests check the closed
+# forms: near-first (lg p)/2, far-first (p/3)(1 − 1/p²)).
 #
-# ## Which links carry how much: one step
-#
-# The first reduce-scatter step on a ring of 16 nodes. The ring's messages each use one
-# link. Far-first halving sends every participant's half 8 hops: the middle links carry
-# 4 messages' worth at once. Near-first and Swing keep it to one or two.
-
-# %%
-ring16 = topology.torus((16,))
-first = {a: ALGORITHMS[a].messages((16,))[0] for a in rs_names}
-fig = plot.step_loads(first, ring16, "first reduce-scatter step on a ring of 16 nodes")
-fig
-
-# %% [markdown]
 # ## Flat vs torus vs tapered fat tree, up to thousands of participants
 #
-# `scaling.sweep_topology` (the rows `allreduce-jax scaling --topology ...` writes) prices
-# every replayable algorithm on each network. The torus family picks the most even 3-D
-# shape for each p (16384 = 32×32×16); the fat tree has 8 hosts per leaf and 7:1
-# oversubscribed uplinks. `hierarchical` follows the network: on the torus one ring per
-# dimension (reduce-scatter along z, then y, all-reduce along x, all-gather back: the TPU
-# pod scheme), on the fat tree a ring inside each leaf and one across leaves.
+# Every replayable algorithm on each network, at every p and size: one call of
+# `topology.predict_seconds` each. The torus picks the most even 3-D shape for each p
+# (16384 = 32×32×16); the fat tree has 8 hosts per leaf and 7:1 oversubscribed uplinks
+# (such tapering has been reported for 24k-GPU clusters). `hierarchical` follows the
+# network: on the torus one ring per dimension (the TPU pod scheme), on the fat tree a ring
+# inside each leaf and one across leaves. Each time is also priced on the flat switch with
+# the same mesh, so `over_flat` says how much the network's shape costs.
 
 # %%
+flat = topology.switch()
 rows = []
-for net in networks:
-  rows += scaling.sweep_topology(net, params, PS, SIZES, ALGS)
-two = [SIZES[1], SIZES[-1]]
-shown = [r for r in rows if r["bytes"] in two]
-fig = plot.scaling(shown, scaling.crossovers(shown))
-fig
+for p in PS:
+  for n in SIZES:
+    for net in networks:
+      for a in ALGS:
+        t = topology.predict_seconds(a, p, n, params, net)
+        t_flat = topology.predict_seconds(a, p, n, params, flat, topology.axis_sizes(a, p, net))
+        rows.append({"network": net.name, "p": p, "bytes": n, "algorithm": a, "us": t * 1e6,
+                     "over_flat": t / t_flat})  # fmt: skip
+rows = pd.DataFrame(rows)
+net_names = list(dict.fromkeys(rows["network"]))
+print(f"{len(rows)} replays: {len(net_names)} networks × {len(PS)} values of p × "
+      f"{len(SIZES)} sizes × {len(ALGS)} algorithms")  # fmt: skip
+
+# %%
+shown = [SIZES[0], SIZES[-1]]
+fig, axes = plt.subplots(len(shown), len(net_names), figsize=(13, 6.5), sharex=True)
+for i, n in enumerate(shown):
+  for j, net in enumerate(net_names):
+    ax = axes[i, j]
+    for a in ALGS:
+      r = rows[(rows["network"] == net) & (rows["bytes"] == n) & (rows["algorithm"] == a)]
+      ax.plot(r["p"], r["us"], ms=4, label=a, **style(a))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_title(f"{net}, {fmt_bytes(n)}", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    if j == 0:
+      ax.set_ylabel("replayed time (µs)")
+    if i == len(shown) - 1:
+      ax.set_xlabel("participants p")
+fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=5, fontsize=8)
+fig.tight_layout(rect=(0, 0.08, 1, 1))
+plt.show()
 
 # %% [markdown]
-# How much each network slows each schedule down against the flat model (1 = the flat
-# model is right): the ring's neighbour messages cost the same everywhere; far partners
-# pay on the torus and across the tapered uplinks.
+# The fastest algorithm at the largest p, per network and size, and how much slower than
+# on the flat model each algorithm is there at the largest size (1 = the flat model is
+# right):
 
 # %%
-fig = plot.over_flat(rows, SIZES[-1])
-fig
-
-# %% [markdown]
-# ## Where each one wins
-#
-# The fastest algorithm for every (p, size): first among all, then among the four the
-# field argues about at scale: the ring, NCCL's double binary tree, Swing and the
-# hierarchical (per-dimension / per-level rings) scheme.
+last = PS[-1]
+at_last = rows[rows["p"] == last]
+fastest = at_last.loc[at_last.groupby(["network", "bytes"])["us"].idxmin()]  # ties: registry order
+winners = fastest.pivot(index="bytes", columns="network", values="algorithm")
+winners.index = [fmt_bytes(n) for n in winners.index]
+print(f"fastest at p = {last}:")
+winners[net_names]
 
 # %%
-fig = plot.winners(rows)
-fig
-
-# %%
-four = [a for a in ("ring", "double_binary_tree", "swing", "hierarchical") if a in ALGS]
-sub = []
-for r in rows:
-  if r["algorithm"] in four:
-    mine = {
-      q["algorithm"]: q["predicted_us"]
-      for q in rows
-      if (q["scenario"], q["p"], q["bytes"]) == (r["scenario"], r["p"], r["bytes"])
-      and q["algorithm"] in four
-    }
-    sub.append({**r, "best": min(mine, key=mine.get)})
-fig = plot.winners(sub)
-fig
-
-# %%
-best = pd.DataFrame(
-  [
-    {
-      "network": r["scenario"],
-      "size": format_bytes(r["bytes"]),
-      "best": r["best"],
-      "µs": round(r["predicted_us"], 1),
-    }
-    for r in rows
-    if r["p"] == PS[-1] and r["algorithm"] == r["best"]
-  ]
+over = at_last[at_last["bytes"] == SIZES[-1]].pivot(
+  index="algorithm", columns="network", values="over_flat"
 )
-best
+print(f"replayed / flat-model time at p = {last}, {fmt_bytes(SIZES[-1])}:")
+over.loc[ALGS, net_names].round(2)
 
 # %% [markdown]
+# The ring's neighbour messages cost the same everywhere; far partners pay on the torus and
+# across the tapered uplinks. The flat model gives the bidirectional ring and the double
+# binary tree a link per message (two or more per participant): that is why both look best
+# on `switch` at large sizes. With one NIC per participant (the fat tree here) they lose
+# that.
+#
 # ## The published directions
 #
 # **Swing vs halving-doubling on tori** (De Sensi et al., NSDI 2024: up to 3× over the
-# existing algorithms on torus-like networks). Replayed on 2-D and 3-D tori:
+# existing algorithms on torus-like networks). Replayed on 2-D and 3-D tori, every
+# algorithm's time over Swing's (above 1: Swing is faster):
 
 # %%
 paper = []
@@ -196,52 +249,33 @@ for spec in (f"torus:{'x'.join(map(str, topology.even_dims(PAPER_P, 2)))}", "tor
   net = topology.parse(spec)
   for n in (SIZES[0], SIZES[-1]):
     t = {a: topology.predict_seconds(a, PAPER_P, n, params, net) for a in ALGS}
-    paper.append(
-      {
-        "network": net.fit(PAPER_P).name,
-        "size": format_bytes(n),
-        **{
-          f"{a} / swing": t[a] / t["swing"]
-          for a in ("recursive_doubling", "halving_doubling", "halving_doubling_near", "ring")
-          if a in t and "swing" in t
-        },
-      }
-    )
-pd.DataFrame(paper).round(2) if paper and "swing" in ALGS else "swing is not registered"
+    others = ("recursive_doubling", "halving_doubling", "halving_doubling_near", "ring")
+    paper.append({"network": net.fit(PAPER_P).name, "size": fmt_bytes(n),
+                  **{f"{a} / swing": t[a] / t["swing"] for a in others}})  # fmt: skip
+paper = pd.DataFrame(paper)
+paper.round(2)
 
 # %% [markdown]
-# **The double binary tree's latency advantage over the ring** (NCCL 2.4 on Summit:
-# "up to 180x" lower latency at 24,576 GPUs). A small message, every α counted:
+# **The double binary tree's latency advantage over the ring** (NCCL 2.4 on Summit: "up to
+# 180x" lower latency at 24,576 GPUs). An 8-byte message, pure latency, every α counted:
 
 # %%
-small = 8.0  # bytes: pure latency
 dbt = {}
-for label, net in (
-  ("flat switch", topology.switch()),
-  ("fat tree 8/leaf, 7:1", topology.fat_tree(8, 7)),
-):
-  if "double_binary_tree" in ALGS:
-    t_ring = topology.predict_seconds("ring", BIG_P, small, params, net)
-    t_dbt = topology.predict_seconds("double_binary_tree", BIG_P, small, params, net)
-    dbt[label] = {
-      "ring µs": t_ring * 1e6,
-      "double binary tree µs": t_dbt * 1e6,
-      "ring / tree": t_ring / t_dbt,
-    }
-pd.DataFrame(dbt).T.round(1) if dbt else "double_binary_tree is not registered"
+for label, net in (("flat switch", topology.switch()), ("fat tree 8/leaf, 7:1", topology.fat_tree(8, 7))):  # fmt: skip
+  t_ring = topology.predict_seconds("ring", BIG_P, 8, params, net)
+  t_dbt = topology.predict_seconds("double_binary_tree", BIG_P, 8, params, net)
+  dbt[label] = {"ring µs": t_ring * 1e6, "double binary tree µs": t_dbt * 1e6,
+                "ring / tree": t_ring / t_dbt}  # fmt: skip
+print(f"p = {BIG_P}")
+pd.DataFrame(dbt).T.round(1)
 
 # %% [markdown]
-# The flat model gives the bidirectional ring and the double binary tree a link per
-# message (two or more per participant): that is why both look best on `switch` at large
-# sizes. With one NIC per participant (the fat tree here, or `switch(1)`) they lose that.
-#
 # The model gets the direction (the tree wins by orders of magnitude at this scale) but
-# overstates the factor: every step here pays the same α (5 µs, an InfiniBand message),
-# so the ring's 2(p−1) steps cost 2(p−1)·α. NCCL's ring is pipelined hop by hop with its
-# low-latency protocol, and on Summit five of every six hops stay inside a node on NVLink,
-# so its real per-hop latency is a fraction of an InfiniBand round trip, while each tree
-# round crosses the network. A bulk-synchronous replay with one α per step cannot
-# represent that; the published 180× is the better number for the ring's real latency.
+# not the size of the factor: every step here pays the same α (an InfiniBand message), so
+# the ring's 2(p−1) steps cost 2(p−1)·α. NCCL's ring is pipelined hop by hop with its
+# low-latency protocol, and on Summit most hops stay inside a node on NVLink, so its real
+# per-hop latency is a fraction of an InfiniBand round trip, while each tree round crosses
+# the network. A bulk-synchronous replay with one α per step cannot represent that.
 #
 # ## What is modelled, and what is not
 #
@@ -252,54 +286,69 @@ pd.DataFrame(dbt).T.round(1) if dbt else "double_binary_tree is not registered"
 # most bytes one participant reduces.
 #
 # Not modelled: routing collisions beyond dimension order (real ECMP hashes collide;
-# elephant flows polarise), adaptive routing, congestion control (DCQCN, credit stalls),
-# pipelining across steps (NCCL's rings and trees overlap chunks; here a step waits for its
-# slowest message), NCCL's multi-channel rings striped over every NIC (the old two-level
-# formula credits them; `islands` replays one ring), in-switch reduction (NVLS on NVSwitch,
-# SHARP in InfiniBand switches: each GPU sends n once, which no ppermute schedule can
-# express), and the host side (kernel launch, copies, protocol choice).
-
-# %% [markdown]
+# elephant flows polarise), adaptive routing, congestion control, pipelining across steps
+# (NCCL's rings and trees overlap chunks; here a step waits for its slowest message),
+# NCCL's multi-channel rings striped over every NIC, in-switch reduction (NVLS, SHARP: each
+# GPU sends n once, which no ppermute schedule can express), and the host side (kernel
+# launch, copies, protocol choice).
+#
 # ## What this run showed
 
+
 # %%
-last = PS[-1]
+def winner(net, n):
+  return str(winners.loc[fmt_bytes(n), net])
 
 
-def winner(spec, n):
-  return next(
-    r
-    for r in rows
-    if (r["scenario"], r["p"], r["bytes"]) == (spec, last, n) and r["algorithm"] == r["best"]
-  )
+def over_flat(net, a):
+  return float(over.loc[a, net])
 
 
-def over_flat(spec, alg, n):
-  return next(
-    r for r in rows if (r["scenario"], r["p"], r["bytes"], r["algorithm"]) == (spec, last, n, alg)
-  )["over_flat"]
-
-
-torus_name, tree_name = networks[1].name, networks[2].name
-w_small_t, w_big_t = winner(torus_name, SIZES[0]), winner(torus_name, SIZES[-1])
-w_small_f, w_big_f = winner(tree_name, SIZES[0]), winner(tree_name, SIZES[-1])
-t64 = table.loc["1-D torus (ring of 64)"]
+torus_net, tree_net = networks[1].fit(last), networks[2].fit(last)
+t64 = table.loc["ring of 64 (1-D torus)"]
+CONCLUSION = {
+  "ring_rs": t64["ring"],
+  "hd_rs": t64["halving_doubling"],
+  "near_rs": t64["halving_doubling_near"],
+  "swing_rs": t64["swing"],
+  "p": last,
+  "small": fmt_bytes(SIZES[0]),
+  "large": fmt_bytes(SIZES[-1]),
+  "small_bytes": SIZES[0],
+  "large_bytes": SIZES[-1],
+  "torus_dims": list(torus_net.dims),
+  "leaf_hosts": tree_net.hosts_per_leaf,
+  "oversubscription": tree_net.oversubscription,
+  "torus_small": winner(networks[1].name, SIZES[0]),
+  "torus_large": winner(networks[1].name, SIZES[-1]),
+  "tree_small": winner(networks[2].name, SIZES[0]),
+  "tree_large": winner(networks[2].name, SIZES[-1]),
+  "hd_torus": over_flat(networks[1].name, "halving_doubling"),
+  "hd_tree": over_flat(networks[2].name, "halving_doubling"),
+  "ring_torus": over_flat(networks[1].name, "ring"),
+  "ring_tree": over_flat(networks[2].name, "ring"),
+  "big_p": BIG_P,
+  "latency_bytes": 8,
+  "dbt_factor": dbt["flat switch"]["ring / tree"],
+}
+c = CONCLUSION
 print(
-  f"On 64 nodes the reduce-scatter's bandwidth term is {t64['ring']:.2f} n·β for the ring on a ring of"
-  f" nodes, {t64['halving_doubling']:.1f} for far-first halving-doubling"
-  + (f", {t64['halving_doubling_near']:.1f} near-first" if "halving_doubling_near" in t64 else "")
-  + (f" and {t64['swing']:.2f} for Swing" if "swing" in t64 else "")
-  + "; the flat model gives all of them the ring's. "
-  f"Up to p={last}: on a 3-D torus the fastest is {w_small_t['algorithm']} at"
-  f" {format_bytes(SIZES[0])} and {w_big_t['algorithm']} at {format_bytes(SIZES[-1])}; on the"
-  f" 7:1 fat tree {w_small_f['algorithm']} and {w_big_f['algorithm']}. Far-first"
-  f" halving-doubling at {format_bytes(SIZES[-1])} is {over_flat(torus_name, 'halving_doubling', SIZES[-1]):.1f}x"
-  f" its flat-model time on the torus and {over_flat(tree_name, 'halving_doubling', SIZES[-1]):.1f}x on the fat"
-  f" tree; the ring {over_flat(torus_name, 'ring', SIZES[-1]):.2f}x and {over_flat(tree_name, 'ring', SIZES[-1]):.2f}x."
-  + (
-    f" At p={BIG_P} and {small:.0f} bytes the double binary tree is"
-    f" {dbt['flat switch']['ring / tree']:.0f}x faster than the ring in this model (NCCL measured up to 180x)."
-    if dbt
-    else ""
-  )
+  f"On a ring of nodes the reduce-scatter's bandwidth term was {c['ring_rs']:.2f} n·β for "
+  f"the ring, {c['hd_rs']:.2f} for far-first halving-doubling, {c['near_rs']:.2f} near-first "
+  f"and {c['swing_rs']:.2f} for Swing, where the flat model gives all of them the ring's."
+)
+print(
+  f"Up to p = {c['p']}: on the {' × '.join(map(str, c['torus_dims']))} torus the fastest was "
+  f"{c['torus_small']} at {c['small']} and {c['torus_large']} at {c['large']}; on the fat "
+  f"tree ({c['leaf_hosts']} hosts per leaf, uplinks oversubscribed {c['oversubscription']:g} "
+  f"to one) {c['tree_small']} and {c['tree_large']}."
+)
+print(
+  f"Far-first halving-doubling at {c['large']} took {c['hd_torus']:.2f}× its flat-model time "
+  f"on the torus and {c['hd_tree']:.2f}× on the fat tree; the ring {c['ring_torus']:.2f}× and "
+  f"{c['ring_tree']:.2f}×."
+)
+print(
+  f"At p = {c['big_p']}, for a message of {c['latency_bytes']} bytes, the double binary tree "
+  f"was {c['dbt_factor']:.0f}× faster than the ring in this model."
 )

@@ -284,8 +284,8 @@ axes[1].set_ylim(0, 1)
 axes[1].set_title(f"learning curves at τ = {tau_max}", fontsize=10)
 for ax in axes:
   ax.grid(True, alpha=0.3)
-  ax.legend(fontsize=8, loc="lower right")
-fig.tight_layout()
+fig.legend(*axes[1].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=9)
+fig.tight_layout(rect=(0, 0.08, 1, 1))
 plt.show()
 
 # %% [markdown]
@@ -329,7 +329,7 @@ price = pd.DataFrame(
   index=arm_names,
 )
 print(f"{BETWEEN_WORKERS} workers, {mlp_params:,} MLP parameters, link {Setup().network}")
-price.style.format("{:,.3g}")
+price.map(lambda v: f"{v:,.3g}")
 
 # %% [markdown]
 # Now train them all on one simulated clock: log-normal compute times with one worker 4×
@@ -382,32 +382,59 @@ plt.show()
 
 # %%
 best_tau_max = max(METHODS, key=lambda m: final(tau_max, m))
-print(
-  f"Synchronous training on {DEVICES} devices with the hand-written ring followed "
-  f"lax.pmean's run: largest parameter difference {param_gap:.1e} after {SYNC_STEPS} steps, "
-  f"test accuracies within {acc_gap:.3f}, ending at {ring_curve[-1, 1]:.1%}."
-)
-print(
-  f"A simulated parameter server with {DEVICES} workers had mean staleness "
-  f"{means[DEVICES]:.2f} (N − 1 = {DEVICES - 1})."
-)
-print(
-  f"With every gradient τ updates old ({UPDATES} updates, {len(SEEDS)} seed(s)): τ = 0 "
-  f"reached {final(0, 'sync'):.1%}; plain async "
-  + ", ".join(f"{final(t, 'plain async'):.1%} at τ = {t}" for t in taus_pos)
-  + f". At τ = {tau_max} η/τ reached {final(tau_max, 'η/τ'):.1%} and DC-ASGD "
-  f"{final(tau_max, 'DC-ASGD'):.1%}; the best there was {best_tau_max}."
-)
 acc = summary["final_accuracy"]
-ratio = summary.loc["sync", "bytes_per_sample"] / summary.loc[f"diloco_h{H}", "bytes_per_sample"]
+CONCLUSION = {
+  "devices": DEVICES,
+  "param_gap": param_gap,
+  "sync_steps": SYNC_STEPS,
+  "acc_gap": acc_gap,
+  "sync_accuracy": ring_curve[-1, 1],
+  "mean_staleness": means[DEVICES],
+  "n_minus_1": DEVICES - 1,
+  "updates": UPDATES,
+  "seeds": len(SEEDS),
+  "sequential": final(0, "sync"),
+  "taus": taus_pos,
+  "plain": [final(t, "plain async") for t in taus_pos],
+  "eta_tau": final(tau_max, "η/τ"),
+  "dcasgd": final(tau_max, "DC-ASGD"),
+  "best_at_tau_max": best_tau_max,
+  "workers": BETWEEN_WORKERS,
+  "gradients": BETWEEN_GRADIENTS,
+  "H": H,
+  "bytes_ratio": summary.loc["sync", "bytes_per_sample"]
+  / summary.loc[f"diloco_h{H}", "bytes_per_sample"],
+  "diloco": acc[f"diloco_h{H}"],
+  "sync": acc["sync"],
+  "gossip": acc["gossip"],
+  "server": acc["async"],
+}
+c = CONCLUSION
 print(
-  f"Between the ends ({BETWEEN_WORKERS} workers, {BETWEEN_GRADIENTS} gradients each): "
-  f"DiLoCo(H={H}) sent {ratio:.0f}× fewer bytes per sample than sync and ended at "
-  f"{acc[f'diloco_h{H}']:.1%} against sync's {acc['sync']:.1%}; gossip "
-  f"{acc['gossip']:.1%}, the parameter server {acc['async']:.1%}."
+  f"Synchronous training on {c['devices']} devices with the hand-written ring followed "
+  f"lax.pmean's run: the largest parameter difference was {c['param_gap']:.1e} after "
+  f"{c['sync_steps']} steps, the test accuracies differed by at most {c['acc_gap']:.3f}, "
+  f"and the run ended at {c['sync_accuracy']:.1%}."
+)
+print(
+  f"A simulated parameter server with {c['devices']} workers had mean staleness "
+  f"{c['mean_staleness']:.2f}, as the theory says: one fewer than the workers, {c['n_minus_1']}."
+)
+print(
+  f"With every gradient τ updates old ({c['updates']} updates, {c['seeds']} seed(s)), "
+  f"sequential SGD (no staleness) reached {c['sequential']:.1%}; plain async "
+  + ", ".join(f"{a:.1%} at τ = {t}" for t, a in zip(c["taus"], c["plain"]))
+  + f". At the largest τ η/τ reached {c['eta_tau']:.1%} and DC-ASGD {c['dcasgd']:.1%}; "
+  f"the best there was {c['best_at_tau_max']}."
+)
+print(
+  f"Between the ends ({c['workers']} workers, {c['gradients']} gradients each), "
+  f"DiLoCo(H = {c['H']}) sent {c['bytes_ratio']:.0f}× fewer bytes per sample than sync "
+  f"and ended at {c['diloco']:.1%} against sync's {c['sync']:.1%}; gossip ended at "
+  f"{c['gossip']:.1%}, the parameter server at {c['server']:.1%}."
 )
 if SMALL:
   print(
-    f"(Small mode: {BETWEEN_GRADIENTS} gradients per worker are "
-    f"{BETWEEN_GRADIENTS // H} rounds of H = {H}, too few to rank the arms between the ends.)"
+    "Small mode trains too few rounds of Local SGD and DiLoCo to rank the arms between "
+    "the ends; the full mode's run is the one to read for that."
   )

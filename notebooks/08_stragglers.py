@@ -259,34 +259,55 @@ plt.show()
 
 
 # %%
-def ttt(arm):
-  return float(table.loc[arm, "time_to_target_s"])
-
-
+n8 = 8
 fastest = table["time_to_target_s"].idxmin()
 ps_cells = best[best["arm"].map(lambda a: get_arm(a).family == "ps")]
-n_cells = len(SIGMAS) * len(BANDWIDTHS)
-where = ", ".join(f"(σ {s:g}, {b:g} GB/s)" for s, b in zip(ps_cells["σ"], ps_cells["GB/s"]))
+reached_all = bool(np.isfinite(table["time_to_target_s"]).all())
+CONCLUSION = {
+  "n": n8,
+  "wait": wait.loc[n8, "exponential"],
+  "h_n": harmonic(n8),
+  "efficiency": 1 / wait.loc[n8, "exponential"],
+  "wait_backup": wait.loc[n8, "exponential, 1 backup"],
+  "workers": WORKERS,
+  "slow_factor": 1 / min(setup.speeds),
+  "target": wl.target,
+  "sigmas": len(SIGMAS),
+  "bandwidths": len(BANDWIDTHS),
+  "ps_cells": len(ps_cells),
+  "cells": len(SIGMAS) * len(BANDWIDTHS),
+  "ps_where": [[float(s), float(b)] for s, b in zip(ps_cells["σ"], ps_cells["GB/s"])],
+  "cells_unreached": len(SIGMAS) * len(BANDWIDTHS) - len(best),
+}
+if reached_all:
+  CONCLUSION |= {
+    "sync_s": float(table.loc["sync", "time_to_target_s"]),
+    "fastest": fastest,
+    "fastest_s": float(table.loc[fastest, "time_to_target_s"]),
+  }
+  CONCLUSION["sooner"] = CONCLUSION["sync_s"] / CONCLUSION["fastest_s"]
+c = CONCLUSION
 print(
-  f"A synchronous step on 8 Exp(1) workers waited {wait.loc[8, 'exponential']:.2f} mean "
-  f"gradient times (closed form H_8 = {harmonic(8):.2f}), so sync turned "
-  f"{1 / wait.loc[8, 'exponential']:.0%} of the machines' time into gradients; one backup "
-  f"worker brought the wait to {wait.loc[8, 'exponential, 1 backup']:.2f}."
+  f"A synchronous step on {c['n']} workers with exponential compute times waited "
+  f"{c['wait']:.2f} mean gradient times (the closed form H_N: {c['h_n']:.2f}), so sync "
+  f"turned {c['efficiency']:.0%} of the machines' time into gradients; one backup worker "
+  f"brought the wait to {c['wait_backup']:.2f}."
 )
-if np.isfinite(ttt("sync")) and np.isfinite(ttt(fastest)):
+if reached_all:
   print(
-    f"With one of {WORKERS} workers 4× slower, plain sync reached {wl.target:.0%} test accuracy"
-    f" in {ttt('sync'):.3g} simulated s and the fastest arm, {fastest}, in {ttt(fastest):.3g} s"
-    f" ({ttt('sync') / ttt(fastest):.2g}× sooner)."
+    f"With one of {c['workers']} workers {c['slow_factor']:.0f}× slower, plain sync reached "
+    f"{c['target']:.0%} test accuracy in {c['sync_s']:.3g} simulated seconds and the fastest "
+    f"arm, {c['fastest']}, in {c['fastest_s']:.3g} ({c['sooner']:.2g}× sooner)."
   )
 else:
   print(
-    f"With one of {WORKERS} workers 4× slower, not every arm reached {wl.target:.0%} in this"
-    f" budget (reached: {dict(table['reached'])}); the fastest that did was {fastest}."
+    f"With one of {c['workers']} workers {c['slow_factor']:.0f}× slower, not every arm "
+    f"reached {c['target']:.0%} test accuracy in this budget, so this run does not rank them."
   )
+where = ", ".join(f"(σ {s:g}, {b:g} GB/s)" for s, b in c["ps_where"])
 print(
-  f"In the phase diagram ({len(SIGMAS)} σ × {len(BANDWIDTHS)} bandwidths) a parameter-server"
-  f" arm was first in {len(ps_cells)} of {n_cells} cells"
-  + (f": {where}." if len(ps_cells) else ".")
-  + f" {n_cells - len(best)} cell(s) had no arm reach the target."
+  f"In the phase diagram ({c['sigmas']} values of σ × {c['bandwidths']} bandwidths) a "
+  f"parameter-server arm was first in {c['ps_cells']} of {c['cells']} cells"
+  + (f": {where}" if where else "")
+  + f"; cells where no arm reached the target: {c['cells_unreached']}."
 )
