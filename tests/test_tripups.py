@@ -239,3 +239,14 @@ def test_core_dependencies_are_the_library_s_and_each_extra_module_has_its_extra
   distribution = {"sklearn": "scikit-learn"}  # import name -> what pip installs
   for module, extra in cli.EXTRAS.items():
     assert distribution.get(module, module) in names(extras[extra]), (module, extra)
+
+
+def test_fusion_smoke_keeps_an_explicit_size(tmp_path):
+  from allreduce_jax.tools import fusion_bench
+
+  out = tmp_path / "fusion.jsonl"
+  argv = ["fusion", "--smoke", "--models", "transformer", "--algorithms", "ring", "--devices", "2"]
+  assert cli.main([*argv, "--buckets", "one", "--layers", "3", "--out", str(out)]) == 0
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  assert {r["n_leaves"] for r in rows} == {len(fusion_bench.transformer_shapes(3, 16))}
+  assert {r["iters"] for r in rows} == {3}  # the rest of --smoke stays

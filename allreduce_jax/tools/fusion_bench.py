@@ -212,6 +212,11 @@ def _single_axis() -> tuple[str, ...]:
   return names(axes=1)
 
 
+#: The sizes when an option is not given, and with ``--smoke`` (explicit options win).
+DEFAULTS = {"layers": 16, "d_model": 128, "iters": 7, "warmup": 2}
+SMOKE = {"layers": 2, "d_model": 16, "iters": 3, "warmup": 1}
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
   add_devices(parser)
   parser.add_argument(
@@ -227,9 +232,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     help=f"gradient pytrees to all-reduce, some of {','.join(MODELS)}",
   )
   parser.add_argument(
-    "--layers", type=positive_int, default=16, help="transformer layers (12 leaves each)"
+    "--layers", type=positive_int, default=None, help="transformer layers (12 leaves each)"
   )
-  parser.add_argument("--d-model", type=positive_int, default=128, help="transformer width")
+  parser.add_argument("--d-model", type=positive_int, default=None, help="transformer width")
   parser.add_argument(
     "--buckets",
     type=choice_list(tuple(BUCKETS), "buckets"),
@@ -237,25 +242,31 @@ def configure(parser: argparse.ArgumentParser) -> None:
     help=f"some of {','.join(BUCKETS)}",
   )
   parser.add_argument(
-    "--iters", type=positive_int, default=7, help="timed iterations per bucket size (median)"
+    "--iters", type=positive_int, default=None, help="timed iterations per bucket size (median)"
   )
   parser.add_argument(
-    "--warmup", type=nonnegative_int, default=2, help="untimed iterations before them"
+    "--warmup", type=nonnegative_int, default=None, help="untimed iterations before them"
   )
+  for action in parser._actions:  # the defaults in --help, where --smoke changes them
+    if action.dest in DEFAULTS:
+      action.help += f" (default {DEFAULTS[action.dest]}; --smoke: {SMOKE[action.dest]})"
   parser.add_argument(
     "--out", default="results/fusion.jsonl", help="JSON Lines file (appended; a rerun resumes)"
   )
   parser.add_argument("--fresh", action="store_true", help="overwrite --out instead of resuming")
   parser.add_argument("--plot", default=None, help="figure (default: --out with .png)")
-  parser.add_argument("--smoke", action="store_true", help="tiny models, few iterations")
+  parser.add_argument(
+    "--smoke", action="store_true", help="tiny models, few iterations (explicit options win)"
+  )
 
 
 def run(args: argparse.Namespace) -> int:
 
   if "per-leaf" not in args.buckets:
     args.buckets = ["per-leaf", *args.buckets]
-  if args.smoke:
-    args.layers, args.d_model, args.iters, args.warmup = 2, 16, 3, 1
+  for name, value in (SMOKE if args.smoke else DEFAULTS).items():
+    if getattr(args, name) is None:  # an option given explicitly wins over --smoke
+      setattr(args, name, value)
   models = {
     "cnn": cnn_shapes(),
     "transformer": transformer_shapes(args.layers, args.d_model),
