@@ -7,9 +7,16 @@
 # step, on every parameter, so its cost sits directly on the training step time.
 #
 # This notebook starts from the simplest scheme (send everything to one place), then
-# **writes the ring all-reduce in about 25 lines of `lax.ppermute`**, checks it against
-# XLA's own `lax.psum`, and shows that the library's `all_reduce(..., algorithm="ring")`
-# is exactly that algorithm.
+# **writes the ring all-reduce in about 25 lines of `lax.ppermute`**, compares it with
+# XLA's own `lax.psum` and with a NumPy sum, shows that the library's
+# `all_reduce(..., algorithm="ring")` is exactly that algorithm, and counts what each
+# participant sends.
+#
+# **Run time.** Full mode takes about 1 minute on 2 CPU cores. Small mode
+# (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
+# JupyterLab) takes about half a minute: a smaller buffer, the NumPy comparison on
+# fewer shapes, and the bytes counted at p = 2, 4 and 8 instead of every p from 2 to 8.
+# Every sentence at the end is computed from the run.
 
 # %% tags=["parameters"]
 import os
@@ -31,8 +38,8 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import all_reduce, hlo, trace
-from allreduce_jax.tools import audit, plot, verify
+from allreduce_jax import all_reduce, cost_model, hlo, trace
+from allreduce_jax.palette import style
 
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
 
@@ -129,6 +136,7 @@ mine = per_device(lambda b: ring_all_reduce(b, "i"))
 library = per_device(lambda b: all_reduce(b, "i", algorithm="ring"))
 xla = per_device(lambda b: lax.psum(b, "i"))
 got, lib, ref = (np.asarray(f(x)) for f in (mine, library, xla))
+assert np.array_equal(got, lib)  # the text below says so
 checks = pd.DataFrame(
   {
     "every copy identical": [
@@ -175,52 +183,103 @@ hlo_table
 #
 # ## Bit for bit against a NumPy oracle
 #
-# With nccl-tests' trick — integer-valued inputs whose sums are exact in any order —
-# the comparison can be **bit for bit**. `allreduce-jax verify` compares every algorithm,
-# op and dtype with a NumPy oracle (`allreduce_jax._ops.oracle`), not with `psum`: on
-# these verifiable inputs bit for bit (`mean` within 2 ulp), on random inputs within the
-# summation bound, and on NaN/±inf/±0 inputs, where NaN propagates through max/min as in
-# `numpy.maximum.reduce`. XLA's own `psum`/`pmax`/... run beside it on the same input;
-# where they differ from the oracle (XLA:CPU's `pmax` skips NaN) verify prints a backend
-# finding instead of failing. Here for the ring:
+# On random floats two correct all-reduces may differ in the last bits. nccl-tests'
+# trick removes that: **integer-valued inputs, whose sums are exact in any order**, so
+# the comparison can be bit for bit. Below, participant i holds its own block of small
+# integers; the ring sums, maxes and mins them, in float32, bfloat16 and int32, on
+# buffers whose length is not a multiple of p (the library pads and un-pads); NumPy
+# reduces the same blocks over the participant axis, and every participant's copy
+# must equal NumPy's exactly. (`allreduce-jax verify` runs this for every algorithm, op,
+# dtype and shape, plus random inputs within the rounding bound and NaN/±inf/±0.)
 
 # %%
-cases = verify.run_case("ring", DEVICES, shapes=((13,), (3, 7)) if SMALL else verify.SHAPES)
-table = pd.DataFrame(verify.summarize(cases))
-assert table["passed"].all()
-table.pivot_table(index="op", columns="dtype", values="bit_exact", aggfunc="all")
+OPS = {"sum": np.sum, "max": np.max, "min": np.min}
+lengths = (13, 21) if SMALL else (1, 13, 21, 8 * 125 + 3)
+ring_ops = per_device(
+  lambda b: jax.numpy.stack([all_reduce(b, "i", op=op, algorithm="ring") for op in OPS])
+)
+oracle_rows = []
+for length in lengths:
+  blocks = np.random.default_rng(length).integers(-20, 20, (DEVICES, length))
+  want = {op: reduce(blocks, axis=0) for op, reduce in OPS.items()}  # the oracle
+  for dtype in ("float32", "bfloat16", "int32"):
+    x_int = jax.device_put(jax.numpy.asarray(blocks, dtype), NamedSharding(mesh, P("i")))
+    got_ops = np.asarray(ring_ops(x_int), np.float64)  # [participant, op, element]
+    for k, op in enumerate(OPS):
+      exact = bool((got_ops[:, k] == want[op]).all())  # every participant's copy
+      oracle_rows.append({"length": length, "dtype": dtype, "op": op, "exact": exact})
+oracle = pd.DataFrame(oracle_rows)
+oracle.pivot_table(index="op", columns="dtype", values="exact", aggfunc="all")
 
 # %% [markdown]
-# (`True`: bit-exact on the verifiable inputs for that op and dtype; `mean` divides
-# at the end and is compared within 2 ulp, so it may say `False` and still pass.)
-#
 # ## What each participant sends
 #
 # The compiled HLO says exactly what moves. For the ring each participant sends
 # 2(p−1)/p·n bytes — under 2n however many participants there are. The central root
 # sends (p−1)·n and receives as much: its link is the bottleneck and grows with p.
-# `audit.audit_in_process` compiles both at each p and checks the counts against the
-# closed-form schedule (`match`).
+# `hlo.audit_all_reduce` compiles an algorithm on p devices and reads the bytes from
+# its `collective-permute` ops; `cost_model.schedule` gives the closed form beside it.
 
 # %%
 ps = [2, 4, 8] if SMALL else [2, 3, 4, 5, 6, 7, 8]
-sent = pd.DataFrame([r for p in ps for r in audit.audit_in_process(p, 4 * 840, ("ring", "naive"))])
-assert sent["match"].all()
-display(sent.pivot(index="p", columns="algorithm", values="sent_over_n").round(3))
-plot.audit(sent.to_dict("records"))
+n_bytes = 4 * 840  # per participant, a multiple of every p here
+sent_rows = []
+for p in ps:
+  for a in ("ring", "naive"):
+    got_p = hlo.audit_all_reduce(a, p, n_bytes // 4)
+    sent_rows.append(
+      {
+        "p": p,
+        "algorithm": a,
+        "sent / n (HLO)": got_p.max_sent_bytes / n_bytes,
+        "sent / n (formula)": cost_model.schedule(a, p, n_bytes).max_sent_bytes / n_bytes,
+      }
+    )
+sent = pd.DataFrame(sent_rows)
+assert np.allclose(sent["sent / n (HLO)"], sent["sent / n (formula)"])
+display(sent.pivot(index="p", columns="algorithm", values="sent / n (HLO)").round(3))
+
+fig, ax = plt.subplots(figsize=(6, 3.5))
+for a, d in sent.groupby("algorithm"):
+  ax.plot(d["p"], d["sent / n (formula)"], color=style(a)["color"], lw=8, alpha=0.25)
+  ax.plot(d["p"], d["sent / n (HLO)"], label=f"{a} (compiled HLO)", **style(a))
+ax.plot([], [], color="0.5", lw=8, alpha=0.25, label="closed form")
+ax.set(xlabel="participants p", ylabel="bytes sent by the busiest / n")
+ax.set_title("the ring stays under 2n; the root grows with p")
+ax.legend(loc="upper left", fontsize=8)
+ax.grid(alpha=0.3)
+fig.tight_layout()
+plt.show()
 
 # %% [markdown]
 # ## What this run showed
 
 # %%
-exact = [r for r in cases if r.kind == "verifiable"]
-at_p = sent[sent["p"] == ps[-1]].set_index("algorithm")["sent_over_n"]
+at_p = sent[sent["p"] == ps[-1]].set_index("algorithm")["sent / n (HLO)"]
+identical = bool(np.array_equal(got, lib))
+CONCLUSION = {
+  "devices": DEVICES,
+  "backend": jax.default_backend(),
+  "permutes": hlo_table.iloc[0]["collective-permute"],
+  "psum_diff": np.abs(got - ref).max(),
+  "exact": int(oracle["exact"].sum()),
+  "cases": len(oracle),
+  "p": ps[-1],
+  "ring_sent": at_p["ring"],
+  "root_sent": at_p["naive"],
+}
+same = "matched the library's ring bit for bit" if identical else "differed from the library's ring"
+vs_psum = (
+  "equalled lax.psum bit for bit on random floats"
+  if CONCLUSION["psum_diff"] == 0
+  else f"differed from lax.psum by at most {CONCLUSION['psum_diff']:.2g} on random floats"
+  " (the same numbers added in another order)"
+)
 print(
-  f"On {DEVICES} emulated {jax.default_backend()} devices the ring written in this notebook "
-  f"matched the library's ring bit for bit ({np.array_equal(got, lib)}) with the same "
-  f"{hlo_table.iloc[0]['collective-permute']} collective-permutes, and lax.psum within "
-  f"{np.abs(got - ref).max():.2g} on random data. On exact inputs the ring matched the lax "
-  f"collectives bit for bit in {sum(r.bit_exact for r in exact)}/{len(exact)} cases. At "
-  f"p={ps[-1]} each ring participant sent {at_p['ring']:.2f}·n bytes, while the central root "
-  f"sent {at_p['naive']:.0f}·n."
+  f"On {DEVICES} emulated {CONCLUSION['backend']} devices the ring written in this notebook "
+  f"{same}, with the same {CONCLUSION['permutes']} collective-permutes, and {vs_psum}. "
+  f"On integer-valued inputs it equalled the NumPy oracle bit for bit in "
+  f"{CONCLUSION['exact']} of {len(oracle)} op/dtype/shape cases. At p={ps[-1]} each ring "
+  f"participant sent {CONCLUSION['ring_sent']:.2f}·n bytes, the central root "
+  f"{CONCLUSION['root_sent']:.0f}·n."
 )
