@@ -35,6 +35,7 @@ __all__ = [
   "mark",
   "model",
   "network_of",
+  "network_title",
   "over_flat",
   "save",
   "scaling",
@@ -145,8 +146,13 @@ def network_of(rows: Sequence[dict]) -> dict | None:
   return None
 
 
-def _network_title(net: dict) -> str:
-  """``"switch, 4 hosts, 200 Mbit/s links"``."""
+def network_title(net: dict) -> str:
+  """A network as a figure's title names it (``net`` as :func:`network_of` returns).
+
+  Example:
+    >>> network_title({"network": "switch", "hosts": 4, "link_Bps": 25e6})
+    'switch, 4 hosts, 200 Mbit/s links'
+  """
   rate = format_rate(net["link_Bps"]).split("(")[-1].rstrip(")")
   return f"{net['network']}, {net.get('hosts', '?')} hosts, {rate} links"
 
@@ -317,7 +323,7 @@ def bench(
                  ncol=2 if len(seen) > 8 else 1, title=key.replace("; ", "\n"),
                  title_fontsize=8)  # fmt: skip
   if net is not None:
-    where = _network_title(net) + f" ({processes} processes, gloo)"
+    where = network_title(net) + f" ({processes} processes, gloo)"
   elif processes > 1:
     where = f"{processes} processes over gloo ({p} devices)"
   else:

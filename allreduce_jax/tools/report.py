@@ -981,7 +981,7 @@ def findings(out: Path) -> list[str]:
     line = n * 2 * (p - 1) / p / (top["time_us"] * 1e-6) / where["link_Bps"]
     fastest = min((r for r in net if r["bytes"] == n), key=lambda r: r["time_us"])
     parts.append(
-      f"on the emulated network ({plot._network_title(where)}) the ring moved {line:.2f} of"
+      f"on the emulated network ({plot.network_title(where)}) the ring moved {line:.2f} of"
       f" the line rate at {format_bytes(n)}, and"
       + (
         f" XLA's {fastest['algorithm']} (gloo's own all-reduce) was fastest there"
