@@ -37,7 +37,7 @@ import json
 import sys
 from pathlib import Path
 
-from allreduce_jax import cost_model, units
+from allreduce_jax import cost_model, gloo_model, units
 
 MIB = 1 << 20
 
@@ -160,11 +160,18 @@ def tables(root: Path = HERE / "rows") -> dict[str, str]:
   """``{path relative to the study folder: text}`` of every committed ``auto_fit*.md``
   (:data:`RUNS`), the other run's folder named relative to ``rows/``."""
   out = {}
-  for folder, prefix, other in RUNS:
-    fit_root = root / other if other else None
-    text, _ = auto_fit(root / folder, prefix, fit_root, other)
-    out[str(Path("rows") / folder / f"{_name(prefix)}.md")] = text
+  with cost_model.use_params(_traced(root)):
+    for folder, prefix, other in RUNS:
+      fit_root = root / other if other else None
+      text, _ = auto_fit(root / folder, prefix, fit_root, other)
+      out[str(Path("rows") / folder / f"{_name(prefix)}.md")] = text
   return out
+
+
+def _traced(root: Path):
+  """The cost parameters the rows traced with (``gloo_model.traced_params``, checked): the
+  fit prices each schedule as it ran (the double binary tree's chunk count)."""
+  return gloo_model.traced_params(r for p in sorted(root.rglob("*.jsonl")) for r in _rows(p))
 
 
 def main(argv=None) -> int:
@@ -172,7 +179,8 @@ def main(argv=None) -> int:
   root = Path(args[0] if args else HERE / "rows")
   prefix = args[1] if len(args) > 1 else "bench_"
   fit_root = Path(args[2]) if len(args) > 2 else None
-  text, table = auto_fit(root, prefix, fit_root)
+  with cost_model.use_params(_traced(root)):
+    text, table = auto_fit(root, prefix, fit_root)
   (root / f"{_name(prefix)}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in table))
   (root / f"{_name(prefix)}.md").write_text(text)
   print(text)

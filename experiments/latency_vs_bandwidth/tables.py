@@ -59,8 +59,11 @@ def sweep_table(root: Path) -> list[str]:
 
 
 def _fit(rows: list[dict]):
+  """``cost_model.fit_all`` of the rows, every schedule priced as it ran: the rows traced on
+  CPU with the shipped CPU parameters, which chose e.g. the double binary tree's chunks."""
   sample = [(r["algorithm"], r["n_devices"], r["bytes"], r["time_us"] * 1e-6) for r in rows]
-  return cost_model.fit_all(sample)
+  with cost_model.use_params(cost_model.backend_params("cpu")):
+    return cost_model.fit_all(sample)
 
 
 def _param_cells(q) -> str:

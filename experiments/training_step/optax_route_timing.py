@@ -17,18 +17,15 @@ import json
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from sklearn.datasets import load_digits
 
-jax.config.update("jax_num_cpu_devices", 8)
-
-import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
-from flax import nnx  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-
-from allreduce_jax import all_reduce_gradients  # noqa: E402
-from allreduce_jax.tools.bench import time_round_robin  # noqa: E402
+from allreduce_jax import all_reduce_gradients
+from allreduce_jax.tools.bench import time_round_robin
 
 
 def pmean_transform(axis_name):
@@ -67,6 +64,7 @@ def main():
   ap.add_argument("--hidden", type=int, default=32)
   ap.add_argument("--out", default="experiments/training_step/rows/optax_route_timing.jsonl")
   args = ap.parse_args()
+  jax.config.update("jax_num_cpu_devices", 8)  # before the backend starts
   mesh = jax.make_mesh((8,), ("data",))
   x, y = load_digits(return_X_y=True)
   x = jax.device_put(jnp.asarray(x[:1792] / 16, jnp.float32), NamedSharding(mesh, P("data")))

@@ -1,0 +1,137 @@
+"""Every study in experiments/ stays readable and reproducible from what it commits.
+
+- experiments/ holds only study folders and the index, which names each study once;
+- every study's README opens with the question, the answer and the command, and its file
+  table names every file of the study (a path or a glob, relative to the study);
+- every script imports without doing work (no output, no file, no JAX backend started)
+  and imports no other script;
+- every table a study commits is regenerated from its committed rows, text for text
+  (``tables()`` of the study's scripts: ``{path relative to the study: text}``).
+"""
+
+import ast
+import fnmatch
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXPERIMENTS = ROOT / "experiments"
+STUDIES = sorted(p.name for p in EXPERIMENTS.iterdir() if p.is_dir() and p.name != "__pycache__")
+SCRIPTS = sorted(p for s in STUDIES for p in (EXPERIMENTS / s).glob("*.py"))
+
+
+def _study_files(study: str) -> list[str]:
+  """The study's files that git tracks or would track (built and ignored files aside)."""
+  out = subprocess.run(
+    ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", f"experiments/{study}"],
+    cwd=ROOT, capture_output=True, text=True, check=True,
+  ).stdout  # fmt: skip
+  prefix = f"experiments/{study}/"
+  return sorted(
+    line.removeprefix(prefix)
+    for line in out.splitlines()
+    if line and (ROOT / line).exists() and "__pycache__" not in line
+  )
+
+
+def _file_table(readme: str) -> list[str]:
+  """Every backticked path in the first column of the README's table rows."""
+  names = []
+  for line in readme.splitlines():
+    cells = line.split("|")
+    if line.startswith("|") and len(cells) > 2:
+      names += re.findall(r"`([^`]+)`", cells[1])
+  return names
+
+
+def _load(path: Path):
+  spec = importlib.util.spec_from_file_location(f"study_{path.parent.name}_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # dataclasses look their module up while it loads
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_experiments_holds_study_folders_and_an_index_naming_each_once():
+  loose = sorted(p.name for p in EXPERIMENTS.iterdir() if p.is_file() and p.name != "README.md")
+  assert loose == [], f"loose files at experiments/'s top: {loose}"
+  index = (EXPERIMENTS / "README.md").read_text()
+  for study in STUDIES:
+    assert index.count(f"]({study}/)") == 1, f"experiments/README.md must link {study}/ once"
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_readme_opens_with_question_answer_command_and_lists_every_file(study):
+  readme = (EXPERIMENTS / study / "README.md").read_text()
+  head = readme.split("\n## ")[0]
+  for part in ("**Question.**", "**Answer.**", "**Reproduce.**"):
+    assert part in head, f"{study}/README.md: no {part} before its first section"
+  names = _file_table(readme)
+  unnamed = [f for f in _study_files(study) if not any(fnmatch.fnmatch(f, n) for n in names)]
+  assert unnamed == [], f"{study}/README.md's file table does not name {unnamed}"
+  missing = [n for n in names if not any(fnmatch.fnmatch(f, n) for f in _study_files(study))]
+  assert missing == [], f"{study}/README.md's file table names files that do not exist: {missing}"
+
+
+def test_scripts_import_no_other_script():
+  stems = {p.stem for p in SCRIPTS}
+  for path in SCRIPTS:
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+      names = []
+      if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom) and node.module:
+        names = [node.module]
+      for name in names:
+        first = name.split(".")[0]
+        assert first not in stems, f"{path.relative_to(ROOT)} imports the script {name}"
+        assert not any(part.startswith("_") and part != "__future__" for part in name.split(".")), (
+          f"{path.relative_to(ROOT)} imports the private module {name}"
+        )
+
+
+def test_every_script_imports_without_doing_work(tmp_path):
+  """In a fresh interpreter, in an empty folder: no output, no file, no JAX backend."""
+  code = (
+    "import importlib.util, sys\n"
+    f"for i, p in enumerate({[str(p) for p in SCRIPTS]!r}):\n"
+    "  spec = importlib.util.spec_from_file_location(f'm{i}', p)\n"
+    "  sys.modules[spec.name] = importlib.util.module_from_spec(spec)\n"
+    "  spec.loader.exec_module(sys.modules[spec.name])\n"
+    "from jax._src import xla_bridge\n"
+    "sys.stderr.write('backends started: %s' % xla_bridge.backends_are_initialized())\n"
+  )
+  done = subprocess.run(
+    [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert done.stdout == "", f"importing the scripts printed: {done.stdout[:500]}"
+  assert done.stderr.endswith("backends started: False"), done.stderr[-2000:]
+  assert list(tmp_path.iterdir()) == []
+
+
+TABLE_SCRIPTS = [p for p in SCRIPTS if re.search(r"^def tables\(", p.read_text(), re.M)]
+
+
+def test_every_study_with_rows_regenerates_its_tables():
+  have = {p.parent.name for p in TABLE_SCRIPTS}
+  with_rows = {s for s in STUDIES if (EXPERIMENTS / s / "rows").is_dir()}
+  assert with_rows <= have, f"studies with rows but no tables(): {sorted(with_rows - have)}"
+
+
+@pytest.mark.parametrize("script", TABLE_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_committed_tables_regenerate_from_committed_rows(script):
+  tables = _load(script).tables()
+  assert tables, f"{script.name}: tables() returned nothing"
+  for name, text in tables.items():
+    committed = (script.parent / name).read_text()
+    assert text == committed, (
+      f"{script.parent.name}/{name} differs from what {script.name} regenerates from the"
+      f" committed rows: run `python {script.relative_to(ROOT)}`"
+    )
