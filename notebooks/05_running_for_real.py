@@ -1,164 +1,216 @@
 # %% [markdown]
-# # 7 · Running for real: several processes, GPUs and TPUs
+# # 5 · Running for real: several processes, a real network, GPUs and TPUs
 #
 # Emulated devices live in one process and share its memory. The real thing is many
 # processes — one per host, or one per GPU — joined into a single JAX runtime by
 # `jax.distributed.initialize`: gloo over TCP between CPU processes, NCCL between GPUs,
-# ICI/DCN on TPU pods. The hand-written algorithms are the same `shard_map` code
-# either way; here we start real processes on this machine with `allreduce-jax launch`
-# and run the verification and a benchmark across process boundaries.
+# ICI/DCN on TPU pods. The hand-written algorithms are the same `shard_map` code either
+# way. Here we write a ten-line program that all-reduces across processes, start it as
+# real processes on this machine with `allreduce-jax launch`, verify every algorithm
+# across process boundaries, kill a participant on purpose, and finally time the ring on
+# an emulated network of hosts with links shaped to a known rate (`allreduce-jax
+# cluster`).
+#
+# **Run time.** Full mode takes about 4 minutes on 2 CPU cores. Small mode
+# (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
+# JupyterLab) takes about 1 minute: it verifies two ops on one shape instead of every
+# op and shape, and times the network at 1 MiB per host instead of 4 MiB, where a
+# step's fixed costs weigh more and the measurement means less. The emulated network needs Linux
+# network namespaces: as root they are made on the machine, as any other user inside a
+# user namespace of your own (rootless); where neither is allowed (some containers and CI
+# machines turn user namespaces off) that section says why and is skipped.
 
 # %% tags=["parameters"]
 import os
 
-SMALL = os.environ.get("ALLREDUCE_JAX_SMALL", "0") == "1"
+SMALL = os.environ.get("ALLREDUCE_JAX_SMALL", "0") == "1"  # CI runs the small mode
 PROCESSES = 2
-LOCAL_DEVICES = 2
+LOCAL_DEVICES = 2  # emulated CPU devices per process
+HOSTS = 4  # emulated hosts of the network section
+LINK = "200Mbit"  # each link's rate, each way
+SIZE = "1MiB" if SMALL else "4MiB"  # bytes per host in the network benchmark
 
 # %%
-import io
+import json
+import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pandas as pd
+from IPython.display import display
 
-from allreduce_jax.tools import report
-from allreduce_jax.tools.launch import launch
+from allreduce_jax import gloo_model, netns, units
 
-OUT = report.results_dir("notebooks", "05")
+WORK = tempfile.TemporaryDirectory(prefix="allreduce-jax-nb05-")  # removed when the kernel ends
+work = Path(WORK.name)
+
+
+def allreduce_jax(*args, timeout=900):
+  """Runs the `allreduce-jax` command line; returns (exit status, stdout, stderr), with
+  this notebook's scratch folder shown as `WORK` rather than its path on this machine."""
+  res = subprocess.run(
+    [sys.executable, "-m", "allreduce_jax", *map(str, args)],
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+  return res.returncode, *(s.replace(str(work), "WORK") for s in (res.stdout, res.stderr))
+
 
 # %% [markdown]
-# ## Every algorithm across processes
+# ## 1 · One program, several processes
 #
-# `launch` starts the processes (coordinator on 127.0.0.1, a free port), sets each
-# one's local device count, shows process 0's output and keeps every process's log.
-# With 2 processes × 2 devices, `hierarchical` runs with one mesh axis per level:
-# `inner` inside a process, `outer` across processes.
+# Every process runs the same file. `distributed.initialize_from_env()` calls
+# `jax.distributed.initialize` with what the launcher (or SLURM, or `mpirun`) put in the
+# environment; after it, `jax.devices()` lists the devices of *every* process and a mesh
+# can span them all. `devices.put_host` places each process's own rows on its own devices,
+# and `devices.fetch` gathers a result back. The all-reduce is the one of notebook 1:
 
 # %%
-out = io.StringIO()
-rows_path = OUT / "verify.jsonl"
-verify_args = ["--dtypes", "float32,int32", "--kinds", "verifiable,random", "--out", str(rows_path)]
-if SMALL:
-  verify_args += ["--shapes", "13", "--ops", "sum,max"]
-rc = launch(
-  ["verify", *verify_args],
-  PROCESSES,
-  local_devices=LOCAL_DEVICES,
-  timeout=600,
-  out=out,
-  err=io.StringIO(),
+program = work / "ring_across_processes.py"
+program.write_text("""
+import json
+import jax
+import numpy as np
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
+from allreduce_jax import all_reduce, devices, distributed
+
+distributed.initialize_from_env()  # jax.distributed.initialize from the launcher's variables
+p = jax.device_count()  # devices of every process together
+mesh = jax.make_mesh((p,), ("i",))
+rows = np.random.default_rng(0).integers(-8, 8, (p, 1000)).astype(np.float32)  # exact sums
+x = devices.put_host(rows, NamedSharding(mesh, P("i")))  # each process places its own rows
+
+
+def per_device(f):
+  return jax.jit(jax.shard_map(lambda b: f(b[0])[None], mesh=mesh, in_specs=P("i"), out_specs=P("i")))
+
+
+ring = devices.fetch(per_device(lambda b: all_reduce(b, "i", algorithm="ring"))(x))
+psum = devices.fetch(per_device(lambda b: lax.psum(b, "i"))(x))
+if jax.process_index() == 0:
+  print(json.dumps({
+    "processes": jax.process_count(), "devices": p, "local": jax.local_device_count(),
+    "ring_equals_psum": bool(np.array_equal(ring, psum)),
+    "ring_equals_numpy": bool(np.array_equal(ring, np.broadcast_to(rows.sum(0), ring.shape))),
+  }))
+""")
+rc, out, err = allreduce_jax(
+  "launch", "-n", PROCESSES, "--local-devices", LOCAL_DEVICES, "--timeout", 300,
+  "--log-dir", work / "logs", "--", sys.executable, program,
+)  # fmt: skip
+print(err.strip().splitlines()[0])  # the launcher's banner
+assert rc == 0, err
+across = json.loads(out.strip().splitlines()[-1])
+across
+
+# %% [markdown]
+# The processes' devices form one mesh: the ring's messages between devices of different
+# processes crossed a process boundary over gloo's TCP, the others stayed inside a
+# process, and the program never had to say which.
+#
+# ## 2 · Every algorithm across processes
+#
+# `allreduce-jax verify` under the same launcher checks every registered algorithm against
+# a NumPy oracle, here with the four devices spread over two processes (`hierarchical`
+# runs one mesh axis per level: `inner` inside a process, `outer` across). Process 0
+# writes one JSON row per case.
+
+# %%
+rows_path = work / "verify.jsonl"
+verify = ["verify", "--dtypes", "float32,int32", "--kinds", "verifiable,random", "--out", rows_path]
+verify += ["--shapes", "13", "--ops", "sum,max"] if SMALL else []
+rc, out, err = allreduce_jax(
+  "launch", "-n", PROCESSES, "--local-devices", LOCAL_DEVICES, "--timeout", 900, "--", *verify
 )
-print("\n".join(line for line in out.getvalue().splitlines() if line.startswith("# ")))
-assert rc == 0, f"verify across processes failed with status {rc}"
+print("\n".join(line for line in out.splitlines() if line.startswith("# ")))
+assert rc == 0, err[-2000:]
 cases = pd.read_json(rows_path, lines=True)
+print(f"{int(cases['passed'].sum())} of {len(cases)} cases passed; fraction per algorithm:")
 cases.pivot_table(index="algorithm", columns="dtype", values="passed", aggfunc="mean")
 
 # %% [markdown]
-# The fraction of cases passed per algorithm and dtype (1.0: all of them), read back
-# from the rows process 0 wrote.
+# ## 3 · A participant that dies does not hang the others
 #
-# ## A participant that dies does not hang the others
-#
-# A known multi-host failure mode: one process dies or gets stuck and the others wait
-# in the collective forever. The launcher watches its children; here process 1 kills
-# itself and the launcher stops the run and names it.
+# A known multi-host failure mode: one process dies and the others wait in the collective
+# forever. The launcher watches its children; here process 1 kills itself right after
+# joining, and the launcher stops the run and names it.
 
 # %%
-err = io.StringIO()
-crash = "import os, signal; from allreduce_jax import distributed; distributed.initialize_from_env(); os.kill(os.getpid(), signal.SIGKILL) if __import__('jax').process_index() == 1 else __import__('time').sleep(60)"
-rc = launch([sys.executable, "-c", crash], 2, timeout=120, out=io.StringIO(), err=err)
-print("exit status:", rc)
-print("\n".join(line for line in err.getvalue().splitlines() if "launch:" in line))
-assert rc != 0 and "process 1" in err.getvalue()
+crash = (
+  "import os, signal, time, jax\n"
+  "from allreduce_jax import distributed\n"
+  "distributed.initialize_from_env()\n"
+  "if jax.process_index() == 1:\n"
+  "  os.kill(os.getpid(), signal.SIGKILL)\n"
+  "time.sleep(60)\n"
+)
+rc_crash, out, err = allreduce_jax(
+  "launch", "-n", 2, "--timeout", 120, "--log-dir", work / "crash", "--", sys.executable, "-c", crash
+)  # fmt: skip
+print("exit status:", rc_crash)
+print("\n".join(line for line in err.splitlines() if "launch:" in line))
+named = "process 1" in err
+assert rc_crash != 0 and named
 
 # %% [markdown]
-# ## A real network on this machine: `allreduce-jax cluster`
+# ## 4 · A real network on this machine: `allreduce-jax cluster`
 #
-# Processes on one machine talk through memory copies, not a link. `cluster` builds
-# hosts as Linux network namespaces, each with its own address and host name, joins
-# them by a switch (a bridge) whose ports are shaped with `tc` to a known rate, and runs
-# the same command on every host. Here: 4 hosts at 200 Mbit/s (25 MB/s) each way, the
-# ring against an exchange-based algorithm and the parameter server, with each host's
-# bytes on the wire from its interface counters. As root the namespaces are made on the
-# machine; as any other user, inside a user namespace of your own (rootless: the same
-# hosts and links, gone with the run's last process). Where neither is possible (user
-# namespaces turned off) the cell says why and moves on.
+# Processes on one machine talk through memory copies, not a link. `cluster` builds hosts
+# as Linux network namespaces, each with its own address and host name, joins them by a
+# switch (a bridge) whose ports are shaped with `tc` to a known rate, and runs the same
+# command on every host. Here: `bench` of the ring, halving-doubling (pairwise exchanges)
+# and the parameter server (`naive`) on hosts linked at 200 Mbit/s each way, with each
+# host's bytes on the wire from its interface counters.
+#
+# What to read: nccl-tests' **bus bandwidth**, busbw = bytes / time × 2(p−1)/p, is what
+# each link carried if the algorithm were the ideal ring, so for the ring **busbw / line
+# rate** is the fraction of the link the all-reduce used (1 = every link busy all the
+# time). TCP over 1500-byte frames carries at most `gloo_model.payload_share()` of the line
+# rate as payload: that is the ring's ceiling. On 3 or more hosts each ring step is a shift
+# (every host sends to its right neighbour), so the ring can come close to it. For the
+# other algorithms busbw is the same formula, a speed on the ring's scale, not their own
+# link use: the parameter server's root link carries every host's buffer in and the total
+# out, so it falls behind as hosts are added. Timings share the machine's CPUs with
+# whatever else runs; the study `experiments/emulated_network/` measures on an idle
+# machine, at every size, on three networks, with the repeats that give its spread.
 
 # %%
-from allreduce_jax import gloo_model, netns, units
-from allreduce_jax.tools.cluster import cluster
-
 why = netns.privilege_problem()
-HOSTS, LINK = 2 if SMALL else 4, "200Mbit"
-SIZE = "1MiB" if SMALL else "4MiB"
+rate = units.parse_rate(LINK)  # bytes per second, each way
+share = gloo_model.payload_share()
 if why:
-  print(f"skipped: {why}")
+  print(f"skipped: the emulated cluster cannot be built here: {why}")
 else:
-  net_rows = OUT / "cluster_bench.jsonl"
-  counters = OUT / "cluster_counters.json"
-  rc = cluster(
-    ["bench", "--algorithms", "ring,halving_doubling,naive", "-b", SIZE, "-e", SIZE,
-     "-n", "3", "-w", "1", "--no-uneven", "--out", str(net_rows), "--fresh"],
-    HOSTS, network="switch", link=LINK, counters_path=str(counters),
-    timeout=900, out=io.StringIO(), err=io.StringIO(),
+  net_rows, counters = work / "cluster_bench.jsonl", work / "counters.json"
+  rc, out, err = allreduce_jax(
+    "cluster", "--hosts", HOSTS, "--link", LINK, "--counters", counters, "--timeout", 900,
+    "--log-dir", work / "cluster_logs", *(["--concurrent"] if SMALL else []),
+    "--", "bench", "--algorithms", "ring,halving_doubling,naive", "-b", SIZE, "-e", SIZE,
+    "-n", 3 if SMALL else 5, "-w", 1, "--no-uneven", "--out", net_rows,
   )  # fmt: skip
-  assert rc == 0, f"bench on the cluster failed with status {rc}"
-  rate = units.parse_rate(LINK)
-  measured = pd.read_json(net_rows, lines=True)
-  measured["bound_s"] = [
-    gloo_model.predict_seconds(a, HOSTS, n, gloo_model.link_params(rate, 0.0),
-                               gloo_model.emulated("switch"))
-    for a, n in zip(measured["algorithm"], measured["bytes"])
-  ]  # fmt: skip
-  # Each link is a token bucket of 4 ms of its rate: what an idle link passes at once.
-  measured["bucket_bound_s"] = [
-    gloo_model.predict_seconds(a, HOSTS, n, gloo_model.link_params(rate, 0.0),
-                               gloo_model.emulated("switch"),
-                               bucket_s=gloo_model.link_bucket_s(rate))
-    for a, n in zip(measured["algorithm"], measured["bytes"])
-  ]  # fmt: skip
-  measured["time_s"] = measured["time_us"] * 1e-6
-  measured["measured / bound"] = measured["time_s"] / measured["bound_s"]
-  print(pd.read_json(counters)["hosts"].apply(pd.Series)[["host", "tx_bytes", "rx_bytes"]])
-  print(measured[["algorithm", "bytes", "time_s", "bound_s", "bucket_bound_s",
-                  "measured / bound"]].to_string())  # fmt: skip
+  print("\n".join(line for line in err.splitlines() if line.startswith("# cluster")))
+  assert rc == 0, err[-2000:]
+  bench = pd.read_json(net_rows, lines=True).set_index("algorithm")
+  bench["time_s"] = bench["time_us"] * 1e-6  # the slowest process's median
+  bench["busbw MB/s"] = bench["busbw_gbps"] * 1e3
+  bench["busbw / line rate"] = bench["busbw_gbps"] * 1e9 / rate
+  print(f"{HOSTS} hosts, {SIZE} per host; line rate {rate / 1e6:g} MB/s each way, payload")
+  print(f"ceiling {share:.3f} of it. Bytes each host sent and received over the whole run:")
+  hosts = pd.DataFrame(json.loads(counters.read_text())["hosts"])
+  print(hosts[["host", "tx_bytes", "rx_bytes"]].to_string(index=False))
+  display(bench[["time_s", "busbw MB/s", "busbw / line rate"]].round(3))
 
 # %% [markdown]
-# The bound is the schedule's bytes at the link's payload rate (a 1500-byte frame carries
-# 1448 bytes of TCP payload: `gloo_model.payload_share`), priced as XLA:CPU and gloo run
-# it. XLA:CPU runs one collective at a time, so ppermutes issued together (the
-# bidirectional ring's two lanes) go in turn; and a pairwise exchange is priced at half
-# duplex: over gloo, A ↔ B in one `ppermute` runs one direction after the other (XLA
-# posts the send before the receive, and gloo's TCP pair queues the "ready to receive"
-# behind its own payload; `experiments/gloo_exchange_half_duplex.py` is the
-# reproduction, and `experiments/gloo_pair_order/` shows, with gloo alone, that posting
-# the receive first makes the exchange full duplex). `bucket_bound_s` also prices each link's token bucket: `tc`'s `tbf` lets
-# an idle link pass 4 ms of its rate at once. With no software time between steps (this
-# bound) only the first step finds the buckets full, and the second turn of each exchange
-# (its link rested while the first turn sent: a 1 MiB exchange measured 1.8× a shift, not
-# 2×, `docs/results/network/half_duplex_sizes_p4.jsonl`); with the α measured between steps
-# (1–2 ms, fitted from small messages), every step refills them, and on 8 hosts at 1 MiB,
-# where a step's message is a few buckets long, that prices the ring a quarter faster.
-# The whole sweep, every algorithm on a switch, a 2:1
-# fat tree and a ring of 8 hosts, is in `docs/results/network/` with the commands that
-# made it, and the replay with and without the buckets against every cell.
+# The counters add up every algorithm's iterations; host 0, the parameter server's root,
+# sends and receives more than the others.
 #
-# A host's queues matter as much as its links. Each emulated port is one FIFO, so the
-# cluster keeps at most 16 KiB of any one TCP socket in it (`cluster --tcp-queue`, Linux's
-# TCP Small Queues). With the kernel's own 4 MiB a socket, one bulk flow fills the port's
-# whole 100 ms queue and the ring's "ready to receive" waits behind it at every step: at
-# 4 MiB on 4 hosts the ring measured 0.84 of line rate that way and 0.94 with 16 KiB
-# (medians of 3, `docs/results/network/tcp_queue.jsonl`). So does the hosts' TCP: they run
-# the machine's congestion control unless `cluster --congestion-control` says otherwise
-# (the banner names it). On the machine that measured these, `bbr`, the hand-written ring
-# on 8 hosts reached 0.87 of line rate at 16 MiB, and 0.94 with `cubic`, most
-# distributions' default (medians of 3, `docs/results/network/congestion_control.jsonl`).
-
-# %% [markdown]
-# ## The same commands on a GPU cluster or a TPU pod
+# ## 5 · The same commands on a GPU cluster or a TPU pod
 #
-# Nothing in the library knows where it runs. On a SLURM GPU cluster, one process per
-# GPU (or per node) and `allreduce-jax` initializes from SLURM's variables:
+# Nothing in the library knows where it runs. On a SLURM GPU cluster, one process per GPU
+# and `allreduce-jax` initializes from SLURM's variables:
 #
 # ```bash
 # srun --nodes=2 --ntasks-per-node=8 --gpus-per-task=1 allreduce-jax bench --algorithms ring,halving_doubling,psum
@@ -171,23 +223,54 @@ else:
 #   "ALLREDUCE_JAX_DISTRIBUTED=auto allreduce-jax verify"
 # ```
 #
-# `docs/distributed.md` lists every variable and option. These notebooks run unchanged
-# on one GPU/TPU host: drop the `jax_num_cpu_devices` line and the mesh spans the real
-# devices.
-
-# %% [markdown]
+# `docs/distributed.md` lists every variable and option. The other notebooks run
+# unchanged on one GPU/TPU host: drop the `jax_num_cpu_devices` line and the mesh spans the
+# real devices.
+#
 # ## What this run showed
 
 # %%
+CONCLUSION = {
+  "processes": across["processes"],
+  "devices": across["devices"],
+  "ring_equals_psum": across["ring_equals_psum"],
+  "passed": int(cases["passed"].sum()),
+  "cases": len(cases),
+  "algorithms": cases["algorithm"].nunique(),
+  "crash_named": named,
+}
+c = CONCLUSION
 print(
-  f"{PROCESSES} processes × {LOCAL_DEVICES} devices joined by jax.distributed (gloo): "
-  f"{int(cases['passed'].sum())} of {len(cases)} cases passed over "
-  f"{cases['algorithm'].nunique()} algorithms; a killed participant ended the run "
-  f"instead of a hang."
+  f"{c['processes']} processes joined by jax.distributed ran one mesh of {c['devices']} "
+  f"devices: the hand-written ring equalled lax.psum bit for bit ({c['ring_equals_psum']}), "
+  f"and {c['passed']} of {c['cases']} verify cases passed over {c['algorithms']} algorithms. "
+  f"A killed participant ended the run and was named ({c['crash_named']}) instead of a hang."
 )
-if not why:
-  ring = measured[measured["algorithm"] == "ring"].iloc[0]
+if why:
   print(
-    f"On {HOSTS} emulated hosts at {LINK}: the ring took {ring['time_s']:.3f} s for "
-    f"{SIZE} per host, {ring['measured / bound']:.2f}× its bound from the link rate."
+    "The emulated network could not be built on this machine (the cell above says why), "
+    "so this run measured no link."
   )
+else:
+  ring = bench.loc["ring"]
+  CONCLUSION |= {
+    "hosts": HOSTS,
+    "size": ring["bytes"],
+    "link_MBps": rate / 1e6,
+    "ring_s": ring["time_s"],
+    "line_fraction": ring["busbw / line rate"],
+    "ceiling": share,
+    "naive_fraction": bench.loc["naive", "busbw / line rate"],
+  }
+  print(
+    f"On {c['hosts']} emulated hosts linked at {c['link_MBps']:g} MB/s each way, the ring "
+    f"all-reduced {c['size'] / 2**20:g} MiB per host in {c['ring_s']:.3f} s: busbw "
+    f"{c['line_fraction']:.2f} of line rate (the payload ceiling is {c['ceiling']:.3f}); "
+    f"the parameter server reached {c['naive_fraction']:.2f} on the same scale."
+  )
+  if SMALL:
+    print(
+      "Small mode times one small buffer beside whatever else runs, so its fraction of line "
+      "rate is a smoke check; the full mode on an idle machine and the study are the "
+      "measurements."
+    )
