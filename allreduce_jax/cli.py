@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
   try:
     module = importlib.import_module(COMMANDS[name][0])
   except ModuleNotFoundError as e:
-    raise SystemExit(f"allreduce-jax {name}: {_missing_extra(e)}") from None
+    raise SystemExit(f"allreduce-jax {name}: {_missing_extra(e, name)}") from None
   args = subcommand_parser(name, module).parse_args(argv[1:])
   if name not in ("launch", "cluster"):  # join a jax.distributed run if the environment sets one up
     distributed.main_guard()
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
       print(f"allreduce-jax {name}: interrupted (Ctrl-C).", file=sys.stderr, flush=True)
       raise SystemExit(130) from None
     except ModuleNotFoundError as e:  # a dependency imported when first needed (scipy, sklearn)
-      raise SystemExit(f"allreduce-jax {name}: {_missing_extra(e)}") from None
+      raise SystemExit(f"allreduce-jax {name}: {_missing_extra(e, name)}") from None
     except (RowsError, *_FAILURES) as e:  # what the machine refused: one line, no traceback
       raise SystemExit(f"allreduce-jax {name}: {_failure(e)}") from None
   except SystemExit as e:  # a failing command in a jax.distributed run leaves at once
@@ -170,18 +170,25 @@ EXTRAS: dict[str, str] = {
 }
 
 
-def _missing_extra(e: ModuleNotFoundError) -> str:
-  """One line naming the extra that installs the missing module ``e.name``; a module of
-  no extra is re-raised (a bug or a broken install, with its traceback).
+#: Subcommands that need more than the extra of their first missing module: ``train``
+#: (which includes ``cli``) for every part of them.
+COMMAND_EXTRAS: dict[str, str] = {"train": "train", "report": "train"}
+
+
+def _missing_extra(e: ModuleNotFoundError, command: str = "") -> str:
+  """One line naming the extra that installs the missing module ``e.name`` (and all
+  else ``command`` needs); a module of no extra is re-raised (a bug or a broken
+  install, with its traceback).
 
   Example:
-    >>> _missing_extra(ModuleNotFoundError("No module named 'flax'", name="flax"))
-    "needs flax, which is not installed: pip install 'allreduce-jax[train]'."
+    >>> _missing_extra(ModuleNotFoundError("No module named 'tqdm'", name="tqdm"), "report")
+    "needs tqdm, which is not installed: pip install 'allreduce-jax[train]'."
   """
   top = (e.name or "").partition(".")[0]
   if top not in EXTRAS:
     raise e
-  return f"needs {top}, which is not installed: pip install 'allreduce-jax[{EXTRAS[top]}]'."
+  extra = COMMAND_EXTRAS.get(command, EXTRAS[top])
+  return f"needs {top}, which is not installed: pip install 'allreduce-jax[{extra}]'."
 
 
 def _noted(code):

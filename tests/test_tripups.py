@@ -81,6 +81,7 @@ def test_the_library_imports_and_runs_with_the_core_dependencies_only():
   [
     (["verify", "--devices", "2", "--algorithms", "ring"], "cli"),  # tqdm
     (["train", "sync", "--smoke"], "train"),  # flax
+    (["report", "--smoke"], "train"),  # tqdm first, but report trains too
   ],
 )
 def test_a_subcommand_without_its_extra_names_the_extra(argv, extra):
