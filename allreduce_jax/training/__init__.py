@@ -1,7 +1,8 @@
 """Data-parallel training on the hand-written all-reduce: sync vs simulated async SGD.
 
 Importing the package fills the arm and workload registries (:mod:`.catalogue`).
-Nothing here touches a device at import time.
+Nothing here touches a device at import time. It needs the ``train`` extra (Flax,
+scikit-learn's digits): ``pip install 'allreduce-jax[train]'``.
 """
 
 from allreduce_jax.training import catalogue  # noqa: F401 (registers every arm and workload)
