@@ -29,7 +29,13 @@ Special values (the semantics, defined here once):
 * **NaN bits**: every NaN in a result is the dtype's canonical quiet NaN (``jnp.nan``:
   sign 0, quiet bit only), whatever the inputs' signs and payloads, so participants
   that met their partial results in different orders (recursive doubling) still hold
-  the same bits.
+  the same bits. Ordering the operands by rank is not enough on its own: recursive
+  doubling adds ``where(upper, recv, x) + where(upper, x, recv)``, and LLVM folds that
+  to ``x + recv`` (``fadd`` is commutative to it, NaN payloads unspecified), so each
+  partner's own NaN wins. The replacement is one primitive, :data:`canonical_nan_p`,
+  that autodiff treats as the identity (it changes no number, only which NaN), so
+  ``sum``/``mean`` stay linear maps: ``jax.linear_transpose``, ``jax.vjp`` and
+  ``jax.jvp`` go through them as through ``lax.psum``.
 
 These make every result independent of the order in which partial results meet,
 so all algorithms and all participants agree bit for bit. XLA's own collectives do
@@ -49,6 +55,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.extend import core as jex_core
+from jax.interpreters import ad, batching, mlir
 
 OPS: tuple[str, ...] = ("sum", "mean", "max", "min")
 
@@ -91,11 +99,26 @@ def _sort_key(a: jax.Array) -> jax.Array:
   return i ^ ((i >> (bits - 1)) & jnp.iinfo(i.dtype).max)
 
 
+def _replace_nans(x: jax.Array) -> jax.Array:
+  return jnp.where(jnp.isnan(x), jnp.array(jnp.nan, x.dtype), x)
+
+
+#: ``x`` with every NaN made the canonical quiet NaN: a select on the data, but to
+#: autodiff the identity (linear, its own tangent map, transposed to the identity),
+#: so an exact ``sum``/``mean`` stays linear (its select would not transpose).
+canonical_nan_p = jex_core.Primitive("allreduce_canonical_nan")
+canonical_nan_p.def_impl(_replace_nans)
+canonical_nan_p.def_abstract_eval(lambda aval: aval)
+mlir.register_lowering(canonical_nan_p, mlir.lower_fun(_replace_nans, multiple_results=False))
+ad.deflinear2(canonical_nan_p, lambda ct, x: (ct,))
+batching.defvectorized(canonical_nan_p)
+
+
 def _canonical_nan(x: jax.Array) -> jax.Array:
   """``x`` with every NaN replaced by the dtype's canonical quiet NaN (``jnp.nan``)."""
   if not jnp.issubdtype(x.dtype, jnp.floating) or not _has_nan(x.dtype):
     return x
-  return jnp.where(jnp.isnan(x), jnp.array(jnp.nan, x.dtype), x)
+  return canonical_nan_p.bind(x)
 
 
 def _has_nan(dtype) -> bool:
