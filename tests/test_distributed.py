@@ -417,12 +417,12 @@ def test_timeout_frame_parsing():
       File "/x/threading.py", line 1002 in _bootstrap
     Current thread 0x00007f02 (most recent call first):
       File "/site-packages/jax/_src/array.py", line 9 in _value
-      File "/tmp/hang.py", line 17 in <module>
+      File "/x/hang.py", line 17 in <module>
     """
   )
   frame = launch._main_thread_top(dump)
   assert frame == 'File "/site-packages/jax/_src/array.py", line 9 in _value'
-  assert launch._in_jax(frame) and not launch._in_jax('File "/tmp/hang.py", line 17 in <module>')
+  assert launch._in_jax(frame) and not launch._in_jax('File "/x/hang.py", line 17 in <module>')
 
 
 def _env_process0(port: int, names: str = "ours") -> dict:
