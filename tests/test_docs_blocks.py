@@ -107,6 +107,22 @@ def test_the_guides_have_blocks_and_every_skip_says_why():
       assert len(b.not_run) > 5, f"{b.id}: say why the block is not run"
 
 
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_every_relative_link_resolves():
+  """A guide's links to files and folders of this repository point at something."""
+  broken = []
+  for path in FILES:
+    text = FENCE.sub("", path.read_text())
+    for target in LINK.findall(text):
+      if re.match(r"[a-z]+:", target) or target.startswith("#"):
+        continue  # outside links and anchors in the same page
+      if not (path.parent / target.split("#")[0]).exists():
+        broken.append(f"{path.relative_to(ROOT)}: {target}")
+  assert not broken, broken
+
+
 def test_expected_output_is_compared_word_by_word_and_number_by_number():
   assert same_line("[112. 120. 128. 136.]", "[112. 120. 128. 136.]", False)
   assert not same_line("[112. 120. 128. 137.]", "[112. 120. 128. 136.]", False)
