@@ -600,7 +600,7 @@ def rootless_table(root: Path) -> list[str]:
     f"### Built as root and rootless: the same cluster (4-host switch, {len(ids)} runs each)",
     "",
     "`STEPS=11 bash experiments/emulated_network/network_sweep.sh`: the same bench (`--order blocks -a 3`,"
-    " 200 Mbit/s, 16 KiB TCP queue, the machine's congestion control) with the cluster built"
+    " 200 Mbit/s, 16 KiB TCP queue, the hosts' default congestion control) with the cluster built"
     " as root and with `--rootless` (in a user namespace, as a user without root gets it),"
     " alternating. Seconds, median over runs [min–max]; the ratio is per run, rootless over"
     " the root run just before it.",
