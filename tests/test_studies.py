@@ -40,9 +40,11 @@ def _study_files(study: str) -> list[str]:
 
 
 def _file_table(readme: str) -> list[str]:
-  """Every backticked path in the first column of the README's table rows."""
+  """Every backticked path in the first column of the table under the README's "## Files"."""
+  assert "\n## Files\n" in readme, "no '## Files' section"
+  section = readme.split("\n## Files\n", 1)[1].split("\n## ", 1)[0]
   names = []
-  for line in readme.splitlines():
+  for line in section.splitlines():
     cells = line.split("|")
     if line.startswith("|") and len(cells) > 2:
       names += re.findall(r"`([^`]+)`", cells[1])
