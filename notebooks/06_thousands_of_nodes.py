@@ -17,11 +17,11 @@
 # Here we route one step by hand, check it against the library, then sweep every
 # replayable algorithm to thousands of participants.
 #
-# **Run time.** Full mode (to p = 16384) takes about 5 minutes on 2 CPU cores; the
+# **Run time.** Full mode (to p = 16384) takes about 2½ minutes on 2 CPU cores; the
 # schedules at the largest p have millions of messages. Small mode
 # (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
-# JupyterLab) stops at p = 256 and prices three sizes instead of four, in well under a
-# minute; the published comparisons at the end then run at p = 256 and 1536 instead of
+# JupyterLab) stops at p = 256 and prices three sizes instead of four, in about 20
+# seconds; the published comparisons at the end then run at p = 256 and 1536 instead of
 # 4096 and 24576, so their factors are smaller.
 
 # %% tags=["parameters"]

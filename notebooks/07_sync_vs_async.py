@@ -371,8 +371,9 @@ plt.show()
 # Local SGD and DiLoCo average once every H steps, so they send H times fewer bytes than
 # sync for the same gradients; on a model this small the bytes saved buy little time (one
 # all-reduce costs microseconds here) and the slow worker still delays every round.
-# Gossip sends about half of what the ring all-reduce sends, in one message instead of
-# 2(p−1), and its workers only approximately agree (their average is what is evaluated).
+# Gossip sends n bytes per participant per step against the ring all-reduce's 2(p−1)/p·n,
+# in one message instead of 2(p−1), and its workers only approximately agree (their
+# average is what is evaluated).
 # The same arms on a byte-level transformer language model, which separates them more,
 # are in the training study (`experiments/sync_vs_async/`): that run takes far longer
 # than a notebook should.
