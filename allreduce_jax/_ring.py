@@ -7,7 +7,7 @@ every step and no link carries more than one chunk at a time.
 The step loops are unrolled Python loops, not ``lax.fori_loop``: each of the 2(p-1)
 steps becomes its own ``collective-permute`` in the HLO, which lets XLA overlap a
 step's local add with the next transfer and lets ``hlo.audit`` count steps and bytes
-directly. ``python experiments/ring_loop_choice.py`` measured, on 8 emulated CPU
+directly. ``python experiments/training_step/ring_loop_choice.py`` measured, on 8 emulated CPU
 devices, the unrolled ring 2-13% faster than the ``fori_loop`` form at 4 KiB, 1 MiB
 and 16 MiB (median 1837 vs 1883 µs, 4987 vs 5341 µs, 58.7 vs 67.4 ms), for 0.28-0.35 s
 of compile time against 0.21 s. Compile time grows linearly with p: 1.2 s at p = 64

@@ -1,7 +1,7 @@
 """The one timer of the tools: compile apart, warm up, time round robin, return records.
 
-Every measurement in ``bench``, ``fusion``, ``experiments/ring_loop_choice.py`` and the
-report goes through :func:`time_round_robin`:
+Every measurement in ``bench``, ``fusion``, the report and
+``experiments/training_step/ring_loop_choice.py`` goes through :func:`time_round_robin`:
 
 - inputs are placed on their devices by the caller before timing;
 - each program is lowered and compiled separately (compile time and XLA's
