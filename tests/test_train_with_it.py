@@ -1,8 +1,8 @@
 """The README's "Train with it" block runs as written and matches the same step with lax.pmean.
 
-The block lives here (``TRAIN_WITH_IT``) and, once the lead pastes it, in README.md
-between ``<!-- train-with-it:start -->`` and ``<!-- train-with-it:end -->``: the run
-uses the README's copy when it is there, and a second test checks the two agree.
+The block lives here (``TRAIN_WITH_IT``) and in README.md between
+``<!-- train-with-it:start -->`` and ``<!-- train-with-it:end -->`` (the NNX step likewise
+in docs/training.md): the runs use the documents' copies, and a test checks they agree.
 Also: ``all_reduce_gradients`` chained before ``optax.adam`` trains a Flax
 NNX MLP on digits like ``lax.pmean`` for every hand-written single-axis algorithm.
 """
@@ -154,10 +154,7 @@ def test_train_with_it_block_matches_pmean(algorithm):
 
 
 def test_readme_holds_the_tested_block():
-  block = _readme_block()
-  if block is None:
-    pytest.skip("README.md has no train-with-it block yet (the lead pastes it)")
-  assert block == TRAIN_WITH_IT
+  assert _readme_block() == TRAIN_WITH_IT
   assert _readme_block(NNX_START, NNX_END) == NNX_STEP
 
 
