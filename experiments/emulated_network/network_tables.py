@@ -687,7 +687,8 @@ def queue_table(root: Path) -> list[str]:
 
 
 def targets(root: Path, summary: list[dict]) -> list[str]:
-  """The issue's targets, measured: one line each."""
+  """The study's targets (line rate, the exchanges' bound, bytes on the wire, the model),
+  measured: one line each."""
   lines = ["### The targets, measured", ""]
   for p in (4, 8):
     for order in (None, "blocks"):
