@@ -17,7 +17,18 @@ subcommand touches any device. It initializes when it finds, in this order:
    JAX (2 and 3 below);
 2. ``ALLREDUCE_JAX_DISTRIBUTED=auto``: ``jax.distributed.initialize()`` without
    arguments, which detects Cloud TPU pod slices, SLURM, Open MPI and GKE;
-3. a SLURM step or an Open MPI job with more than one task (auto-detected as in 2).
+3. a SLURM step or an Open MPI job with more than one task (auto-detected as in 2):
+   ``mpirun -np N allreduce-jax SUBCOMMAND`` and ``srun -n N allreduce-jax SUBCOMMAND``
+   need no other variable.
+
+Emulated CPU devices per process (:func:`cpu_devices_from_env`): ``ALLREDUCE_JAX_LOCAL_DEVICES``,
+else JAX's own ``JAX_NUM_CPU_DEVICES`` (``mpirun -x JAX_NUM_CPU_DEVICES=2``; ``srun`` passes
+the caller's environment), else in a SLURM step the task's CPUs (``srun -c 2``:
+``SLURM_CPUS_PER_TASK``), else 1. JAX's SLURM detection pins each process to device
+``SLURM_LOCALID`` (``local_device_ids``, jax#16788); on CPU this module passes every
+emulated device instead (the pin names only CUDA/ROCm devices, so the CPU count is what
+counts), and on GPU ``JAX_LOCAL_DEVICE_IDS`` (read by JAX) or
+``ALLREDUCE_JAX_LOCAL_DEVICE_IDS`` overrides it.
 
 ``ALLREDUCE_JAX_DISTRIBUTED=off`` disables all of this. Nothing happens at import.
 
@@ -418,6 +429,11 @@ def initialize(
   if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   explicit = None not in (coordinator_address, num_processes, process_id)
+  if not explicit and local_device_ids is None and _on_cpu():
+    # JAX's SLURM (and Open MPI) detection would pin this process to device
+    # [SLURM_LOCALID] (jax#16788); that names CUDA/ROCm devices only, so on CPU keep
+    # every emulated device, as its count says.
+    local_device_ids = list(range(max(1, jax.config.jax_num_cpu_devices)))
   if explicit and coordinator_bind_address is None and _is_loopback(coordinator_address):
     coordinator_bind_address = coordinator_address  # a local run: not every interface
   if explicit and process_id == 0 and num_processes > 1:
@@ -447,6 +463,11 @@ def initialize(
     _use_gloo_address(gloo_interface, gloo_hostname)
 
 
+def _on_cpu() -> bool:
+  """True when JAX is told to run on CPU only (``JAX_PLATFORMS=cpu``)."""
+  return (jax.config.jax_platforms or "").strip().lower() == "cpu"
+
+
 def _slurm_or_mpi_tasks(env: Mapping[str, str]) -> int:
   """Tasks in this SLURM step / Open MPI job (0 when neither is present)."""
   if "SLURM_JOB_ID" in env and "SLURM_PROCID" in env:
@@ -457,6 +478,18 @@ def _slurm_or_mpi_tasks(env: Mapping[str, str]) -> int:
   if "OMPI_COMM_WORLD_SIZE" in env:
     return _int_env(env, "OMPI_COMM_WORLD_SIZE", minimum=1) or 0
   return 0
+
+
+def cpu_devices_from_env(env: Mapping[str, str]) -> int | None:
+  """Emulated CPU devices for a process that JAX's cluster detection joins (SLURM,
+  Open MPI), where the launcher did not say (``ALLREDUCE_JAX_LOCAL_DEVICES``): None
+  when ``JAX_NUM_CPU_DEVICES`` is set (JAX applies it itself), else in a SLURM step
+  the task's CPUs (``srun -c K``: ``SLURM_CPUS_PER_TASK``), else None (JAX's 1)."""
+  if env.get("JAX_NUM_CPU_DEVICES", "").strip():
+    return None
+  if "SLURM_JOB_ID" in env and "SLURM_PROCID" in env:
+    return _int_env(env, "SLURM_CPUS_PER_TASK", 1)
+  return None
 
 
 #: The variables that make an explicit cluster (with a coordinator address).
@@ -496,6 +529,9 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
       )
   elif mode not in ("auto", "on", "1") and _slurm_or_mpi_tasks(env) <= 1:
     return False
+  local_devices = _int_env(env, ENV_LOCAL_DEVICES, 1)
+  if local_devices is None and None in explicit:
+    local_devices = cpu_devices_from_env(env)
   ids_text = env.get(ENV_LOCAL_DEVICE_IDS, "").strip()
   try:
     ids = [int(s) for s in ids_text.split(",")] if ids_text else None
@@ -507,7 +543,7 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
     coordinator,
     num,
     pid,
-    local_devices=_int_env(env, ENV_LOCAL_DEVICES, 1),
+    local_devices=local_devices,
     local_device_ids=ids,
     coordinator_bind_address=env.get(ENV_COORDINATOR_BIND) or None,
     initialization_timeout=_int_env(env, ENV_INIT_TIMEOUT, 1) or 300,
