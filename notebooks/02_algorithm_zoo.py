@@ -8,7 +8,7 @@
 # sends and check it against the closed-form schedule, price the schedules with the α-β
 # model, and check every result against NumPy.
 #
-# **Run time.** Full mode takes about 2 minutes on 2 CPU cores. Small mode
+# **Run time.** Full mode takes about 3 minutes on 2 CPU cores. Small mode
 # (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
 # JupyterLab) takes about 1 minute: the compiled programs are counted at p = 4 and 8
 # instead of p = 2 to 8, and the results checked against NumPy at p = 8 only. Every

@@ -16,9 +16,9 @@
 # Emulated CPU devices share one process and one memory, so absolute numbers say
 # little about a GPU cluster; the *shape* of the curves and the method carry over.
 #
-# **Run time.** Full mode takes about 4 minutes on 2 CPU cores. Small mode
+# **Run time.** Full mode takes about 5 minutes on 2 CPU cores. Small mode
 # (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
-# JupyterLab) takes about 1 minute: four sizes from 8 KiB to 4 MiB instead of nine up
+# JupyterLab) takes about 1 minute: four sizes from 8 KiB to 4 MiB instead of eight up
 # to 16 MiB, four algorithms and psum instead of every `auto` candidate, fewer timed
 # calls and a smaller model gradient for the bucketing. Every sentence at the end is
 # computed from the run; where a run measures too little to support one, it says so.
@@ -54,7 +54,7 @@ CANDIDATES = names(auto=True)
 if SMALL:
   CANDIDATES = tuple(a for a in CANDIDATES if a in ("ring", "tree", "recursive_doubling", "swing"))
 ALGORITHMS = ("psum", *CANDIDATES)
-SIZES = [8 << 10, 64 << 10, 512 << 10, 4 << 20] if SMALL else [4**k << 10 for k in range(9)]
+SIZES = [8 << 10, 64 << 10, 512 << 10, 4 << 20] if SMALL else [4**k << 10 for k in range(8)]
 mesh = jax.make_mesh((DEVICES,), ("i",))
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
 print("sizes per participant:", ", ".join(format_bytes(n) for n in SIZES))
