@@ -80,22 +80,35 @@ def test_readme_opens_with_question_answer_command_and_lists_every_file(study):
   assert missing == [], f"{study}/README.md's file table names files that do not exist: {missing}"
 
 
-def test_scripts_import_no_other_script():
+def test_scripts_import_no_other_script_and_no_private_name():
+  """A script imports the library's public names only: no other script, no private module,
+  no ``_name`` from a module, no ``module._name`` of a library module it imported."""
   stems = {p.stem for p in SCRIPTS}
+
+  def private(name):
+    return name.startswith("_") and not name.startswith("__")
+
   for path in SCRIPTS:
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-      names = []
+    where = path.relative_to(ROOT)
+    library_aliases = set()
+    for node in ast.walk(ast.parse(path.read_text())):
       if isinstance(node, ast.Import):
-        names = [a.name for a in node.names]
+        for a in node.names:
+          assert a.name.split(".")[0] not in stems, f"{where} imports the script {a.name}"
+          assert not any(private(part) for part in a.name.split(".")), f"{where}: {a.name}"
+          if a.name.startswith("allreduce_jax"):
+            library_aliases.add(a.asname or a.name.split(".")[0])
       elif isinstance(node, ast.ImportFrom) and node.module:
-        names = [node.module]
-      for name in names:
-        first = name.split(".")[0]
-        assert first not in stems, f"{path.relative_to(ROOT)} imports the script {name}"
-        assert not any(part.startswith("_") and part != "__future__" for part in name.split(".")), (
-          f"{path.relative_to(ROOT)} imports the private module {name}"
-        )
+        assert node.module.split(".")[0] not in stems, f"{where} imports the script {node.module}"
+        assert not any(private(part) for part in node.module.split(".")), f"{where}: {node.module}"
+        for a in node.names:
+          assert not private(a.name), f"{where} imports the private {node.module}.{a.name}"
+          if node.module.startswith("allreduce_jax"):
+            library_aliases.add(a.asname or a.name)
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        if node.value.id in library_aliases:
+          assert not private(node.attr), f"{where} uses the private {node.value.id}.{node.attr}"
 
 
 def test_every_script_imports_without_doing_work(tmp_path):

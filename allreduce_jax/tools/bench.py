@@ -230,6 +230,13 @@ def _programs(algorithm: str, p: int, op: str, wire: str | None = None):
   return mesh, spec, timed, checker
 
 
+#: Public names for scripts that run what ``bench`` runs (e.g. counting the bytes each host
+#: sends): :func:`programs` gives ``(mesh, spec, timed_fn, check_fn)`` for one algorithm,
+#: :func:`verifiable_block` the rank-coded input shard ``bench`` feeds it.
+programs = _programs
+verifiable_block = _verifiable_block
+
+
 def measure_size(
   algorithms: Sequence[str],
   p: int,

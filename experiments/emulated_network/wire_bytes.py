@@ -49,7 +49,7 @@ def main(argv=None) -> int:
   from jax.sharding import NamedSharding
 
   from allreduce_jax import ALGORITHMS, devices, gloo_model
-  from allreduce_jax.tools.bench import _programs, _verifiable_block
+  from allreduce_jax.tools.bench import programs, verifiable_block
   from allreduce_jax.units import parse_size
 
   p = jax.device_count()
@@ -77,9 +77,9 @@ def main(argv=None) -> int:
 
   idle = counted(lambda: None)
   for alg in names:
-    mesh, spec, timed, _ = _programs(alg, p, "sum")
+    mesh, spec, timed, _ = programs(alg, p, "sum")
     x = devices.put(
-      (p, count), "float32", NamedSharding(mesh, spec), lambda idx: _verifiable_block(idx, p, count)
+      (p, count), "float32", NamedSharding(mesh, spec), lambda idx: verifiable_block(idx, p, count)
     )
     timed(x).block_until_ready()  # compile, connect
     sent = (counted(lambda t=timed, x=x: t(x).block_until_ready()) - idle) / args.reps
