@@ -302,6 +302,8 @@ def _wait(what, seconds: float, why: str):
     try:
       if result := what():
         return result
+    except AssertionError:
+      raise
     except Exception:  # an element replaced while read: ask again
       pass
     time.sleep(0.25)
@@ -362,6 +364,8 @@ def run_in_lab(driver, lab: Lab, nbdir: Path, path: Path, shots: Path | None) ->
 
   def settled():
     state = lab.api("GET", f"/api/kernels/{kernel['id']}")["execution_state"]
+    if state == "dead":
+      raise AssertionError(f"the kernel of {name} died (out of memory?)")
     return state == "idle" and not any("*" in p for p in prompts())
 
   _wait(lambda: settled() and (time.sleep(1) or settled()), RUN_TIMEOUT_S,
