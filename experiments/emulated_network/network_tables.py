@@ -863,6 +863,50 @@ def token_bucket_text(root: Path) -> str:
   return "\n".join(lines) + "\n"
 
 
+def headline(sweeps: list[list[dict]]) -> list[str]:
+  """Over the sweeps at the 16 KiB TCP queue (each a list of cells): the ring's busbw /
+  line rate on the switches, and how many hand-written cells at ≥ 1 MiB the replay prices
+  within 20 %, median [min–max] over the sweeps."""
+  cells = [c for sweep in sweeps for c in sweep]
+  if not cells:
+    return []
+  lines = [f"### Over the {len(sweeps)} sweeps at `--tcp-queue 16KiB` (steps 5–8 and 10)", ""]
+  for p in (4, 8):
+    v = {
+      n: [c["busbw_over_line"] for c in cells if c["network"] == "switch" and c["p"] == p
+          and c["algorithm"] == "ring" and c["bytes"] == n]
+      for n in (4 << 20, 16 << 20, 64 << 20)
+    }  # fmt: skip
+    lines.append(
+      f"- ring busbw / line rate, {p}-host switch, median [min–max] over the sweeps:"
+      + ",".join(f" {_mib(n)} {_spread(x)}" for n, x in v.items() if x)
+      + "."
+    )
+  for p in (4, 8):
+    hd = [c["measured_s"] / c["bound_full_s"] for c in cells if c["network"] == "switch"
+          and c["p"] == p and c["algorithm"] == "halving_doubling" and c["bytes"] == 16 << 20]  # fmt: skip
+    if hd:
+      lines.append(
+        f"- halving_doubling at 16 MiB, {p}-host switch: {_spread(hd)}× its full-duplex bound."
+      )
+  mine = [c for c in cells if c["algorithm"] not in ("psum", "auto")]
+  half = sum(0.8 <= c["measured_s"] / c["model_half_s"] <= 1.2 for c in mine)
+  bucket = sum(0.8 <= c["measured_s"] / c["model_bucket_s"] <= 1.2 for c in mine)
+  share = []
+  for sweep in sweeps:
+    for net, p in NETS:
+      m = [c for c in sweep if c["network"] == net and c["p"] == p and c in mine]
+      if m:
+        share.append(sum(0.8 <= c["measured_s"] / c["model_half_s"] <= 1.2 for c in m) / len(m))
+  lines += [
+    f"- the replay at half duplex (α fitted) within 20 %: {half} of {len(mine)} hand-written"
+    f" cells at ≥ 1 MiB; per network and sweep {_spread(share)} of the cells; with each"
+    f" link's token bucket priced: {bucket} of {len(mine)}.",
+    "",
+  ]
+  return lines
+
+
 def _all_rows(root: Path) -> list[dict]:
   return [r for path in sorted(root.rglob("*.jsonl")) for r in _rows(path)]
 
@@ -889,6 +933,7 @@ def _tables(root: Path) -> tuple[str, list[dict]]:
   finish, in_finish = cubic_finish_tables(root)
   finish2, in_finish2 = cubic_finish_repeat_tables(root)
   text = ["# Measured on an emulated network (tables from the committed rows)", ""]
+  text += headline([in_small, in_again, in_cubic, in_finish, in_finish2])
   text += small_queue_targets(root, in_small, in_again, in_cubic, in_finish, in_finish2)
   text += tcp_queue_table(root) + mtu_table(root)
   text += congestion_control_table(root)
