@@ -227,13 +227,27 @@ def test_every_kernel_the_lab_offers_sees_8_cpu_devices(tmp_path):
 # --- the browser ----------------------------------------------------------------------------
 
 
+def _figure_makers() -> set[str]:
+  """The functions of ``allreduce_jax.tools.plot`` that return a figure (by their annotation)."""
+  import inspect
+
+  from allreduce_jax.tools import plot
+
+  return {
+    name
+    for name, fn in inspect.getmembers(plot, inspect.isfunction)
+    if "Figure" in str(inspect.signature(fn).return_annotation)
+  }
+
+
 def figure_cells(source: str) -> list[int]:
   """Indices (among code cells) of the cells that draw a figure, read from the source: a cell
-  that calls ``plt.show()``, or whose last statement is an expression that is a figure
-  (``fig``), a call of ``plot.*``/``plt.*`` or ``display(fig)``."""
+  that calls ``plt.show()``, or makes a pyplot figure it does not close (the inline backend
+  shows it), or whose last statement shows a figure: ``fig``, ``display(fig)``, or a call of a
+  ``plot.*`` function that returns one."""
   import jupytext
 
-  found = []
+  makers, found = _figure_makers(), []
   code = [c.source for c in jupytext.reads(source, fmt="py:percent").cells if c.cell_type == "code"]
   for i, src in enumerate(code):
     lines = [line for line in src.splitlines() if not line.lstrip().startswith(("%", "!"))]
@@ -241,23 +255,25 @@ def figure_cells(source: str) -> list[int]:
       body = ast.parse("\n".join(lines)).body
     except SyntaxError:
       continue
-    last = body[-1] if body else None
-    shown = "plt.show()" in src
-    if isinstance(last, ast.Expr):
-      value = last.value
-      shown |= isinstance(value, ast.Name) and value.id in ("fig", "figure")
-      if isinstance(value, ast.Call):
-        func = value.func
-        shown |= (
-          isinstance(func, ast.Attribute)
-          and isinstance(func.value, ast.Name)
-          and (func.value.id in ("plot", "plt"))
-        )
-        shown |= (
-          isinstance(func, ast.Name)
-          and func.id == "display"
-          and any(isinstance(a, ast.Name) and a.id in ("fig", "figure") for a in value.args)
-        )
+    shown = "plt.show()" in src or (
+      any(f"plt.{f}(" in src for f in ("subplots", "figure", "subplot_mosaic"))
+      and "plt.close(" not in src
+    )
+    value = body[-1].value if body and isinstance(body[-1], ast.Expr) else None
+    if isinstance(value, ast.Name):
+      shown |= value.id in ("fig", "figure")
+    elif isinstance(value, ast.Call):
+      func, args = value.func, value.args
+      shown |= (
+        isinstance(func, ast.Attribute)
+        and func.attr in makers
+        and (isinstance(func.value, ast.Name) and func.value.id == "plot")
+      )
+      shown |= (
+        isinstance(func, ast.Name)
+        and func.id == "display"
+        and any(isinstance(a, ast.Name) and a.id in ("fig", "figure") for a in args)
+      )
     if shown:
       found.append(i)
   return found
@@ -266,9 +282,11 @@ def figure_cells(source: str) -> list[int]:
 def test_figure_cells_reads_the_cells_that_draw():
   src = (
     "# %%\nimport matplotlib.pyplot as plt\n\n# %%\nplt.plot([1])\nplt.show()\n\n"
-    "# %%\nfig = plot.model(8)\nfig\n\n# %%\nx = plot.model(8)\n\n# %%\nplot.busbw(rows)\n"
+    "# %%\nfig = plot.model(8)\nfig\n\n# %%\nx = plot.model(8)\n\n# %%\nplot.busbw(rows)\n\n"
+    "# %%\nplot.style('ring')\n\n# %%\nfig, ax = plt.subplots()\nax.plot([1])\n\n"
+    "# %%\nfig, ax = plt.subplots()\nplt.close(fig)\n\n# %%\ndisplay(fig)\n"
   )
-  assert figure_cells(src) == [1, 2, 4]
+  assert figure_cells(src) == [1, 2, 4, 6, 8]
 
 
 def _chromium() -> tuple[str, str] | None:
