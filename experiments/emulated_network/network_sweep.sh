@@ -2,7 +2,7 @@
 # The measurements behind experiments/emulated_network/rows/ and experiments/gloo_pair_order/rows/
 # (resumable: each step skips rows it has).
 # As root, or rootless without it (steps 7-10 and 12 need cubic allowed for namespaces: root's
-# sysctl once; step 11 builds both ways). Runs nice'd; about an hour with 2 cores at 200 Mbit/s.
+# sysctl once; step 11 builds both ways). Runs nice'd; about an hour at 200 Mbit/s.
 #   bash experiments/emulated_network/network_sweep.sh [PYTHON]            # every step
 #   STEPS="5" bash experiments/emulated_network/network_sweep.sh [PYTHON]  # only the steps named
 set -u
