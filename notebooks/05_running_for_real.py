@@ -11,9 +11,9 @@
 # an emulated network of hosts with links shaped to a known rate (`allreduce-jax
 # cluster`).
 #
-# **Run time.** Full mode takes about 4 minutes on 2 CPU cores. Small mode
+# **Run time.** Full mode takes about 3½ minutes on 2 CPU cores. Small mode
 # (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
-# JupyterLab) takes about 1 minute: it verifies two ops on one shape instead of every
+# JupyterLab) takes about 2 minutes, most of it starting processes: it verifies two ops on one shape instead of every
 # op and shape, and times the network at 1 MiB per host instead of 4 MiB, where a
 # step's fixed costs weigh more and the measurement means less. The emulated network needs Linux
 # network namespaces: as root they are made on the machine, as any other user inside a
@@ -93,6 +93,7 @@ psum = devices.fetch(per_device(lambda b: lax.psum(b, "i"))(x))
 if jax.process_index() == 0:
   print(json.dumps({
     "processes": jax.process_count(), "devices": p, "local": jax.local_device_count(),
+    "owner": [d.process_index for d in mesh.devices.flat],  # which process holds each device
     "ring_equals_psum": bool(np.array_equal(ring, psum)),
     "ring_equals_numpy": bool(np.array_equal(ring, np.broadcast_to(rows.sum(0), ring.shape))),
   }))
@@ -107,14 +108,45 @@ across = json.loads(out.strip().splitlines()[-1])
 across
 
 # %% [markdown]
-# The processes' devices form one mesh: the ring's messages between devices of different
-# processes crossed a process boundary over gloo's TCP, the others stayed inside a
-# process, and the program never had to say which.
-#
+# The processes' devices form one mesh. Drawn as the ring runs on it: each device sends to
+# the next; a hop between devices of different processes crosses a process boundary over
+# gloo's TCP, the others stay inside a process, and the program never had to say which.
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+
+owner = across["owner"]
+p = len(owner)
+angle = np.pi / 2 - 2 * np.pi * np.arange(p) / p
+xy = np.c_[np.cos(angle), np.sin(angle)]
+colors = plt.get_cmap("tab10").colors
+fig, ax = plt.subplots(figsize=(4.2, 4.2))
+for i in range(p):
+  j = (i + 1) % p
+  crosses = owner[i] != owner[j]
+  ax.annotate("", xy=0.8 * xy[j] + 0.2 * xy[i], xytext=0.8 * xy[i] + 0.2 * xy[j],
+              arrowprops={"arrowstyle": "->", "lw": 2, "ls": "--" if crosses else "-",
+                          "color": "black" if crosses else "grey"})  # fmt: skip
+for i, (x, y) in enumerate(xy):
+  ax.scatter(x, y, s=900, color=colors[owner[i]], zorder=3)
+  ax.text(x, y, f"d{i}\np{owner[i]}", ha="center", va="center", fontsize=9, zorder=4)
+ax.set_title(
+  f"the ring on {p} devices of {max(owner) + 1} processes\n(dashed: over TCP)", fontsize=10
+)
+ax.set_xlim(-1.4, 1.4)
+ax.set_ylim(-1.4, 1.4)
+ax.set_aspect("equal")
+ax.axis("off")
+plt.show()
+hops = sum(owner[i] != owner[(i + 1) % p] for i in range(p))
+print(f"{hops} of the ring's {p} hops cross a process boundary")
+
+# %% [markdown]
 # ## 2 · Every algorithm across processes
 #
 # `allreduce-jax verify` under the same launcher checks every registered algorithm against
-# a NumPy oracle, here with the four devices spread over two processes (`hierarchical`
+# a NumPy oracle, here with the devices spread over the processes (`hierarchical`
 # runs one mesh axis per level: `inner` inside a process, `outer` across). Process 0
 # writes one JSON row per case.
 
@@ -234,6 +266,7 @@ CONCLUSION = {
   "processes": across["processes"],
   "devices": across["devices"],
   "ring_equals_psum": across["ring_equals_psum"],
+  "crossing_hops": hops,
   "passed": int(cases["passed"].sum()),
   "cases": len(cases),
   "algorithms": cases["algorithm"].nunique(),
@@ -242,7 +275,8 @@ CONCLUSION = {
 c = CONCLUSION
 print(
   f"{c['processes']} processes joined by jax.distributed ran one mesh of {c['devices']} "
-  f"devices: the hand-written ring equalled lax.psum bit for bit ({c['ring_equals_psum']}), "
+  f"devices, {c['crossing_hops']} of the ring's hops between processes: the hand-written ring "
+  f"equalled lax.psum bit for bit ({c['ring_equals_psum']}), "
   f"and {c['passed']} of {c['cases']} verify cases passed over {c['algorithms']} algorithms. "
   f"A killed participant ended the run and was named ({c['crash_named']}) instead of a hang."
 )

@@ -16,9 +16,9 @@
 # prices communication on both sides and adds the methods between the two ends (Local
 # SGD, DiLoCo, gossip).
 #
-# **Run time.** Full mode takes about 5 minutes on 2 CPU cores. Small mode
+# **Run time.** Full mode takes about 3 minutes on 2 CPU cores. Small mode
 # (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
-# JupyterLab) takes about 1 minute: fewer steps and updates, fewer staleness values, one
+# JupyterLab) takes a little over 1 minute: fewer steps and updates, fewer staleness values, one
 # seed, 4 workers between the ends. Small mode trains too briefly to separate the arms
 # between the ends; the closing cell says which sentences it cannot support.
 
@@ -329,7 +329,7 @@ price = pd.DataFrame(
   index=arm_names,
 )
 print(f"{BETWEEN_WORKERS} workers, {mlp_params:,} MLP parameters, link {Setup().network}")
-price.map(lambda v: f"{v:,.3g}")
+price.map(lambda v: f"{v:,.0f}" if v >= 100 else f"{v:.3g}")
 
 # %% [markdown]
 # Now train them all on one simulated clock: log-normal compute times with one worker 4×
