@@ -78,7 +78,10 @@ def keyword_only(n_positional: int, options: str):
   return wrap
 
 
-def _check_wire(wire: str | None, op: str, algorithm: str, dtype) -> _wire.WireFormat:
+def check_wire(wire: str | None, op: str, algorithm: str) -> _wire.WireFormat:
+  """The :class:`~allreduce_jax._wire.WireFormat` named ``wire`` after checking it suits
+  ``op`` and ``algorithm`` (whatever the data: ``all_reduce_tree`` checks it even when
+  no leaf is floating)."""
   fmt = _wire.get(wire)
   if not fmt.lossy:
     return fmt
@@ -92,8 +95,6 @@ def _check_wire(wire: str | None, op: str, algorithm: str, dtype) -> _wire.WireF
       f"algorithm={algorithm!r} cannot send in wire={wire!r} (it sends in"
       f" {list(ALGORITHMS[algorithm].wires)}); use a hand-written algorithm."
     )
-  if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
-    raise TypeError(f"wire={wire!r} needs a floating-point x, got dtype {jnp.dtype(dtype)}.")
   return fmt
 
 
@@ -159,12 +160,21 @@ def all_reduce(
   selections (the cotangent reaches the participant whose value was selected;
   under ``check_vma=False`` once per participant, i.e. p times).
 
+  Linearity: with ``wire=None``, ``op="sum"``/``"mean"`` is a linear map for every
+  algorithm: ``jax.linear_transpose`` and ``jax.vjp`` give ``lax.psum``'s/``pmean``'s
+  (tested in ``tests/test_linearity.py``). A lossy ``wire`` is not linear (it
+  rounds); its derivative is taken straight through: ``jax.grad``/``jax.jvp`` give
+  the exact all-reduce of the (co)tangent, i.e. ``lax.psum``'s gradient, never the
+  rounding's zeros. A ``bfloat16``/``float16`` ``x`` over a lossy wire is reduced in
+  float32 and rounded to its dtype once.
+
   Raises:
     ValueError: unknown ``op``, ``algorithm`` or ``wire``, unbound ``axis_name``,
       ``hierarchical`` without two axes, a lossy ``wire`` with ``op="max"``/``"min"``
       or with ``algorithm="psum"``.
     TypeError: options passed positionally, non-numeric dtype, integer ``mean``,
-      malformed ``axis_name``, a lossy ``wire`` on a non-float dtype.
+      malformed ``axis_name``, a ``wire`` that is not None or a string, a lossy
+      ``wire`` on a non-float dtype.
 
   Example:
     >>> import jax, jax.numpy as jnp
@@ -185,10 +195,22 @@ def all_reduce(
     with cost_model.use_params(cost_params):
       return all_reduce(x, axis_name, op=op, algorithm=algorithm, wire=wire)
   x = jnp.asarray(x)
-  reduction = get_op(op, x.dtype)
+  get_op(op, x.dtype)
   check_algorithm(algorithm)
-  _check_wire(wire, op, algorithm, x.dtype)
+  fmt = check_wire(wire, op, algorithm)
+  if fmt.lossy and not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(f"wire={wire!r} needs a floating-point x, got dtype {x.dtype}.")
   check_axis_name(axis_name, algorithm)
+  if isinstance(axis_name, list):
+    axis_name = tuple(axis_name)
+  if fmt.lossy:
+    return _lossy(x, axis_name, op, algorithm, wire)
+  return _reduce(x, axis_name, op, algorithm, None)
+
+
+def _reduce(x: jax.Array, axis_name: AxisName, op: str, algorithm: str, wire) -> jax.Array:
+  """The all-reduce itself, on checked arguments."""
+  reduction = get_op(op, x.dtype)
   p = _comm.size(axis_name)
   flat = x.reshape(-1)  # T[n]
   record = ALGORITHMS[algorithm]
@@ -206,6 +228,26 @@ def all_reduce(
   # Every participant holds the same bits: type the result like psum's (a no-op
   # under check_vma=False and for XLA's own collective).
   return as_invariant(out, axis_name)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1, 2, 3, 4))
+def _lossy(x: jax.Array, axis_name: AxisName, op: str, algorithm: str, wire: str) -> jax.Array:
+  """The all-reduce over a lossy wire. A float narrower than float32 (bfloat16,
+  float16) is reduced in float32 and rounded to its dtype once at the end: its
+  decoded messages (``q·s``, up to 23 significant bits) would not fit it, re-encoding
+  a forwarded value would then change it, and participants would drift apart."""
+  compute = jnp.float32 if jnp.finfo(x.dtype).bits < 32 else x.dtype
+  return _reduce(x.astype(compute), axis_name, op, algorithm, wire).astype(x.dtype)
+
+
+@_lossy.defjvp
+def _lossy_jvp(axis_name, op, algorithm, wire, primals, tangents):
+  # Straight-through: the rounding's derivative is zero almost everywhere, which
+  # would make every gradient through a lossy wire silently zero. The tangent is
+  # the exact all-reduce of the tangent instead (lax.psum's derivative; the same
+  # algorithm with wire=None), so jax.grad/jax.jvp give psum's values.
+  (x,), (t,) = primals, tangents
+  return _lossy(x, axis_name, op, algorithm, wire), _reduce(t, axis_name, op, algorithm, None)
 
 
 __all__ = ["ALGORITHMS", "OPS", "Algorithm", "all_reduce", "names", "register"]

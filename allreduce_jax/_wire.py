@@ -99,8 +99,13 @@ WIRES: tuple[str | None, ...] = tuple(FORMATS)
 
 
 def get(wire: str | None) -> WireFormat:
-  """The :class:`WireFormat` named ``wire``; ValueError naming the choices otherwise."""
-  if wire not in FORMATS or (wire is not None and not isinstance(wire, str)):
+  """The :class:`WireFormat` named ``wire``: TypeError if ``wire`` is neither None nor a
+  string (a list, say), ValueError naming the choices if it is an unknown name."""
+  if wire is not None and not isinstance(wire, str):
+    raise TypeError(
+      f"wire={wire!r} must be None or a string, one of {list(WIRES)}; got a {type(wire).__name__}."
+    )
+  if wire not in FORMATS:
     raise ValueError(f"wire={wire!r} is not supported; expected one of {list(WIRES)}.")
   return FORMATS[wire]
 

@@ -20,6 +20,7 @@ import optax
 from jax import lax
 
 from allreduce_jax import _comm
+from allreduce_jax._api import check_axis_name
 from allreduce_jax._comm import AxisName
 from allreduce_jax._invariant import as_invariant, varying_axes
 from allreduce_jax._ring import ring_all_gather
@@ -45,6 +46,19 @@ def _like(new: Any, old: Any, axis_name: AxisName) -> Any:
 
 def _zeros_f32(tree: Any) -> Any:
   return jax.tree.map(lambda a: jnp.zeros(jnp.shape(a), jnp.float32), tree)
+
+
+def _f32(a: jax.Array) -> jax.Array:
+  """A floating leaf narrower than float32 (bfloat16, float16) in float32."""
+  floating = jnp.issubdtype(a.dtype, jnp.floating) and jnp.finfo(a.dtype).bits < 32
+  return a.astype(jnp.float32) if floating else a
+
+
+def _mean_in_f32(tree: Any, axis_name: AxisName, algorithm: str) -> Any:
+  """The exact mean of every leaf, computed in float32 and rounded to the leaf's dtype
+  once (a bfloat16 sum rounds at every addition)."""
+  out = all_reduce_tree(jax.tree.map(_f32, tree), axis_name, op="mean", algorithm=algorithm)
+  return jax.tree.map(lambda o, g: o.astype(g.dtype), out, tree)
 
 
 # ----------------------------------------------------------------------------------------
@@ -102,6 +116,8 @@ def powersgd(
   start: one power iteration per step). The other leaves are averaged exactly, in the
   same all-reduce as the P's. Before ``start_step`` (DDP's ``start_powerSGD_iter``:
   compressing too early can steer training off) every leaf is averaged exactly.
+  Everything is computed in float32 (bfloat16/float16 leaves too) and each update is
+  rounded to its leaf's dtype once.
 
   - all-reduces per step: 2 (P's with the uncompressed leaves, then Q's)
   - bytes per compressed matrix: (n + m)·rank·4 instead of n·m·4
@@ -136,7 +152,7 @@ def powersgd(
     if compress:
       result = _powersgd_compressed(updates, state, axis_name, rank, algorithm, error_feedback)
     else:
-      out = all_reduce_tree(updates, axis_name, op="mean", algorithm=algorithm)
+      out = _mean_in_f32(updates, axis_name, algorithm)
       result = out, state.q, state.residual
     return _typed(result, updates, state, axis_name)
 
@@ -181,7 +197,7 @@ def _powersgd_compressed(updates, state, axis_name, rank, algorithm, error_feedb
   for k, (g, e) in enumerate(zip(leaves, residual)):
     j = which[k]
     if j is None:
-      out.append(first["plain"][k])
+      out.append(first["plain"][k].astype(g.dtype))
       new_residual.append(jnp.zeros_like(e))
       continue
     approx = p_hat[j] @ q_hat[j].T  # f32[n, m], the same on every participant
@@ -203,7 +219,7 @@ def _powersgd_local(leaves, residual, qs, rank: int, error_feedback: bool):
   for k, (g, e) in enumerate(zip(leaves, residual)):
     shape = _matrix_shape(tuple(g.shape), rank)
     if shape is None:
-      plain[k] = g
+      plain[k] = _f32(g)  # averaged in float32, rounded once
       which.append(None)
       continue
     m = (g.astype(jnp.float32) + (e if error_feedback else 0.0)).reshape(shape)  # f32[n, m]
@@ -278,20 +294,24 @@ def topk(
 
   def update_fn(updates: Any, state: TopKState, params: Any = None):
     del params
+    check_axis_name(axis_name, "ring")  # all_reduce's message for an unbound axis
     leaves, treedef = jax.tree.flatten(updates)
     residual = treedef.flatten_up_to(state.residual)
     p = _comm.size(axis_name)
     flats, packed, ks = [], [], []
     for g, e in zip(leaves, residual):
       c = g.reshape(-1).astype(jnp.float32) + (e.reshape(-1) if error_feedback else 0.0)
-      k = max(1, math.ceil(fraction * c.shape[0]))
+      k = min(c.shape[0], max(1, math.ceil(fraction * c.shape[0])))  # 0 for an empty leaf
       _, idx = lax.top_k(jnp.abs(c), k)  # i32[k]
       vals = c[idx]  # f32[k]
       flats.append(c)
       ks.append((k, idx))
       packed += [lax.bitcast_convert_type(vals, jnp.int32), idx.astype(jnp.int32)]
-    block = _comm.make_varying(jnp.concatenate(packed), axis_name)  # i32[2 Σk]
-    gathered = ring_all_gather(block, axis_name).reshape(p, -1)  # i32[p, 2 Σk]
+    if sum(k for k, _ in ks):
+      block = _comm.make_varying(jnp.concatenate(packed), axis_name)  # i32[2 Σk]
+      gathered = ring_all_gather(block, axis_name).reshape(p, -1)  # i32[p, 2 Σk]
+    else:  # nothing to send: every leaf is empty
+      gathered = jnp.zeros((p, 0), jnp.int32)
     out, new_residual, offset = [], [], 0
     for g, c, (k, idx) in zip(leaves, flats, ks):
       vals = lax.bitcast_convert_type(gathered[:, offset : offset + k], jnp.float32)

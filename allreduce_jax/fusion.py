@@ -16,9 +16,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from allreduce_jax import _comm, cost_model
-from allreduce_jax._api import all_reduce, check_axis_name, keyword_only
+from allreduce_jax._api import all_reduce, check_axis_name, check_wire, keyword_only
 from allreduce_jax._comm import AxisName
 from allreduce_jax._invariant import typed, varying_axes
+from allreduce_jax._ops import get_op
 from allreduce_jax.registry import check_algorithm
 
 
@@ -141,6 +142,8 @@ def all_reduce_tree(
         tree, axis_name, op=op, algorithm=algorithm, bucket_bytes=bucket_bytes, wire=wire
       )
   check_algorithm(algorithm)
+  get_op(op, jnp.float32)  # op and wire are checked whatever the leaves (none, or integers)
+  check_wire(wire, op, algorithm)
   check_axis_name(axis_name, algorithm)  # the same errors as all_reduce's, first
   leaves, treedef = jax.tree.flatten(tree)
   leaves = [jnp.asarray(leaf) for leaf in leaves]

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from allreduce_jax import _comm, _wire
-from allreduce_jax._api import check_axis_name, keyword_only
+from allreduce_jax._api import check_axis_name, check_wire, keyword_only
 from allreduce_jax._comm import AxisName
 from allreduce_jax._invariant import varying_axes
 from allreduce_jax._ops import OPS
@@ -115,7 +115,9 @@ def all_reduce_gradients(
     error_feedback: keyword-only; with a lossy ``wire``, add to each gradient what
       the format dropped from this participant's previous contribution,
       ``c = g + e``, and keep ``e ← c − roundtrip(c)`` (the format's encoding of each
-      leaf once: the participant's own share of the error). The state is then an
+      leaf once: the participant's own share of the error). Floating leaves only,
+      and only when something is sent: at p = 1 and for integer leaves (which
+      travel exact) the residual stays zero. The state is then an
       :class:`ErrorFeedbackState` instead of ``optax.EmptyState``.
     cost_params: keyword-only; parameters for ``algorithm="auto"``.
 
@@ -178,9 +180,7 @@ def _check_options(op: str, algorithm: str, wire: str | None, error_feedback: bo
   if op not in OPS:
     raise ValueError(f"op={op!r} is not supported; expected one of {OPS}.")
   check_algorithm(algorithm)
-  fmt = _wire.get(wire)
-  if fmt.lossy and op not in ("sum", "mean"):
-    raise ValueError(f"op={op!r} with wire={wire!r}: a lossy wire format is for sum/mean.")
+  fmt = check_wire(wire, op, algorithm)
   if error_feedback and not fmt.lossy:
     raise ValueError(
       "error_feedback=True needs a lossy wire (wire='bf16', 'int8' or 'fp8'): an exact"
@@ -203,19 +203,29 @@ def _refuse_reduced(updates: Any, axis_name: AxisName, algorithm: str, op: str) 
 
 def _error_feedback(updates: Any, residual: Any, fmt, axis_name: AxisName) -> tuple[Any, Any]:
   """``(c, e')``: ``c = g + e`` in each gradient's dtype (what is all-reduced) and
-  ``e' = c − roundtrip(c)``, typed like the incoming residual."""
+  ``e' = (g + e) − roundtrip(c)`` (what the format and the cast to ``g``'s dtype
+  dropped), typed like the incoming residual. Where nothing is dropped the residual
+  stays zero: at p = 1 (nothing is sent) and for integer leaves (they travel exact,
+  so they get no float residual either)."""
   axes = set(_comm.axes_tuple(axis_name))
+  sent = _comm.size(axis_name) > 1
+
+  def lossy(g):
+    return sent and jnp.issubdtype(g.dtype, jnp.floating)
 
   def corrected(g, e):  # c = g + e, in g's dtype for the all-reduce
-    return (g.astype(jnp.float32) + e).astype(g.dtype)
+    return (g.astype(jnp.float32) + e).astype(g.dtype) if lossy(g) else g
 
-  def left(c, e):  # e <- c - roundtrip(c), typed like the incoming residual
-    flat = c.reshape(-1).astype(jnp.float32)
-    r = (flat - _wire.roundtrip(fmt, flat)).reshape(c.shape)
+  def left(g, c, e):  # e <- (g + e) - roundtrip(c), typed like the incoming residual
+    if not lossy(g):
+      r = jnp.zeros(g.shape, jnp.float32)
+    else:
+      flat = c.reshape(-1).astype(jnp.float32)
+      r = g.astype(jnp.float32) + e - _wire.roundtrip(fmt, flat).reshape(g.shape)
     return _comm.make_varying(r, axis_name) if axes <= varying_axes(e) else r
 
   c = jax.tree.map(corrected, updates, residual)
-  return c, jax.tree.map(left, c, residual)
+  return c, jax.tree.map(left, updates, c, residual)
 
 
 __all__ = ["AlreadyReducedError", "ErrorFeedbackState", "all_reduce_gradients"]

@@ -20,16 +20,16 @@ from allreduce_jax.devices import submesh
 PARTS = 4
 
 
-def _stack(tree):
-  return jax.tree.map(lambda a: np.broadcast_to(np.asarray(a), (PARTS, *np.shape(a))).copy(), tree)
+def _stack(tree, parts=PARTS):
+  return jax.tree.map(lambda a: np.broadcast_to(np.asarray(a), (parts, *np.shape(a))).copy(), tree)
 
 
-def _steps(tx, grads_per_step, params, check_vma=True):
+def _steps(tx, grads_per_step, params, check_vma=True, parts=PARTS):
   """Runs ``tx.update`` on per-participant gradients (leaves ``[steps, p, ...]``) for
   each step inside one shard_map; returns (updates ``[steps, p, ...]``, final state)."""
-  mesh = submesh((PARTS,), ("d",))
+  mesh = submesh((parts,), ("d",))
   spec = NamedSharding(mesh, P("d"))
-  state = jax.device_put(_stack(tx.init(params)), spec)
+  state = jax.device_put(_stack(tx.init(params), parts), spec)
 
   def body(g_all, s):  # g_all leaves: T[steps, 1, ...]; s leaves: T[1, ...]
     s = jax.tree.map(lambda a: a[0], s)
@@ -166,3 +166,68 @@ def test_multisteps_nnx_state_and_bfloat16():
       assert leaf.dtype == dtype
       assert not leaf[0].any() and leaf[1].any()  # MultiSteps emits every 2nd step
       assert all(np.array_equal(leaf[1, 0], leaf[1, i]) for i in range(PARTS))
+
+
+# ------------------------------------------------------- bad input on the compression surfaces
+
+
+@pytest.mark.parametrize("wire", ["int8", "bf16"])
+def test_error_feedback_keeps_a_zero_residual_where_nothing_is_dropped(wire):
+  # p = 1 sends nothing: the updates are the gradients at every step, the residual 0.
+  rng = np.random.default_rng(6)
+  g = (rng.standard_normal((3, 1, 300)) * 0.777).astype(np.float32)
+  params = {"w": np.zeros(300, np.float32)}
+  tx = all_reduce_gradients("d", wire=wire, error_feedback=True)
+  us, state = _steps(tx, {"w": g}, params, parts=1)
+  assert np.array_equal(us["w"], g)
+  assert not state.residual["w"].any()
+  # An integer leaf travels exact: its sums are exact at every step, no float residual.
+  gi = np.arange(3 * PARTS * 5, dtype=np.int32).reshape(3, PARTS, 5)
+  gf = rng.standard_normal((3, PARTS, 300)).astype(np.float32) / 3
+  params = {"i": np.zeros(5, np.int32), "w": np.zeros(300, np.float32)}
+  tx = all_reduce_gradients("d", op="sum", wire=wire, error_feedback=True)
+  us, state = _steps(tx, {"i": gi, "w": gf}, params, check_vma=False)
+  assert (us["i"] == gi.sum(1, keepdims=True)).all()
+  assert not state.residual["i"].any() and state.residual["w"].any()
+
+
+def test_powersgd_on_bfloat16_rounds_once():
+  # Averaged in float32 and rounded to bfloat16 once: within 2^-8 of the exact mean,
+  # for a leaf averaged exactly (too small to compress) and a compressed one whose
+  # mean is exactly rank 1 (each participant holds a power-of-two multiple of it).
+  rng = np.random.default_rng(1)
+  small = (rng.standard_normal((PARTS, 4, 4)) * rng.uniform(0.5, 2, (PARTS, 1, 1))).astype(
+    jnp.bfloat16
+  )
+  u, v = rng.choice([1.0, -3.0, 0.5], (64, 1)), rng.choice([1.0, 2.5, -0.75], (1, 48))
+  big = np.stack([(u @ v) * c for c in (0.5, 0.5, 1.0, 2.0)]).astype(jnp.bfloat16)
+  params = {"small": np.zeros((4, 4), jnp.bfloat16), "big": np.zeros((64, 48), jnp.bfloat16)}
+  for start_step in (0, 1):
+    us, _ = _steps(
+      powersgd("d", rank=1, start_step=start_step), {"small": small[None], "big": big[None]}, params
+    )
+    for name, g in (("small", small), ("big", big)):
+      want = np.asarray(g, np.float64).mean(0)
+      got = np.asarray(us[name][0], np.float64)
+      assert us[name].dtype == jnp.bfloat16
+      assert (np.abs(got - want) <= 2.0**-8 * np.abs(want)).all(), (name, start_step)
+
+
+def test_topk_takes_an_empty_leaf_and_names_an_unbound_axis():
+  rng = np.random.default_rng(7)
+  g = {"empty": np.zeros((1, PARTS, 0), np.float32), "w": rng.standard_normal((1, PARTS, 8))}
+  g["w"] = g["w"].astype(np.float32)
+  params = {"empty": np.zeros(0, np.float32), "w": np.zeros(8, np.float32)}
+  us, state = _steps(topk("d", fraction=0.25), g, params)
+  assert us["empty"].shape == (1, PARTS, 0) and state.residual["empty"].shape == (PARTS, 0)
+  kept = np.zeros((PARTS, 8), np.float32)
+  for i in range(PARTS):
+    top = np.argsort(-np.abs(g["w"][0, i]), kind="stable")[:2]
+    kept[i, top] = g["w"][0, i, top]
+  np.testing.assert_allclose(us["w"][0, 0], kept.mean(0), rtol=1e-6)
+  only_empty, _ = _steps(topk("d"), {"e": g["empty"]}, {"e": params["empty"]})
+  assert only_empty["e"].shape == (1, PARTS, 0)
+  with pytest.raises(
+    ValueError, match=r"axis_name 'data' is not bound here; .*Bound axes: \('d',\)"
+  ):
+    _steps(topk("data"), g, params)
