@@ -140,3 +140,132 @@ def test_devices_per_process_under_a_cluster_launcher():
   assert cpu_devices_from_env({"OMPI_COMM_WORLD_SIZE": "2", "SLURM_CPUS_PER_TASK": "2"}) is None
   with pytest.raises(ValueError, match="SLURM_CPUS_PER_TASK"):
     cpu_devices_from_env({**step, "SLURM_CPUS_PER_TASK": "two"})
+
+
+# ---- the emulated cluster under each launcher ---------------------------------------
+
+PROBE = """
+import os, socket, sys, time
+import numpy as np
+from allreduce_jax import distributed
+distributed.initialize_from_env()
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+from allreduce_jax import all_reduce
+p = jax.device_count()
+mesh = jax.make_mesh((p,), ("i",))
+data = np.arange(p * 5, dtype=np.float32).reshape(p, 5)
+x = jax.make_array_from_callback(data.shape, NamedSharding(mesh, P("i")), lambda i: data[i])
+ring = jax.jit(jax.shard_map(lambda b: all_reduce(b, "i", algorithm="ring"), mesh=mesh,
+                             in_specs=P("i"), out_specs=P("i")))
+y = ring(x)
+ok = all(np.array_equal(np.asarray(s.data)[0], data.sum(0)) for s in y.addressable_shards)
+print("probe", socket.gethostname(), jax.process_index(), jax.process_count(),
+      jax.local_device_count(), "ok" if ok else "WRONG", flush=True)
+if sys.argv[1:] == ["sleep"]:
+  time.sleep(120)
+"""
+
+
+def _cluster_problem(name: str) -> str | None:
+  from allreduce_jax import netns
+  from allreduce_jax.tools import engines
+
+  return netns.root_problem() or engines.problem(name, rootless=False)
+
+
+def _marked(mark: str) -> list[int]:
+  """Live processes whose environment carries ``mark`` (the run's own variable)."""
+  found = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      if mark.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        found.append(int(pid))
+    except OSError:
+      continue
+  return found
+
+
+def _cluster(name: str, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str, dict]:
+  why = _cluster_problem(name)
+  if why:
+    pytest.skip(f"cluster --launcher {name}: {why}")
+  script = tmp_path / "probe.py"
+  script.write_text(PROBE)
+  mark = f"ARJ_ENGINE_TEST={tmp_path.name}"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLREDUCE_JAX_CLUSTER_CONCURRENT": "1",
+         "TMPDIR": str(tmp_path), mark.split("=")[0]: tmp_path.name}  # fmt: skip
+  argv = [*ALLREDUCE_JAX, "cluster", "--hosts", "2", "--devices-per-host", "2", "--launcher",
+          name, "--", sys.executable, str(script), *args]  # fmt: skip
+  proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)  # fmt: skip
+  return proc, mark, env
+
+
+def _nothing_left(proc: subprocess.Popen, mark: str, tmp_path: Path, err: str) -> None:
+  import time
+
+  from allreduce_jax import netns
+
+  tag = re.search(r"namespaces (arj-\d+)-", err).group(1)
+  assert netns.leftovers(tag) == []
+  deadline = time.monotonic() + 10  # killed daemons are zombies for a moment
+  while _marked(mark) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  assert _marked(mark) == []  # no daemon, orted, slurmstepd or task
+  assert [p.name for p in tmp_path.iterdir() if p.name != "probe.py"] == []  # no spool, key
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("name", ["mpirun", "slurm"])
+def test_cluster_under_a_launcher_runs_on_every_host_and_leaves_nothing(name, tmp_path):
+  proc, mark, _ = _cluster(name, tmp_path)
+  try:
+    out, err = proc.communicate(timeout=180)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+  assert proc.returncode == 0, out[-2000:] + err[-3000:]
+  probes = sorted(line for line in out.splitlines() if line.startswith("probe"))
+  assert probes == ["probe host0 0 2 2 ok", "probe host1 1 2 2 ok"], out[-2000:]
+  _nothing_left(proc, mark, tmp_path, err)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize(
+  "name, named",
+  [
+    ("mpirun", r"process rank 1 with PID \d+ on node 10\.213\.0\.2 exited on signal 9"),
+    ("slurm", r"srun: error: host1: task 1: Killed"),
+  ],
+)
+def test_a_host_killed_under_a_launcher_is_named_and_nothing_is_left(name, named, tmp_path):
+  import time
+
+  proc, mark, _ = _cluster(name, tmp_path, "sleep")
+  try:
+    deadline = time.monotonic() + 150
+    lines = []
+    while not any(line.startswith("probe host1") for line in lines):
+      assert time.monotonic() < deadline and proc.poll() is None, "".join(lines)
+      lines.append(proc.stdout.readline())
+    rank = "SLURM_PROCID=1" if name == "slurm" else "OMPI_COMM_WORLD_RANK=1"
+    victims = [
+      pid for pid in _marked(mark)
+      if rank.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+      and b"probe.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]  # fmt: skip
+    assert len(victims) == 1
+    t0 = time.monotonic()
+    os.kill(victims[0], 9)
+    out, err = proc.communicate(timeout=60)
+    elapsed = time.monotonic() - t0
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+  assert proc.returncode != 0
+  assert re.search(named, out + err), (out + err)[-3000:]
+  assert elapsed < 20, f"took {elapsed:.1f} s"
+  _nothing_left(proc, mark, tmp_path, err)

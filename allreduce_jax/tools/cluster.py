@@ -54,6 +54,8 @@ import sys
 from pathlib import Path
 
 from allreduce_jax import netns, units
+from allreduce_jax.tools import engines
+from allreduce_jax.tools import faults as fault_lib
 from allreduce_jax.tools import launch as launcher
 from allreduce_jax.tools._args import output_dir
 
@@ -166,6 +168,7 @@ def cluster(
   counters_path: str | None = None,
   concurrent: bool = False,
   rootless: bool | None = None,
+  engine: str = "builtin",
   err=None,
   **launch_options,
 ) -> int:
@@ -173,12 +176,16 @@ def cluster(
   ``launch_options``), removes the cluster; waits first while another cluster runs
   unless ``concurrent``. ``rootless``: build it in a user namespace of this user's own
   (:class:`~allreduce_jax.netns.UserNamespace`) rather than as root on the machine;
-  None: as root where this process can, else rootless. Returns the launcher's status; raises
+  None: as root where this process can, else rootless. ``engine``: who starts the hosts'
+  processes, ``builtin`` (:func:`launch.launch`), ``mpirun`` or ``slurm``
+  (:mod:`allreduce_jax.tools.engines`). Returns the launcher's status; raises
   ``ValueError`` (bad option, one line naming it), ``netns.ClusterError`` (no
   privilege, a failed build) or ``launch.LaunchError``."""
   err = err or sys.stderr
   if devices_per_host < 1:
     raise ValueError(f"--devices-per-host must be at least 1, got {devices_per_host}.")
+  if engine not in engines.LAUNCHERS:
+    raise ValueError(f"--launcher must be one of {', '.join(engines.LAUNCHERS)}, got {engine!r}.")
   rate = units.parse_rate(link, "--link")
   plan = netns.plan(
     network,
@@ -192,12 +199,14 @@ def cluster(
   launcher.command_argv(list(command))  # a missing command: before anything is built
   rootless, problem = netns.choose(rootless)
   problem = problem or netns.congestion_control_problem(congestion_control)
+  problem = problem or engines.problem(engine, rootless)
   if problem:
     raise netns.ClusterError(problem)
   with _one_at_a_time(concurrent, err):
     return _run(
-      command, hosts, plan, rate, rootless, devices_per_host, counters_path, err, launch_options
-    )
+      command, hosts, plan, rate, rootless, devices_per_host, counters_path, err,
+      {**launch_options, "engine": engine},
+    )  # fmt: skip
 
 
 def _run(
@@ -236,16 +245,11 @@ def _hosts(command, hosts, plan, rate, devices_per_host, counters_path, err, lau
     flush=True,
   )
   before = netns.counters(plan)
-  rc = launcher.launch(
-    command,
-    hosts,
-    local_devices=devices_per_host,
-    coordinator=f"{plan.addresses[0]}:{PORT}",
-    host_argv=lambda rank: netns.host_argv(plan, rank),
-    label="cluster",
-    err=err,
-    **launch_options,
-  )
+  engine = launch_options.pop("engine", "builtin")
+  if engine != "builtin":
+    rc = engines.run(engine, plan, command, devices_per_host, launch_options.get("timeout"), err)
+  else:
+    rc = _launch_builtin(command, hosts, plan, devices_per_host, err, launch_options)
   if counters_path:
     after = netns.counters(plan)
     rows = [
@@ -256,6 +260,45 @@ def _hosts(command, hosts, plan, rate, devices_per_host, counters_path, err, lau
       json.dumps({"network": plan.network, "rate": rate, "hosts": rows}, indent=1) + "\n"
     )
   return rc
+
+
+def _launch_builtin(command, hosts, plan, devices_per_host, err, launch_options) -> int:
+  """The hosts' processes under :func:`launch.launch_restarting`: ``--restarts`` starts
+  them again after a failure (``--elastic``: on the surviving hosts, the coordinator on
+  the first of them), ``--fault`` specs are applied during the first attempt and
+  carried in every row's network description."""
+  options = dict(launch_options)
+  faults = [
+    f if isinstance(f, fault_lib.Fault) else fault_lib.parse(f, hosts)
+    for f in options.pop("faults", None) or ()
+  ]
+  injector = (
+    fault_lib.Injector(plan, faults, PORT, err, options.get("log_dir")) if faults else None
+  )
+
+  def host_argv(host: int) -> list[str]:
+    argv = netns.host_argv(plan, host)
+    if faults:  # the network description (last word, NAME=JSON) names the faults too
+      name, _, desc = argv[-1].partition("=")
+      desc = {**json.loads(desc), "faults": [f.spec for f in faults]}
+      argv = [*argv[:-1], f"{name}={json.dumps(desc, sort_keys=True)}"]
+    return argv
+
+  def place(alive: list[int], attempt: int) -> dict:
+    return {
+      "coordinator": f"{plan.addresses[alive[0]]}:{PORT + attempt}",
+      "host_argv": lambda rank: host_argv(alive[rank]),
+      "local_devices": devices_per_host,
+      "on_start": injector.start if injector is not None and attempt == 0 else None,
+    }
+
+  try:
+    return launcher.launch_restarting(
+      command, hosts, place=place, label="cluster", err=err, **options
+    )
+  finally:
+    if injector is not None:
+      injector.close()
 
 
 def _down(prog: str, everything: bool = False) -> int:
@@ -336,7 +379,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     help="build the cluster in a user namespace of your own, as when not root (it is how"
     " a user without root runs: chosen by itself there; nothing of it shows on the machine)",
   )
+  parser.add_argument(
+    "--launcher",
+    default="builtin",
+    choices=engines.LAUNCHERS,
+    help="who starts the hosts' processes: builtin (the default; names a dead or stuck host),"
+    " mpirun (Open MPI, its daemons started in each host through an rsh agent) or slurm (a"
+    " private SLURM, one slurmd per host; srun -c DEVICES); root only",
+  )
   launcher.add_launch_options(parser, "host")
+  parser.add_argument(
+    "--fault",
+    action="append",
+    default=[],
+    metavar="SPEC",
+    help="inject a fault T seconds after the hosts joined (repeatable): kill:H@T (SIGKILL"
+    " host H), stop:H@T (SIGSTOP), link:H=RATE@T (its links' rate), down:H@T+D (its links"
+    " down D seconds), cpu:H=FRACTION@T (a cgroup CPU quota, FRACTION of a core)",
+  )
   parser.add_argument(
     "command",
     nargs=argparse.REMAINDER,
@@ -358,6 +418,7 @@ def run(args: argparse.Namespace) -> int:
   if args.log_dir:
     output_dir(args.log_dir, "--log-dir")
   try:
+    faults = [fault_lib.parse(spec, args.hosts) for spec in args.fault]
     return cluster(
       args.command,
       args.hosts,
@@ -371,7 +432,9 @@ def run(args: argparse.Namespace) -> int:
       counters_path=args.counters,
       concurrent=args.concurrent or os.environ.get(ENV_CONCURRENT, "") not in ("", "0"),
       rootless=True if args.rootless else None,
+      engine=args.launcher,
       **launcher.launch_options(args),
+      faults=faults,
     )
   except (ValueError, launcher.LaunchError) as e:
     print(f"{prog}: {e}", file=sys.stderr)

@@ -262,7 +262,11 @@ class Slurm:
       if proc.poll() is not None:
         raise SlurmError(f"{name} exited with status {proc.returncode}: {self._tail(name)}")
     res = subprocess.run(
-      ["sinfo", "-h", "-N", "-o", "%N %t"], env=self.env, capture_output=True, text=True, timeout=30
+      [*self.controller.enter, "sinfo", "-h", "-N", "-o", "%N %t"],
+      env=self.env,
+      capture_output=True,
+      text=True,
+      timeout=30,
     )
     states = dict(line.split() for line in res.stdout.splitlines() if line.strip())
     return res.returncode == 0 and all(states.get(n.name) == "idle" for n in self.nodes)
@@ -286,7 +290,7 @@ class Slurm:
       return []
     with contextlib.suppress(OSError, subprocess.TimeoutExpired):
       if any(name == "slurmctld" and p.poll() is None for name, p in self._daemons):
-        subprocess.run(["scancel", "--full", "-u", "root"], env=self.env, capture_output=True,
+        subprocess.run([*self.controller.enter, "scancel", "--full", "-u", "root"], env=self.env, capture_output=True,
                        timeout=10)  # fmt: skip
     for _, proc in reversed(self._daemons):
       if proc.poll() is None:
