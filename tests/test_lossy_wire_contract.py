@@ -25,7 +25,6 @@ from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import all_reduce, all_reduce_gradients, all_reduce_tree, names
 from allreduce_jax.devices import submesh
-from allreduce_jax.tools import verify
 
 NP = 4
 LOSSY = ("bf16", "int8", "fp8")
@@ -88,16 +87,17 @@ def test_gradients_through_a_lossy_wire_are_psums(wire, check_vma):
   x = (np.arange(1.0, 2 * NP + 1, dtype=np.float32) * 0.37).reshape(NP, 2)
   w = jnp.asarray([1.5, -2.0], jnp.float32)
 
+  def reducer(name, op):
+    if name == "lax":
+      return lambda t: lax.psum(t, "r") if op == "sum" else lax.pmean(t, "r")
+    return lambda t: all_reduce(t, "r", op=op, algorithm=name, wire=wire)
+
   def body(b):  # b: f32[2]
     out = {}
     for name in ("lax", *HAND_WRITTEN):
       for op in ("sum", "mean"):
-        if name == "lax":
-          red = lambda t, op=op: lax.psum(t, "r") if op == "sum" else lax.pmean(t, "r")
-        else:
-          red = lambda t, op=op, name=name: all_reduce(t, "r", op=op, algorithm=name, wire=wire)
-        loss = lambda t, red=red: jnp.sum(red(t * t) * w)  # noqa: E731
-        out[name, op, "grad"] = jax.grad(loss)(b)
+        red = reducer(name, op)
+        out[name, op, "grad"] = jax.grad(lambda t, red=red: jnp.sum(red(t * t) * w))(b)
         out[name, op, "jvp"] = jax.jvp(red, (b,), (b * 2,))[1]
     return out
 
@@ -116,7 +116,7 @@ def test_a_wire_that_is_not_a_name_is_one_line_naming_wire():
     "all_reduce_tree": lambda t: all_reduce_tree(t, "r", wire=["int8"]),
     "all_reduce_gradients": lambda t: all_reduce_gradients("r", wire=["int8"]),
   }
-  for name, call in calls.items():
+  for call in calls.values():
     f = jax.shard_map(call, mesh=mesh, in_specs=P("r"), out_specs=P("r"))
     with pytest.raises(TypeError, match=r"^wire=\['int8'\] must be None or a string"):
       f(g)
