@@ -20,7 +20,7 @@
 # **Run time.** Full mode (to p = 16384) takes about 2½ minutes on 2 CPU cores; the
 # schedules at the largest p have millions of messages. Small mode
 # (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
-# JupyterLab) stops at p = 256 and prices three sizes instead of four, in about 20
+# JupyterLab) stops at p = 256 and prices three sizes instead of four, in 10–20
 # seconds; the published comparisons at the end then run at p = 256 and 1536 instead of
 # 4096 and 24576, so their factors are smaller.
 

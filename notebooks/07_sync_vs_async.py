@@ -18,7 +18,7 @@
 #
 # **Run time.** Full mode takes about 3 minutes on 2 CPU cores. Small mode
 # (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
-# JupyterLab) takes a little over 1 minute: fewer steps and updates, fewer staleness values, one
+# JupyterLab) takes 30–80 seconds, depending on what else runs: fewer steps and updates, fewer staleness values, one
 # seed, 4 workers between the ends. Small mode trains too briefly to separate the arms
 # between the ends; the closing cell says which sentences it cannot support.
 

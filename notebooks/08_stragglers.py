@@ -12,7 +12,7 @@
 #
 # **Run time.** Full mode takes about 2 minutes on 2 CPU cores. Small mode
 # (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
-# JupyterLab) takes about half a minute: fewer simulated steps, 4 workers instead of 8, a
+# JupyterLab) takes 20–40 seconds: fewer simulated steps, 4 workers instead of 8, a
 # shorter training budget, one seed, and a smaller phase grid (the run prints it). Every
 # sentence below is computed from the run; where small mode is too small to support one,
 # the text says so.
