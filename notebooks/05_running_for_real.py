@@ -5,7 +5,7 @@
 # processes — one per host, or one per GPU — joined into a single JAX runtime by
 # `jax.distributed.initialize`: gloo over TCP between CPU processes, NCCL between GPUs,
 # ICI/DCN on TPU pods. The hand-written algorithms are the same `shard_map` code either
-# way. Here we write a ten-line program that all-reduces across processes, start it as
+# way. Here we write a short program that all-reduces across processes, start it as
 # real processes on this machine with `allreduce-jax launch`, verify every algorithm
 # across process boundaries, kill a participant on purpose, and finally time the ring on
 # an emulated network of hosts with links shaped to a known rate (`allreduce-jax
