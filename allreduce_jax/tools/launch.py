@@ -51,6 +51,12 @@ from allreduce_jax.tools._args import output_dir
 
 POLL_S = 0.05
 
+#: Set in every process that ``--elastic`` starts: a restart may have fewer processes
+#: than the first run (``train sync`` then trains on the devices left).
+ENV_ELASTIC = "ALLREDUCE_JAX_ELASTIC"
+#: The attempt a process belongs to: 0, then 1.. for each ``--restarts`` restart.
+ENV_RESTART = "ALLREDUCE_JAX_RESTART"
+
 
 class LaunchError(Exception):
   """A launch that cannot start (bad arguments, port in use...)."""
@@ -362,6 +368,9 @@ def launch(
   err=None,
   host_argv=None,
   label: str = "launch",
+  extra_env: dict[str, str] | None = None,
+  report: dict | None = None,
+  on_start=None,
 ) -> int:
   """Runs ``command`` in ``num_processes`` local processes joined by ``jax.distributed``.
 
@@ -378,6 +387,11 @@ def launch(
   namespace; each step must exec the next, so the pid the launcher watches is the
   program's). With it, ``coordinator`` is an address on process 0's host and is not
   checked from here. ``label`` starts the launcher's own messages.
+
+  ``extra_env``: set in every process; ``report``: a dict that receives
+  ``failed_rank`` (the process named, if any), ``interrupted`` (the launcher itself
+  was stopped) and ``seconds``; ``on_start(pids, t0)``: called once every process has
+  started (``pids[rank]``, ``t0`` on ``time.monotonic``'s clock) before supervision.
   """
   out = out or sys.stdout
   err = err or sys.stderr
@@ -417,22 +431,28 @@ def launch(
         shutdown_timeout,
         heartbeat_timeout,
       )
+      env.update(extra_env or {})
       child = _spawn(rank, [*host_argv(rank), *argv] if host_argv else argv, env, logs)
       child.shown = rank in shown
       _tell(watchdog, str(child.proc.pid))  # its process group id (a new session)
       children.append(child)
     (logs / "pids.json").write_text(json.dumps({c.rank: c.proc.pid for c in children}))
-    failure, code = _supervise(children, t0, timeout, out, prefix=output == "all")
+    if on_start is not None:
+      on_start([c.proc.pid for c in children], t0)
+    failure, code = _supervise(children, t0, timeout, out, prefix=output == "all", report=report)
   except LaunchError:
     if made:
       shutil.rmtree(logs, ignore_errors=True)
     raise
   except KeyboardInterrupt:
     failure, code = "interrupted (Ctrl-C); stopping all processes.", 130
+    _note(report, interrupted=True)
   except _Terminated as e:
     failure = f"got {signal.Signals(e.signum).name}; stopping all processes."
     code = 128 + e.signum
+    _note(report, interrupted=True)
   finally:
+    _note(report, seconds=time.monotonic() - t0)
     if failure:
       print(f"{label}: {failure}", file=err, flush=True)
     also = _stop(children, stop_grace)
@@ -454,6 +474,68 @@ def launch(
     flush=True,
   )
   return 0
+
+
+def launch_restarting(
+  command: list[str],
+  num_processes: int,
+  *,
+  restarts: int = 0,
+  elastic: bool = False,
+  place=None,
+  log_dir: str | os.PathLike | None = None,
+  label: str = "launch",
+  err=None,
+  **options,
+) -> int:
+  """:func:`launch`, started again after a failure up to ``restarts`` times (torchrun's
+  ``--max-restarts``): every process is stopped and the whole job starts afresh (a
+  program that saves checkpoints, such as ``train sync --checkpoint-dir``, resumes from
+  its newest). ``elastic``: a restart leaves out the process that was named and runs
+  on the survivors (ranks renumbered), and every process sees ``$ALLREDUCE_JAX_ELASTIC``.
+  A launcher stopped by Ctrl-C or SIGTERM is not restarted.
+
+  ``place(alive, attempt) -> dict``: the :func:`launch` options that put the processes
+  of ``alive`` (the original ranks still in the job) where they belong (a cluster's
+  ``host_argv`` and ``coordinator``); None: this machine. Each restart's logs go to
+  ``log_dir/restart-K``. Returns the last attempt's status.
+  """
+  err = err or sys.stderr
+  if restarts < 0:
+    raise LaunchError(f"--restarts must be at least 0, got {restarts}.")
+  alive = list(range(num_processes))
+  t0 = time.monotonic()
+  for attempt in range(restarts + 1):
+    report: dict = {}
+    env = {ENV_RESTART: str(attempt), **({ENV_ELASTIC: "1"} if elastic else {})}
+    logs = log_dir if log_dir is None or attempt == 0 else Path(log_dir) / f"restart-{attempt}"
+    rc = launch(
+      command,
+      len(alive),
+      log_dir=logs,
+      label=label,
+      err=err,
+      extra_env=env,
+      report=report,
+      **(place(alive, attempt) if place else {}),
+      **options,
+    )
+    if rc == 0 or attempt == restarts or report.get("interrupted"):
+      return rc
+    failed = report.get("failed_rank")
+    who = f"process {alive[failed]}" if failed is not None else "a process"
+    if elastic and failed is not None:
+      if len(alive) == 1:
+        return rc
+      alive.pop(failed)
+    print(
+      f"{label}: restart {attempt + 1} of {restarts} after {who} failed"
+      f" ({time.monotonic() - t0:.1f} s since the start): {len(alive)} process(es)"
+      + (f", original ranks {', '.join(map(str, alive))} (--elastic)" if elastic else ""),
+      file=err,
+      flush=True,
+    )
+  return rc
 
 
 def _check_options(num_processes, local_devices, timeout, shutdown_timeout, heartbeat_timeout):
@@ -514,14 +596,19 @@ def _spawn(rank: int, argv: list[str], env: dict, logs: Path) -> _Child:
   return _Child(rank, proc, log)
 
 
-def _supervise(children, t0, timeout, out, prefix: bool) -> tuple[str | None, int]:
+def _note(report: dict | None, **facts) -> None:
+  if report is not None:
+    report.update(facts)
+
+
+def _supervise(children, t0, timeout, out, prefix: bool, report=None) -> tuple[str | None, int]:
   """Polls until every process exited 0 (``(None, 0)``), one failed (its message and
   status) or ``timeout`` passed (the stuck ones named, 124)."""
   while True:
     _stream(children, out, prefix=prefix)
     newly = _reap(children, t0)
     if newly:
-      return _failure(children, newly, t0)
+      return _failure(children, newly, t0, report)
     if all(c.rc == 0 for c in children):
       return None, 0
     if timeout is not None and time.monotonic() - t0 > timeout:
@@ -529,7 +616,7 @@ def _supervise(children, t0, timeout, out, prefix: bool) -> tuple[str | None, in
     time.sleep(POLL_S)
 
 
-def _failure(children, newly, t0) -> tuple[str, int]:
+def _failure(children, newly, t0, report=None) -> tuple[str, int]:
   """The message and status of a failed run: collects the failures that follow within
   SETTLE_S (a dead process's peers fail with connection errors at once), then names the
   first that is not one of those."""
@@ -539,12 +626,14 @@ def _failure(children, newly, t0) -> tuple[str, int]:
     time.sleep(POLL_S)
     newly += _reap(children, t0)
   first = _culprit(newly)
+  _note(report, failed_rank=first.rank, failed_after_s=first.ended)
   failure = (
     f"process {first.rank} of {num_processes} (pid {first.proc.pid}) {_status(first.rc)}"
     f" after {first.ended:.1f} s; stopping the other processes. Its log: {first.log}"
   )
   stopped = [c for c in children if c.rc is None and _state(c.proc.pid) == "T"]
   if stopped:  # e.g. SIGSTOP: its peers' heartbeat check gave up on it
+    _note(report, failed_rank=stopped[0].rank)
     names = ", ".join(f"{c.rank} (pid {c.proc.pid})" for c in stopped)
     failure = (
       f"process {names} of {num_processes} is stopped (SIGSTOP?) and stopped"
@@ -735,6 +824,20 @@ def add_launch_options(parser: argparse.ArgumentParser, who: str = "process") ->
     default=None,
     help=f"seconds without a heartbeat after which JAX declares a {who} dead (default: JAX's, 100)",
   )
+  parser.add_argument(
+    "--restarts",
+    type=int,
+    default=0,
+    metavar="N",
+    help="start the job again after a failure, up to N times (torchrun's --max-restarts;"
+    " train sync --checkpoint-dir resumes from its newest checkpoint; default 0)",
+  )
+  parser.add_argument(
+    "--elastic",
+    action="store_true",
+    help=f"a restart leaves out the failed {who} and runs on the survivors (train sync keeps"
+    " each worker's batch and scales the learning rate with the global batch)",
+  )
 
 
 def launch_options(args: argparse.Namespace) -> dict:
@@ -746,6 +849,8 @@ def launch_options(args: argparse.Namespace) -> dict:
     "init_timeout": args.init_timeout,
     "shutdown_timeout": args.shutdown_timeout,
     "heartbeat_timeout": args.heartbeat_timeout,
+    "restarts": args.restarts,
+    "elastic": args.elastic,
   }
 
 
@@ -778,7 +883,7 @@ def run(args: argparse.Namespace) -> int:
   if args.log_dir:  # an unwritable --log-dir: one line, before any process starts
     output_dir(args.log_dir, "--log-dir")
   try:
-    return launch(
+    return launch_restarting(
       args.command,
       args.num_processes,
       local_devices=args.local_devices,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 import types
@@ -29,8 +30,10 @@ import jax
 from allreduce_jax import devices, units
 from allreduce_jax.results import RowsError
 from allreduce_jax.tools import _args
+from allreduce_jax.tools.launch import ENV_ELASTIC
 from allreduce_jax.training import arms, configs
 from allreduce_jax.training import experiments as ex
+from allreduce_jax.training.checkpoint import CheckpointError
 from allreduce_jax.training.results import Results
 
 
@@ -172,7 +175,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="output folder (default results/train[.smoke]/MODE)")
     if mode.sweep:
       p.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
+    if name == "sync":
+      _add_checkpoint_arguments(p)
     add_config_arguments(p, cls)
+
+
+def _add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+  p.add_argument(
+    "--checkpoint-dir",
+    default=None,
+    help="save the run here (orbax-checkpoint, atomic: a kill during a save leaves the"
+    " previous one) and resume from the newest complete checkpoint there; resume is"
+    " bitwise (default: no checkpoints)",
+  )
+  p.add_argument(
+    "--checkpoint-every",
+    type=int,
+    default=None,
+    help="steps between two checkpoints (default: --eval-every)",
+  )
 
 
 def _run_sync(cfg, args, out: Path, store) -> bool:
@@ -186,7 +207,13 @@ def _run_sync(cfg, args, out: Path, store) -> bool:
     if key in done:
       rows.append(done[key])
       continue
-    row = ex.run_sync(cfg, seed)
+    row = ex.run_sync(
+      cfg,
+      seed,
+      checkpoint_dir=args.checkpoint_dir,
+      checkpoint_every=args.checkpoint_every or cfg.eval_every,
+      elastic=_elastic(),
+    )
     rows.append(row)
     if jax.process_index() == 0:  # under `launch` every process holds the same rows
       store.append({**row, "process_count": jax.process_count()}, key)
@@ -195,6 +222,8 @@ def _run_sync(cfg, args, out: Path, store) -> bool:
       f"seed {row['seed']}: test acc {row['final_test_acc']:.4f}, train acc"
       f" {row['final_train_acc']:.4f}, steps to {cfg.target:.0%}: {row['steps_to_target']},"
       f" replicas identical: {row['replicas_identical']}, {row['wall_s']:.1f} s"
+      + (f", resumed from step {row['restarts']}" if row.get("restarts") else "")
+      + f", parameters sha256 {row['params_sha256'][:16]}"
     )
   return all(r["replicas_identical"] for r in rows)
 
@@ -297,6 +326,9 @@ def run(args: argparse.Namespace) -> int:
     args.devices = devices.use_cpu_devices(args.devices)
     cfg = config_from_arguments(cls, args, smoke=args.smoke)
     workers = getattr(cfg, "workers", 0)
+    if args.mode == "sync":
+      cfg = _checked_checkpointing(cfg, args)
+      workers = cfg.workers
     if workers > jax.device_count():
       raise ValueError(
         f"--workers {workers}: only {jax.device_count()} devices (raise --devices to {workers})."
@@ -309,6 +341,42 @@ def run(args: argparse.Namespace) -> int:
     print(f"allreduce-jax train {args.mode}: error: {e}", file=sys.stderr)
     return 2
   t0 = time.perf_counter()
+  try:
+    return _run_mode(mode, cfg, args, out, store, t0)
+  except CheckpointError as e:
+    print(f"allreduce-jax train {args.mode}: error: {e}", file=sys.stderr)
+    return 2
+
+
+def _elastic() -> bool:
+  """Whether ``launch|cluster --elastic`` started this process (it may run on fewer
+  processes than the run was configured for)."""
+  return os.environ.get(ENV_ELASTIC, "") not in ("", "0")
+
+
+def _checked_checkpointing(cfg, args):
+  """``cfg`` for ``train sync`` with its checkpoint options checked; under ``--elastic``
+  a restart on fewer processes trains on the devices left (``--workers`` lowered to
+  them, its batch per worker kept, its learning rate scaled on resume)."""
+  if args.checkpoint_every is not None and args.checkpoint_every < 1:
+    raise ValueError(f"--checkpoint-every must be at least 1, got {args.checkpoint_every}.")
+  if args.checkpoint_every is not None and args.checkpoint_dir is None:
+    raise ValueError("--checkpoint-every needs --checkpoint-dir DIR.")
+  if args.checkpoint_dir is not None:
+    path = Path(args.checkpoint_dir)
+    if path.exists() and not path.is_dir():
+      raise ValueError(f"--checkpoint-dir {args.checkpoint_dir}: exists and is not a folder.")
+  if _elastic() and cfg.workers > jax.device_count():
+    print(
+      f"# train sync: --elastic: {jax.device_count()} of --workers {cfg.workers} devices left;"
+      f" training on {jax.device_count()}",
+      flush=True,
+    )
+    cfg = dataclasses.replace(cfg, workers=jax.device_count())
+  return cfg
+
+
+def _run_mode(mode, cfg, args, out: Path, store, t0: float) -> int:
   print(f"# train {args.mode}: {json.dumps(dataclasses.asdict(cfg))}", flush=True)
   ok = mode.run(cfg, args, out, store)
   print(f"# wrote {out} in {time.perf_counter() - t0:.1f} s")

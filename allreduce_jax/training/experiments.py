@@ -40,7 +40,17 @@ from tqdm import tqdm
 from allreduce_jax import devices, results
 from allreduce_jax.cost_model import predict_us
 from allreduce_jax.devices import inner_size
-from allreduce_jax.training import arms, async_sim, data, families, figures, models, sync, tables
+from allreduce_jax.training import (
+  arms,
+  async_sim,
+  checkpoint,
+  data,
+  families,
+  figures,
+  models,
+  sync,
+  tables,
+)
 from allreduce_jax.training.configs import (
   PhaseConfig,
   StalenessConfig,
@@ -74,8 +84,21 @@ def _mesh(n: int, algorithm: str = "ring"):
   return devices.mesh_for(algorithm, n)
 
 
-def run_sync(cfg: SyncConfig, seed: int = 0) -> dict[str, Any]:
+def run_sync(
+  cfg: SyncConfig,
+  seed: int = 0,
+  *,
+  checkpoint_dir: str | Path | None = None,
+  checkpoint_every: int = 1,
+  elastic: bool = False,
+) -> dict[str, Any]:
   """Trains once synchronously; returns a result row (accuracy, losses, timing).
+
+  With ``checkpoint_dir`` the run is saved every ``checkpoint_every`` steps
+  (:mod:`.checkpoint`) and resumes from the newest complete checkpoint there, with
+  the same final parameters, bit for bit, as a run never interrupted; ``elastic``: a
+  checkpoint of more workers is resumed too (same batch per worker, learning rate
+  scaled with the global batch). The row's ``restarts`` lists the steps resumed from.
 
   Example:
     >>> row = run_sync(SyncConfig.smoke(workers=2, algorithm="psum"))
@@ -85,7 +108,19 @@ def run_sync(cfg: SyncConfig, seed: int = 0) -> dict[str, Any]:
   d = data.load_digits()
   graphdef, params, rest = models.split(models.make_model(cfg.model, seed))
   tx = models.make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.momentum)
-  idx = data.batch_indices(d.n_train, cfg.workers * cfg.batch_per_worker, cfg.steps, 1000 + seed)
+  batch = cfg.workers * cfg.batch_per_worker
+  ckpt = start = None
+  if checkpoint_dir is not None:
+    ckpt, start = checkpoint.open_run(
+      cfg, seed, checkpoint_dir, checkpoint_every, params, tx.init(params), elastic
+    )
+    tx = models.make_optimizer(cfg.optimizer, ckpt.learning_rate, cfg.momentum)
+  if start is None:
+    idx = data.batch_indices(d.n_train, batch, cfg.steps, 1000 + seed)
+  else:  # the example stream from where the checkpoint stopped
+    left = cfg.steps - start.step
+    idx = checkpoint.example_stream(d.n_train, start.examples, left * batch, 1000 + seed)
+    idx = idx.reshape(left, batch)
   mesh, axis = _mesh(cfg.workers, cfg.algorithm)
   t0 = time.perf_counter()
   res = sync.train_sync(
@@ -100,11 +135,17 @@ def run_sync(cfg: SyncConfig, seed: int = 0) -> dict[str, Any]:
     algorithm=cfg.algorithm,
     eval_every=cfg.eval_every,
     bucket_bytes=cfg.bucket_bytes,
+    start=start,
+    checkpoints=ckpt,
   )
   wall = time.perf_counter() - t0
+  if ckpt is not None:
+    ckpt.close()
   return {
     "config": dataclasses.asdict(cfg),
     "seed": seed,
+    **({"restarts": ckpt.restarts} if ckpt is not None else {}),
+    "params_sha256": checkpoint.digest(res.params),
     "final_test_acc": res.final_test_acc,
     "final_train_acc": res.final_train_acc,
     "eval_steps": res.eval_steps,

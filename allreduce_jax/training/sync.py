@@ -210,6 +210,8 @@ def train_sync(
   axis: str | tuple[str, ...] = "data",
   chunk_fn: Callable | None = None,
   evaluate: Callable[..., float] | None = None,
+  start: Any = None,
+  checkpoints: Any = None,
 ) -> SyncResult:
   """Trains synchronously over ``mesh`` on the batches ``idx``.
 
@@ -229,6 +231,10 @@ def train_sync(
       reused across runs so it compiles once (built here if ``None``).
     evaluate: ``evaluate(params, x, y) -> float`` (default: test accuracy,
       :func:`make_evaluator`); ``test_acc`` holds what it returns.
+    start: a :class:`~allreduce_jax.training.checkpoint.State` to resume from
+      (``idx``/``mask`` then hold the steps after ``start.step`` only), or None.
+    checkpoints: a :class:`~allreduce_jax.training.checkpoint.Checkpoints`: the run is
+      saved after every ``checkpoints.every``-th step (chunks also end there), or None.
 
   Returns:
     A :class:`SyncResult`.
@@ -258,22 +264,40 @@ def train_sync(
   )
   col = NamedSharding(mesh, P(None, axis))
   x_all, y_all = put_train_set(data, mesh)
-  w = replicate(params, mesh, axis)
-  s = replicate(tx.init(params), mesh, axis)
   evaluate = evaluate or make_evaluator(graphdef, rest)
-  eval_steps, test_acc, losses = [0], [evaluate(params, data.x_test, data.y_test)], []
+  if start is None:
+    w = replicate(params, mesh, axis)
+    s = replicate(tx.init(params), mesh, axis)
+    eval_steps, test_acc, losses = [0], [evaluate(params, data.x_test, data.y_test)], []
+    first, examples = 0, 0
+  else:
+    w = replicate(start.params, mesh, axis)
+    s = replicate(start.opt_state, mesh, axis)
+    eval_steps, test_acc = list(start.eval_steps), list(start.test_acc)
+    losses = [np.asarray(start.losses, np.float32)]
+    first, examples = start.step, start.examples
+  end = first + steps
+  every = checkpoints.every if checkpoints is not None else end
   identical = True
-  for start in range(0, steps, eval_every):
-    stop = min(start + eval_every, steps)
-    ib = devices.put_host(idx[start:stop], col)
-    mb = devices.put_host(mask[start:stop], col)
+  at = first
+  while at < end:
+    stop = min((at // eval_every + 1) * eval_every, (at // every + 1) * every, end)
+    ib = devices.put_host(idx[at - first : stop - first], col)
+    mb = devices.put_host(mask[at - first : stop - first], col)
     w, s, chunk_losses = chunk(w, s, x_all, y_all, ib, mb)
     losses.append(devices.fetch(chunk_losses)[0])
+    examples += (stop - at) * idx.shape[1]
     identical = replicas_identical(w)
     if not identical:
       raise RuntimeError(f"participants' parameters differ after step {stop} ({algorithm=}).")
-    eval_steps.append(stop)
-    test_acc.append(evaluate(first_replica(w), data.x_test, data.y_test))
+    if stop % eval_every == 0 or stop == end:
+      eval_steps.append(stop)
+      test_acc.append(evaluate(first_replica(w), data.x_test, data.y_test))
+    if checkpoints is not None and stop % every == 0:
+      checkpoints.save(
+        _checkpoint_state(stop, w, s, examples, p, checkpoints, losses, eval_steps, test_acc)
+      )
+    at = stop
   final = first_replica(w)
   return SyncResult(
     losses=concat_losses(losses),
@@ -283,6 +307,23 @@ def train_sync(
     final_train_acc=evaluate(final, data.x_train, data.y_train),
     replicas_identical=identical,
     params=final,
+  )
+
+
+def _checkpoint_state(step, w, s, examples, p, checkpoints, losses, eval_steps, test_acc):
+  from allreduce_jax.training.checkpoint import State
+
+  return State(
+    step=step,
+    params=first_replica(w),
+    opt_state=first_replica(s),
+    examples=examples,
+    workers=p,
+    learning_rate=checkpoints.learning_rate,
+    losses=concat_losses(losses).tolist(),
+    eval_steps=eval_steps,
+    test_acc=test_acc,
+    restarts=checkpoints.restarts,
   )
 
 

@@ -1,0 +1,259 @@
+"""Faults injected into an emulated cluster while a run goes on (``cluster --fault SPEC``).
+
+    kill:H@T        SIGKILL host H's process T seconds after the hosts joined
+    stop:H@T        SIGSTOP it (it stays stopped: its peers see a silent host)
+    link:H=RATE@T   host H's links change to RATE each way (tc tbf, both ends)
+    down:H@T+D      host H's links go down for D seconds, then up again
+    cpu:H=F@T       host H's process limited to F of one core (a cgroup's CPU quota:
+                    cgroup v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``, whichever the
+                    machine has)
+
+"The hosts joined" is when host 0's coordinator has a connection from every host (its
+``ss`` table). Each fault is printed with its time when applied, and written as a row
+of ``faults.jsonl`` in the run's log folder. Cgroups made here are removed after the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from allreduce_jax import netns, units
+
+KINDS = ("kill", "stop", "link", "down", "cpu")
+USAGE = "kill:H@T, stop:H@T, link:H=RATE@T, down:H@T+D or cpu:H=FRACTION@T"
+
+_SPEC = re.compile(
+  r"^(?P<kind>[a-z]+):(?P<host>\d+)(?:=(?P<value>[^@]+))?@(?P<at>[0-9.]+)(?:\+(?P<dur>[0-9.]+))?$"
+)
+
+CGROUP = Path("/sys/fs/cgroup")
+PERIOD_US = 100_000
+
+
+@dataclass(frozen=True)
+class Fault:
+  """One fault: ``kind`` on host ``host`` at ``at`` seconds after the hosts joined;
+  ``value``: the new rate (bytes/s, ``link``) or CPU fraction (``cpu``);
+  ``duration``: seconds down (``down``); ``spec``: as given."""
+
+  spec: str
+  kind: str
+  host: int
+  at: float
+  value: float | None = None
+  duration: float | None = None
+
+
+def parse(spec: str, hosts: int) -> Fault:
+  """``spec`` -> :class:`Fault`; a ``ValueError`` naming ``--fault`` and the spec if it
+  is malformed or names a host outside ``0..hosts-1``."""
+
+  def bad(why: str) -> ValueError:
+    return ValueError(f"--fault {spec!r}: {why}; expected {USAGE}.")
+
+  m = _SPEC.match(spec.strip())
+  if not m or m["kind"] not in KINDS:
+    raise bad("not a fault")
+  kind, host, value, dur = m["kind"], int(m["host"]), m["value"], m["dur"]
+  if host >= hosts:
+    raise bad(f"host {host} is not one of 0..{hosts - 1}")
+  try:
+    at = float(m["at"])
+  except ValueError:
+    raise bad("its time is not a number of seconds") from None
+  needs_value = kind in ("link", "cpu")
+  if needs_value != (value is not None):
+    raise bad(f"{kind} {'takes' if needs_value else 'takes no'} =VALUE")
+  if (kind == "down") != (dur is not None):
+    raise bad(f"{kind} {'takes' if kind == 'down' else 'takes no'} +DURATION")
+  number = None
+  if kind == "link":
+    try:
+      number = units.parse_rate(value, "--fault")
+    except ValueError:
+      raise bad(f"rate {value!r} is not a rate such as 20Mbit") from None
+  elif kind == "cpu":
+    try:
+      number = float(value)
+    except ValueError:
+      number = -1.0
+    if not 0 < number <= 64:
+      raise bad(f"CPU fraction {value!r} is not a number > 0 (0.5: half a core)")
+  duration = float(dur) if dur is not None else None
+  if duration is not None and duration <= 0:
+    raise bad("its duration must be > 0")
+  return Fault(spec.strip(), kind, host, at, number, duration)
+
+
+def cgroup_version() -> int | None:
+  """2 (unified hierarchy), 1 (v1 ``cpu`` controller) or None (no CPU controller)."""
+  if (CGROUP / "cgroup.controllers").exists():
+    return 2
+  if (CGROUP / "cpu" / "cpu.cfs_quota_us").exists():
+    return 1
+  return None
+
+
+class Injector:
+  """Applies ``faults`` to the hosts of ``plan`` once they joined; :meth:`start` is the
+  launcher's ``on_start`` hook, :meth:`close` stops it and removes its cgroups."""
+
+  def __init__(self, plan: netns.Plan, faults: list[Fault], port: int, err, log_dir=None):
+    self.plan, self.faults, self.port, self.err = plan, faults, port, err
+    self.log_dir = Path(log_dir) if log_dir else None
+    self.cancel = threading.Event()
+    self.thread: threading.Thread | None = None
+    self.cgroups: list[Path] = []
+    self.rows: list[dict] = []
+    self.timers: list[threading.Timer] = []
+
+  def start(self, pids: list[int], t0: float) -> None:
+    self.thread = threading.Thread(target=self._run, args=(pids, t0), daemon=True)
+    self.thread.start()
+
+  def _say(self, text: str) -> None:
+    print(f"# cluster: {text}", file=self.err, flush=True)
+
+  def _joined(self, deadline: float) -> bool:
+    """Waits until host 0's coordinator port has a connection from every host."""
+    argv = [*self.plan.exec_in(self.plan.hosts[0]), "ss", "-Htn", "state", "established",
+            f"( sport = :{self.port} )"]  # fmt: skip
+    while not self.cancel.is_set() and time.monotonic() < deadline:
+      res = subprocess.run(argv, capture_output=True, text=True)
+      if res.returncode == 0 and len(res.stdout.strip().splitlines()) >= len(self.plan.hosts):
+        return True
+      self.cancel.wait(0.05)
+    return False
+
+  def _run(self, pids: list[int], t0: float) -> None:
+    if not self._joined(time.monotonic() + 300):
+      if not self.cancel.is_set():
+        self._say("the hosts never joined; no fault applied")
+      return
+    joined = time.monotonic()
+    self._say(f"hosts joined {joined - t0:.2f} s after the start; faults count from here")
+    for f in sorted(self.faults, key=lambda f: f.at):
+      if self.cancel.wait(max(0.0, joined + f.at - time.monotonic())):
+        return
+      try:
+        what = self._apply(f, pids)
+      except (OSError, subprocess.CalledProcessError, ValueError) as e:
+        what = f"failed: {e}"
+      self._log(f, joined, t0, what)
+      if f.kind == "down" and not self.cancel.is_set():
+        timer = threading.Timer(f.duration, self._link_up, args=(f, joined, t0))
+        timer.daemon = True
+        self.timers.append(timer)
+        timer.start()
+
+  def _log(self, f: Fault, joined: float, t0: float, what: str, event: str | None = None) -> None:
+    now = time.monotonic()
+    row = {
+      "fault": f.spec,
+      "event": event or f.kind,
+      "host": f.host,
+      "after_join_s": round(now - joined, 4),
+      "after_start_s": round(now - t0, 4),
+      "unix_time": time.time(),
+      "what": what,
+    }
+    self.rows.append(row)
+    self._say(f"fault {f.spec}: {what} at {now - joined:.2f} s after the hosts joined")
+    if self.log_dir is not None:
+      with contextlib.suppress(OSError):
+        with open(self.log_dir / "faults.jsonl", "a") as fh:
+          fh.write(json.dumps(row) + "\n")
+
+  def _ends(self, host: int) -> list[tuple[str, str]]:
+    """``(namespace, device)`` of both ends of every link of ``host``."""
+    ns = self.plan.hosts[host]
+    return [
+      end for lk in self.plan.links if ns in (lk.a, lk.b) for end in ((lk.a, lk.a_dev), (lk.b, lk.b_dev))
+    ]  # fmt: skip
+
+  def _tc(self, argv: list[str]) -> None:
+    subprocess.run([*self.plan.enter, *argv], check=True, capture_output=True)
+
+  def _apply(self, f: Fault, pids: list[int]) -> str:
+    pid = pids[f.host]
+    if f.kind in ("kill", "stop"):
+      os.kill(pid, signal.SIGKILL if f.kind == "kill" else signal.SIGSTOP)
+      return f"{'SIGKILL' if f.kind == 'kill' else 'SIGSTOP'} to pid {pid}"
+    if f.kind == "link":
+      burst = netns.bucket_bytes(f.value)
+      for ns, dev in self._ends(f.host):
+        self._tc(["tc", "-n", ns, "qdisc", "change", "dev", dev, "root", "tbf", "rate",
+                  units.tc_rate(f.value), "burst", str(burst),
+                  "latency", f"{self.plan.queue * 1e6:.0f}us"])  # fmt: skip
+      return f"links of host {f.host} at {units.tc_rate(f.value)} each way"
+    if f.kind == "down":
+      for ns, dev in self._host_devs(f.host):
+        self._tc(["ip", "-n", ns, "link", "set", dev, "down"])
+      return f"links of host {f.host} down for {f.duration:g} s"
+    return self._cpu(f, pid)
+
+  def _host_devs(self, host: int) -> list[tuple[str, str]]:
+    ns = self.plan.hosts[host]
+    return [(ns, dev) for dev in self.plan.host_links(host)]
+
+  def _link_up(self, f: Fault, joined: float, t0: float) -> None:
+    try:
+      for ns, dev in self._host_devs(f.host):
+        self._tc(["ip", "-n", ns, "link", "set", dev, "up"])
+      what = f"links of host {f.host} up again"
+    except (OSError, subprocess.CalledProcessError) as e:
+      what = f"failed to bring the links up: {e}"
+    self._log(f, joined, t0, what, event="up")
+
+  def _cpu(self, f: Fault, pid: int) -> str:
+    version = cgroup_version()
+    if version is None:
+      raise ValueError("no CPU cgroup controller on this machine")
+    quota = max(1000, int(f.value * PERIOD_US))
+    name = f"{self.plan.tag}-host{f.host}"
+    if version == 2:
+      group = CGROUP / name
+      with contextlib.suppress(OSError):  # the cpu controller for the children of the root
+        (CGROUP / "cgroup.subtree_control").write_text("+cpu")
+      group.mkdir(exist_ok=True)
+      self.cgroups.append(group)
+      (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+    else:
+      group = CGROUP / "cpu" / name
+      group.mkdir(exist_ok=True)
+      self.cgroups.append(group)
+      (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+      (group / "cpu.cfs_quota_us").write_text(str(quota))
+    (group / "cgroup.procs").write_text(str(pid))
+    return f"pid {pid} limited to {f.value:g} of a core (cgroup v{version} {group})"
+
+  def close(self) -> list[dict]:
+    """Stops applying faults, removes the cgroups made; the rows of applied faults."""
+    self.cancel.set()
+    for t in self.timers:
+      t.cancel()
+    if self.thread is not None:
+      self.thread.join(5)
+    for group in self.cgroups:
+      parent = group.parent
+      for _ in range(50):  # its processes have exited (reaped) by now; rmdir retries briefly
+        with contextlib.suppress(OSError):
+          for pid in (group / "cgroup.procs").read_text().split():
+            (parent / "cgroup.procs").write_text(pid)
+        try:
+          group.rmdir()
+          break
+        except FileNotFoundError:
+          break
+        except OSError:
+          time.sleep(0.1)
+    return self.rows
