@@ -80,7 +80,7 @@ def test_mpirun_verify(processes, devices):
       proc.wait()
   assert proc.returncode == 0, out[-3000:]
   _check(out, processes * devices)
-  assert out.count("# 6 passed, 0 failed") == processes  # every rank ran the whole check
+  assert out.count(": 6 passed, 0 failed") == processes  # every rank ran the whole check
   assert _session_left(proc.pid) == []
 
 
@@ -269,3 +269,47 @@ def test_a_host_killed_under_a_launcher_is_named_and_nothing_is_left(name, named
   assert re.search(named, out + err), (out + err)[-3000:]
   assert elapsed < 20, f"took {elapsed:.1f} s"
   _nothing_left(proc, mark, tmp_path, err)
+
+
+# ---- MPI_Allreduce as a peer (bench --algorithms mpi) -------------------------------
+
+
+def test_bench_mpi_outside_an_mpi_launch_is_one_line(capsys):
+  from allreduce_jax.cli import main
+
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_"))}
+  with pytest.MonkeyPatch.context() as m:
+    for k in set(os.environ) - set(env):
+      m.delenv(k)
+    with pytest.raises(SystemExit) as e:
+      main(["bench", "--algorithms", "ring,mpi", "--smoke", "--out", os.devnull])
+  assert "under mpirun" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.timeout(240)
+def test_bench_mpi_beside_ring_and_psum_under_mpirun_names_open_mpis_algorithm(tmp_path):
+  why = _mpirun_problem()
+  if why:
+    pytest.skip(why)
+  try:
+    import mpi4jax  # noqa: F401
+  except ImportError as e:
+    pytest.skip(f"needs the extra mpi (pip install -e '.[mpi]'): {e}")
+  import json
+
+  out = tmp_path / "bench.jsonl"
+  root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  env.pop("JAX_NUM_CPU_DEVICES", None)
+  argv = ["mpirun", *root, "--oversubscribe", "-np", "2", "-x", "JAX_PLATFORMS",
+          "--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm",
+          "6", *ALLREDUCE_JAX, "bench", "--algorithms", "ring,psum,mpi", "--smoke", "-o", "sum,max",
+          "--out", str(out)]  # fmt: skip
+  res = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=220)
+  assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+  rows = [json.loads(line) for line in out.read_text().splitlines()]
+  mpi = [r for r in rows if r["algorithm"] == "mpi"]
+  assert len(mpi) == 6 and len(rows) == 18  # 3 sizes × 2 ops each
+  assert all(r["mpi_algorithm"] == "rabenseifner" and r["wrong"] == 0 for r in mpi)
+  assert all(r["process_count"] == 2 and r["n_devices"] == 2 for r in rows)
+  assert "mpi(rabenseifner)" in res.stdout

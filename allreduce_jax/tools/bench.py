@@ -45,13 +45,13 @@ from tqdm import tqdm
 from allreduce_jax import ALGORITHMS, _wire, all_reduce, cost_model, devices, names, topology
 from allreduce_jax._ops import get_op
 from allreduce_jax.results import fingerprint, run_context
-from allreduce_jax.tools import compare, plot
+from allreduce_jax.tools import compare, mpi_peer, plot
 from allreduce_jax.tools._args import (
-  add_algorithms,
   add_devices,
   available_memory,
   check_memory,
   check_op_dtypes,
+  choice_list,
   dtype_spec,
   figure_path,
   nonnegative_int,
@@ -99,6 +99,7 @@ ROW_FIELDS: tuple[str, ...] = (
   "wire_bytes_per_element",
   "checked",
   "time_from",
+  "mpi_algorithm",
 )
 
 #: ``-a`` (nccl-tests' ``--average``): whose time a row of a multi-process run reports,
@@ -263,6 +264,11 @@ def measure_size(
   inputs: dict = {}
   for wire in wires:
     for alg in algorithms:
+      if alg == mpi_peer.NAME:  # MPI_Allreduce of this process's row (mpi4jax), exact only
+        if wire is None:
+          timed, (x,), checker = mpi_peer.program(p, count, dtype, op)
+          built.append((alg, wire, timed, x, checker))
+        continue
       if wire not in ALGORITHMS[alg].wires:
         continue
       mesh, spec, timed, checker = _programs(alg, p, op, wire)
@@ -281,17 +287,27 @@ def measure_size(
     # parameters (the double binary tree's chunk count; auto's, its pick's): a model
     # handed them prices what ran.
     picks = {alg: cost_model.choose(p, nbytes, params) for alg, *_ in built if alg == "auto"}
-    choices = {alg: topology.trace_choices(picks.get(alg, alg), p, nbytes) for alg, *_ in built}
+    choices = {
+      alg: topology.trace_choices(picks.get(alg, alg), p, nbytes)
+      for alg, *_ in built
+      if alg != mpi_peer.NAME
+    }
   stats = _process_times(timings, average)  # f[programs, 4]: median, min, max, IQR (s)
   rows = []
   for (alg, wire, _, x, checker), t, (sec, lo, hi, iqr) in zip(built, timings, stats):
     wrong = rel_error = None
-    if check:
+    mpi = alg == mpi_peer.NAME
+    if check and mpi:  # each rank checks its own result; the row sums them
+      mine = np.asarray([checker(t.compiled(x))], np.int32)
+      wrong = int(np.sum(multihost_utils.process_allgather(mine)))
+    elif check:
       bad, rel = checker(x, t.compiled(x))
       wrong = int(np.sum(devices.fetch(bad)))
       rel_error = float(np.max(devices.fetch(rel)))
     algbw, busbw = bandwidths(nbytes, float(sec), p)
-    inner = devices.inner_size(alg, p)
+    inner = None if mpi else devices.inner_size(alg, p)
+    mpi_algorithm = mpi_peer.algorithm() if mpi else None
+    priced = mpi_peer.SCHEDULE.get(mpi_algorithm) if mpi else alg
     row = {
       "algorithm": alg,
       "n_devices": p,
@@ -305,7 +321,9 @@ def measure_size(
       "algbw_gbps": algbw,  # the same values under the first layout's names
       "busbw_gbps": busbw,
       "wrong": wrong,
-      "predicted_us": cost_model.predict_us(alg, p, nbytes, params, inner=inner),
+      "predicted_us": (
+        cost_model.predict_us(priced, p, nbytes, params, inner=inner) if priced else None
+      ),
       "backend": jax.default_backend(),
       "jax_version": jax.__version__,
       **t.row(),
@@ -319,10 +337,13 @@ def measure_size(
       "warmup": warmup,
       "order": order,
       "chosen": picks.get(alg),
-      "choices": choices[alg] or None,
+      "choices": choices.get(alg) or None,
       "wire": wire,
       "rel_error": rel_error,
-      "wire_bytes_per_element": ALGORITHMS[alg].wire_bytes(p, wire, count, itemsize, inner),
+      "wire_bytes_per_element": (
+        None if mpi else ALGORITHMS[alg].wire_bytes(p, wire, count, itemsize, inner)
+      ),
+      "mpi_algorithm": mpi_algorithm,
     }
     rows.append(row)
   del inputs, built
@@ -363,6 +384,8 @@ def row_key(
     extra["time_from"] = AVERAGE[average]
   if order != "round-robin":
     extra["order"] = order
+  if algorithm == mpi_peer.NAME:  # which of Open MPI's algorithms ran
+    extra["mpi_algorithm"] = mpi_peer.algorithm()
   return store.key(algorithm=algorithm, bytes=nbytes, dtype=dtype, op=op, **extra)
 
 
@@ -379,6 +402,7 @@ def format_row(r: dict, psum_busbw: float | None = None) -> str:
   pred = r.get("predicted_us")
   pred_s = f"{pred:10.1f}" if pred is not None else f"{'-':>10}"
   name = r["algorithm"] + (f"({r['chosen']})" if r.get("chosen") else "")
+  name += f"({r['mpi_algorithm']})" if r.get("mpi_algorithm") else ""
   name += f"/{r['wire']}" if r.get("wire") else ""
   err = r.get("rel_error")
   err_s = f"{err:8.1e}" if err is not None else f"{'-':>8}"
@@ -512,7 +536,14 @@ def fit_and_save(rows: Sequence[dict], path, min_bytes: int = 0) -> tuple:
 
 def configure(parser: argparse.ArgumentParser) -> None:
   add_devices(parser)
-  add_algorithms(parser, "comma-separated (default: all, psum included)")
+  parser.add_argument(
+    "--algorithms",
+    type=choice_list(lambda: (*ALGORITHMS, mpi_peer.NAME), "algorithms"),
+    default=None,
+    help="comma-separated (default: every algorithm, psum included); mpi: Open MPI's"
+    " MPI_Allreduce through mpi4jax (under mpirun, one device per process; the row names the"
+    " algorithm forced with --mca coll_tuned_allreduce_algorithm)",
+  )
   # Short flags as in nccl-tests (all_reduce_perf -b 8 -e 128M -f 2 -n 20 -w 5 -d float -o sum).
   parser.add_argument(
     "-b", "--min-bytes", default=None, help="smallest size per participant (default: 1KiB)"
@@ -694,7 +725,12 @@ def run(args: argparse.Namespace) -> int:
     params = cost_model.load_default_params()
   if main:
     _print_header(args, params, p, check, undefined)
-  entries = [(a, w) for w in wires for a in algorithms if w in ALGORITHMS[a].wires]
+  entries = [
+    (a, w)
+    for w in wires
+    for a in algorithms
+    if (w is None if a == mpi_peer.NAME else w in ALGORITHMS[a].wires)
+  ]
   rows_by_pair = _measure_pairs(args, store, done, sizes, pairs, entries, p, params, main)
   every = [r for rows in rows_by_pair.values() for r in rows]
   if main:
@@ -745,7 +781,9 @@ def _sweep(args: argparse.Namespace):
     raise SystemExit(str(e)) from None
 
   p = len(jax.devices()) if jax.distributed.is_initialized() else args.devices
-  unfit = [a for a in algorithms if not devices.fits(a, p)]
+  if mpi_peer.NAME in algorithms and (why := mpi_peer.problem()):
+    raise SystemExit(why)
+  unfit = [a for a in algorithms if a != mpi_peer.NAME and not devices.fits(a, p)]
   if unfit and args.algorithms:  # asked for by name: say so, measure nothing
     raise SystemExit(
       f"--algorithms {','.join(unfit)}: no mesh at p={p} ({_no_mesh(unfit)}); choose"
@@ -759,7 +797,9 @@ def _sweep(args: argparse.Namespace):
     4 * p * largest,
     f"--max-bytes {args.max_bytes} on {p} devices (input, result, check and XLA's"
     " buffers, 4 per device)",
-    f"use -e {format_bytes(_fits_bytes(p), sep='')} or less" if _fits_bytes(p) else "use a smaller -e",
+    f"use -e {format_bytes(_fits_bytes(p), sep='')} or less"
+    if _fits_bytes(p)
+    else "use a smaller -e",
   )
   return sizes, pairs, undefined, p, algorithms
 
