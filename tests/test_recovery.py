@@ -182,7 +182,7 @@ def privileged():
     pytest.skip(f"cluster as root: {problem}")
 
 
-# Every host all-gathers in a loop for `seconds` (collectives under way when a fault hits).
+# Every host all-gathers in a loop for about `seconds` (collectives under way when a fault hits).
 LOOPER = """
 import sys, time
 from allreduce_jax import distributed
@@ -191,8 +191,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 print("ready", flush=True)
 end = time.monotonic() + float(sys.argv[1])
-while time.monotonic() < end:
-  multihost_utils.process_allgather(np.ones(100_000, np.float32))
+x = np.ones(100_001, np.float32)
+while True:  # every host stops after the same iteration: the first whose time is up says so
+  x[-1] = time.monotonic() > end
+  if multihost_utils.process_allgather(x)[:, -1].any():
+    break
 """
 
 
