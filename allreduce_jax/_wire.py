@@ -97,6 +97,14 @@ FORMATS: dict[str | None, WireFormat] = {
 #: The ``wire=`` values, exact first.
 WIRES: tuple[str | None, ...] = tuple(FORMATS)
 
+#: Not a format to send in, and not in :data:`FORMATS`: every element carries ``2·k + s``
+#: instead of a value, k the quantizations it has been through and s = 1 while it is on
+#: the grid (received or settled: encoding it again changes nothing). Each message
+#: ``encode`` counts one more quantization unless s = 1. Combining two partial results
+#: adds their counts (``wire_error.quantizations`` runs an algorithm's own program
+#: with it, so an error bound follows the real path of every element).
+COUNTING = WireFormat("count", True, 0, 1.0, "quantizations per element (analysis only)")
+
 
 def get(wire: str | None) -> WireFormat:
   """The :class:`WireFormat` named ``wire``: TypeError if ``wire`` is neither None nor a
@@ -116,10 +124,11 @@ _active: WireFormat | None = None
 
 
 @contextlib.contextmanager
-def using(wire: str | None):
-  """While active, :func:`allreduce_jax._comm.send` encodes float messages with ``wire``."""
+def using(wire: str | WireFormat | None):
+  """While active, :func:`allreduce_jax._comm.send` encodes float messages with ``wire``
+  (a name, or a :class:`WireFormat` such as :data:`COUNTING`)."""
   global _active
-  previous, fmt = _active, get(wire)
+  previous, fmt = _active, wire if isinstance(wire, WireFormat) else get(wire)
   _active = fmt if fmt.lossy else None
   try:
     yield
@@ -151,6 +160,8 @@ def _block_scales(x32: jax.Array, levels: float) -> tuple[jax.Array, jax.Array]:
 def encode(fmt: WireFormat, x: jax.Array) -> jax.Array:
   """``x: T[n]`` float -> the message: ``u16[n]`` (bf16) or ``int8[n + 4·nb]`` (codes,
   then the scales' bytes)."""
+  if fmt is COUNTING:  # one more quantization, unless the element is on the grid
+    return jnp.where(x % 2 == 1, x, x + 3)
   if fmt.levels == 0:
     return lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
   n = x.shape[0]
@@ -170,6 +181,8 @@ def encode(fmt: WireFormat, x: jax.Array) -> jax.Array:
 
 def decode(fmt: WireFormat, msg: jax.Array, n: int, dtype) -> jax.Array:
   """The inverse of :func:`encode` for an ``n``-element message: ``T[n]`` in ``dtype``."""
+  if fmt is COUNTING:
+    return msg.astype(dtype)
   if fmt.levels == 0:
     return lax.bitcast_convert_type(msg, jnp.bfloat16).astype(dtype)
   nb = -(-n // BLOCK)

@@ -13,12 +13,69 @@ follows one ring chunk hop by hop (notebook 04).
 
 from __future__ import annotations
 
-import numpy as np
+import functools
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from allreduce_jax import _comm, _wire
 from allreduce_jax._wire import np_roundtrip
+from allreduce_jax.registry import ALGORITHMS
 
 #: ``np_roundtrip`` (the codec in NumPy) is re-exported: notebooks import no private module.
-__all__ = ["REPLAYED", "np_roundtrip", "relative_error", "replay", "ring_hop_errors"]
+__all__ = [
+  "REPLAYED",
+  "np_roundtrip",
+  "quantizations",
+  "relative_error",
+  "replay",
+  "ring_hop_errors",
+]
+
+
+def quantizations(algorithm: str, mesh, axis_name, n: int, dtype="float32") -> int:
+  """How many quantizations the worst element of ``all_reduce(x, op="sum",
+  algorithm=..., wire=<lossy>)`` has been through, on ``mesh`` over ``axis_name``
+  with ``n`` elements per participant: each one adds at most ``unit_error`` x its
+  block's absmax to the result, so this times ``unit_error`` bounds the error.
+
+  Read off the algorithm's own program (its ``fn`` from the registry), run once on
+  counters instead of values (``_wire.COUNTING``): a message quantizes what it
+  carries unless that is already on the grid (forwarded), and combining adds the
+  counts of both sides. The ring at p: p (p − 1 hops, then its owner's settle);
+  recursive doubling at p = 2^k: 2(p − 1) (both partners' values, every step).
+
+  Example:
+    >>> import jax
+    >>> from allreduce_jax.devices import submesh
+    >>> quantizations("recursive_doubling", submesh((4,), ("i",)), "i", 8)
+    6
+  """
+  return _quantizations(algorithm, mesh, axis_name, int(n), jnp.dtype(dtype).name)
+
+
+@functools.cache
+def _quantizations(algorithm, mesh, axis_name, n, dtype) -> int:
+  record = ALGORITHMS[algorithm]
+  if not record.hand_written or mesh.size == 1:
+    return 0
+
+  def combine(a, b):  # two partial results: their quantizations add up, off the grid
+    return 2 * (a // 2 + b // 2)
+
+  def body(block):  # block: T[1, n] of zeros: nothing quantized yet
+    flat = _comm.make_varying(block[0], axis_name)
+    with _wire.using(_wire.COUNTING):
+      return record(flat, axis_name, combine)[None]
+
+  spec = P(_comm.axes_tuple(axis_name))
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+  zeros = jax.device_put(np.zeros((mesh.size, n), dtype), NamedSharding(mesh, spec))
+  return int(np.asarray(f(zeros)).max()) // 2
+
 
 #: The algorithms :func:`replay` knows.
 REPLAYED = ("ring", "two_shot")

@@ -19,8 +19,10 @@ def test_verify_passes_and_prints_table(capsys, tmp_path):
   assert rc == 0
   assert "max|err| vs oracle" in text and "bit-exact" in text
   assert text.count("PASS") == 2 * 7 and "FAIL" not in text
-  assert "14 passed, 0 failed" in text
-  assert len(out.read_text().splitlines()) > 14
+  cases = len(out.read_text().splitlines())  # one row per case, in one unit everywhere
+  assert cases > 14 and f"# {cases} cases to compare" in text
+  assert f"# {cases} cases compared with the NumPy oracle" in text
+  assert f": {cases} passed, 0 failed" in text
 
 
 def test_verify_exits_nonzero_on_a_wrong_algorithm(capsys, monkeypatch):

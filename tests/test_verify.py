@@ -151,7 +151,15 @@ def test_backend_oracle_mode_in_one_process(capsys):
   "argv, message",
   [
     (["--dtypes", "complex64", "--ops", "max"], "--dtypes complex64 with --ops max"),
-    (["--dtypes", "bool"], "--dtypes bool with --ops sum"),
+    (["--dtypes", "bool"], "--dtypes: dtype bool cannot be all-reduced"),
+    # 64-bit without x64: refused up front, as bench does (it ran as float32 and
+    # printed "FAIL ... got 1.49343, oracle 1.49343").
+    (["--dtypes", "float64"], "--dtypes: dtype float64 needs 64-bit mode, which is off"),
+    # A selection that leaves nothing to compare is an error, not "0 cases, all agree".
+    (["--wire", "int8", "--ops", "max"], "--wire int8 is checked on op sum/mean of float"),
+    (["--wire", "int8", "--dtypes", "int32"], "--dtypes int32 --kinds"),
+    (["--wire", "int8", "--algorithms", "psum"], "none of --algorithms psum can send in it"),
+    (["--dtypes", "int32", "--ops", "mean"], "leaves nothing to check"),
     (["--devices", "0"], "--devices"),
     (["--backend-oracle", "--repeat", "0"], "--repeat: must be at least 1"),
   ],
@@ -161,3 +169,34 @@ def test_bad_arguments_are_one_line(argv, message, capsys):
     cli.main(["verify", *argv])
   text = f"{e.value.code} {capsys.readouterr().err}"
   assert message in text and "Traceback" not in text
+
+
+def test_a_lossy_bound_counts_the_quantizations_on_the_path(capsys):
+  # Recursive doubling at p = 4 quantizes both partners' values at each of its 2 steps:
+  # 6 quantization errors reach an element, where the old bound allowed 2 (its step
+  # count) and 2 of 2048 random elements were reported 0.065 off.
+  from allreduce_jax import wire_error
+  from allreduce_jax.devices import mesh_for
+
+  assert cli.main(["verify", "--participants", "4", "--wire", "int8", "--algorithms",
+                   "recursive_doubling", "--shapes", "2048"]) == 0  # fmt: skip
+  out = capsys.readouterr().out
+  assert "# 12 cases to compare" in out and ": 12 passed, 0 failed" in out
+  counted = {}
+  for p in (2, 4, 8):
+    for algorithm in ("ring", "recursive_doubling", "two_shot", "tree"):
+      counted[algorithm, p] = wire_error.quantizations(algorithm, *mesh_for(algorithm, p), 300)
+  for p in (2, 4, 8):  # the closed forms: p for the ring, 2(p - 1) for recursive doubling
+    assert counted["ring", p] == counted["two_shot", p] == counted["tree", p] == p
+    assert counted["recursive_doubling", p] == 2 * (p - 1)
+
+
+def test_a_large_run_says_up_front_how_many_cases_and_a_quick_one(capsys, monkeypatch):
+  from allreduce_jax.tools import verify
+
+  monkeypatch.setattr(verify, "run_case", lambda *a, **k: [])  # announce only
+  assert cli.main(["verify", "--devices", "2", "--participants", "2"]) == 1  # 0 compared
+  out = capsys.readouterr().out
+  n = verify.count_cases(verify.OPS, verify.DTYPES, verify.KINDS, verify.SHAPES)
+  assert f"# {len(verify.ALGORITHMS) * n} cases to compare" in out
+  assert f"allreduce-jax verify {verify.QUICK}" in out

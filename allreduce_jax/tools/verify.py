@@ -41,7 +41,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
-from allreduce_jax import ALGORITHMS, _wire, all_reduce, devices
+from allreduce_jax import ALGORITHMS, _wire, all_reduce, devices, wire_error
 from allreduce_jax._ops import OPS, get_op, oracle
 from allreduce_jax.tools import backend_oracle
 from allreduce_jax.tools._args import (
@@ -50,6 +50,7 @@ from allreduce_jax.tools._args import (
   available_memory,
   check_memory,
   csv_list,
+  dtype_choice,
   row_store,
 )
 from allreduce_jax.tools.compare import (
@@ -91,10 +92,12 @@ __all__ = [
   "Row",
   "agreement",
   "configure",
+  "count_cases",
   "describe",
   "failures",
   "findings",
   "format_table",
+  "lossy_selection",
   "lossy_tolerance",
   "random_input",
   "rank_coded",
@@ -139,6 +142,11 @@ class Row:
   wire: str | None = None
 
 
+#: A first run that takes seconds, suggested when the selection is large.
+QUICK = "--devices 4 --algorithms ring,swing --dtypes float32 --shapes 13"
+QUICK_CASES = 200
+
+
 def _mesh_and_axis(algorithm: str, p: int):
   if ALGORITHMS[algorithm].axes == 2 and jax.process_count() > 1:
     # One mesh axis per process level: outer = processes, inner = local devices.
@@ -151,18 +159,36 @@ def _mesh_and_axis(algorithm: str, p: int):
 
 
 def lossy_tolerance(algorithm: str, x: np.ndarray, op: str, wire: str | None, p: int) -> float:
-  """The stated bound of a lossy wire format (``_wire``): every quantization on an
-  element's path adds at most ``u`` x its block's absmax, which is at most the largest
-  Σ_i |x_i| (x 1.01 for the earlier errors); no path has more quantizations than the
-  schedule has steps. 0.0 for an exact wire."""
+  """The stated bound of a lossy wire format (``_wire``): every quantization whose error
+  reaches an element adds at most ``u`` x its block's absmax, which is at most the
+  largest Σ_i |x_i| (x 1.01 for the earlier errors). How many reach the worst element
+  is read off the algorithm's own program (:func:`allreduce_jax.wire_error.quantizations`:
+  p for the ring, 2(p − 1) for recursive doubling at a power of two), not from its
+  step count. 0.0 for an exact wire."""
   fmt = _wire.get(wire)
   if not fmt.lossy:
     return 0.0
-  record = ALGORITHMS[algorithm]
+  mesh, axis = _mesh_and_axis(algorithm, p)
   n = max(1, int(np.prod(x.shape[1:])))
-  steps = record.schedule(p, 4.0 * n, devices.inner_size(algorithm, p)).steps
+  dtype = jnp.dtype(x.dtype)  # a narrower float travels as float32 (all_reduce)
+  count = wire_error.quantizations(
+    algorithm, mesh, axis, n, "float32" if dtype.itemsize < 4 else dtype
+  )
   bound = float(np.max(np.sum(np.abs(x.astype(np.float64)), axis=0), initial=0.0))
-  return 1.01 * steps * fmt.unit_error * bound / (p if op == "mean" else 1)
+  return 1.01 * count * fmt.unit_error * bound / (p if op == "mean" else 1)
+
+
+def lossy_selection(wire: str | None, ops, dtypes, kinds) -> tuple[tuple, tuple, tuple]:
+  """The ops, dtypes and input kinds a lossy ``wire`` can be checked on (sum/mean of
+  float inputs that are not special values: ``_wire``'s bound is for finite data);
+  everything for an exact wire."""
+  if not _wire.get(wire).lossy:
+    return tuple(ops), tuple(dtypes), tuple(kinds)
+  return (
+    tuple(op for op in ops if op in ("sum", "mean")),
+    tuple(d for d in dtypes if jnp.issubdtype(jnp.dtype(d), jnp.floating)),
+    tuple(k for k in kinds if k != "special"),
+  )
 
 
 def run_case(
@@ -181,11 +207,7 @@ def run_case(
   With a lossy ``wire`` (``all_reduce(..., wire=...)``) only sum/mean of float inputs
   that are not special values are run, and a result passes when every participant
   holds the same bits and it is within :func:`lossy_tolerance` of the oracle."""
-  lossy = _wire.get(wire).lossy
-  if lossy:
-    ops = tuple(op for op in ops if op in ("sum", "mean"))
-    dtypes = tuple(d for d in dtypes if jnp.issubdtype(jnp.dtype(d), jnp.floating))
-    kinds = tuple(k for k in kinds if k != "special")
+  ops, dtypes, kinds = lossy_selection(wire, ops, dtypes, kinds)
   mesh, axis = _mesh_and_axis(algorithm, p)
   spec = P(axis)
   inputs = {}
@@ -415,9 +437,9 @@ def _parse(args: argparse.Namespace):
       raise SystemExit(f"--ops: unknown {op!r}; expected some of {', '.join(OPS)}")
   for d in args.dtypes:
     try:
-      jnp.dtype(d)
-    except TypeError:
-      raise SystemExit(f"--dtypes: unknown dtype {d!r}") from None
+      dtype_choice(d)  # unknown, not reducible, or 64-bit without JAX_ENABLE_X64=1
+    except argparse.ArgumentTypeError as e:
+      raise SystemExit(f"--dtypes: {e}") from None
     for op in args.ops:
       if op == "mean" and jnp.issubdtype(jnp.dtype(d), jnp.integer):
         continue  # skipped: an integer mean is not defined
@@ -440,7 +462,30 @@ def _parse(args: argparse.Namespace):
       raise SystemExit(f"--shapes: dimensions must be positive; got {args.shapes}")
   if args.repeat < 1:
     raise SystemExit(f"--repeat: must be at least 1, got {args.repeat}")
+  if not args.backend_oracle:
+    wire = None if args.wire == "none" else args.wire
+    able = [a for a in algorithms if wire in ALGORITHMS[a].wires]
+    if not able:
+      raise SystemExit(
+        f"--wire {wire}: none of --algorithms {','.join(algorithms)} can send in it; nothing"
+        " to check"
+      )
+    if not count_cases(args.ops, args.dtypes, args.kinds, shapes, wire):
+      what = f"--ops {','.join(args.ops)} --dtypes {','.join(args.dtypes)}"
+      what += f" --kinds {','.join(args.kinds)}"
+      if _wire.get(wire).lossy:
+        raise SystemExit(
+          f"--wire {wire} is checked on op sum/mean of float inputs that are not special"
+          f" values (its error bound is for finite data); {what} leaves nothing to check"
+        )
+      raise SystemExit(f"{what} leaves nothing to check (no integer mean or special inputs)")
   return algorithms, shapes
+
+
+def count_cases(ops, dtypes, kinds, shapes, wire: str | None = None) -> int:
+  """How many cases :func:`run_case` compares for one (algorithm, participant count)."""
+  ops, dtypes, kinds = lossy_selection(wire, ops, dtypes, kinds)
+  return len(shapes) * sum(valid(op, d, k) for k in kinds for d in dtypes for op in ops)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -481,6 +526,20 @@ def run(args: argparse.Namespace) -> int:
   if skipped:
     print(f"# --wire {wire}: skipping {', '.join(skipped)} (cannot send in it)", flush=True)
   cases = [(a, p) for a in algorithms if a not in skipped for p in ps]
+  ops, dtypes, kinds = lossy_selection(wire, args.ops, args.dtypes, args.kinds)
+  left_out = [f"--ops {o}" for o in args.ops if o not in ops]
+  left_out += [f"--dtypes {d}" for d in args.dtypes if d not in dtypes]
+  left_out += [f"--kinds {k}" for k in args.kinds if k not in kinds]
+  if left_out:
+    print(f"# --wire {wire}: not checked (sum/mean of finite floats only): {', '.join(left_out)}")
+  total = len(cases) * count_cases(ops, dtypes, kinds, shapes)
+  print(
+    f"# {total} cases to compare: {len(cases)} (algorithm, participant count) programs x"
+    f" {total // max(len(cases), 1)} (op, dtype, input kind, shape) each",
+    flush=True,
+  )
+  if total > QUICK_CASES:
+    print(f"# a quick first check instead (seconds): allreduce-jax verify {QUICK}", flush=True)
   # Each (algorithm, p) compiles one program per op × dtype × kind × shape: minutes in
   # all. Count, rate and ETA on stderr, only on a terminal and on process 0.
   bar = tqdm(cases, desc="verify", unit="case", file=sys.stderr, leave=False,
@@ -501,22 +560,18 @@ def run(args: argparse.Namespace) -> int:
   for line in failures(rows):
     print(line)
   found = findings(rows)
-  failed = [t for t in table if not t["passed"]]
-  passed = [t for t in table if t["passed"] and not t["backend"]]
+  failed = sum(not r.passed for r in rows)
+  backend = sum(r.passed and bool(r.detail) for r in rows)  # XLA's own, differing
   print(
-    f"# {len(passed)} passed, {len(failed)} failed"
-    + (
-      f", {len(table) - len(passed) - len(failed)} backend"
-      if len(passed) + len(failed) < len(table)
-      else ""
-    )
-    + f" ({len(rows)} cases compared with the NumPy oracle in {time.perf_counter() - t0:.1f} s)"
+    f"# {len(rows)} cases compared with the NumPy oracle in {time.perf_counter() - t0:.1f} s:"
+    f" {len(rows) - failed - backend} passed, {failed} failed"
+    + (f", {backend} backend" if backend else "")
   )
   print_findings(found, args.strict)
   write_rows(
     store, [asdict(r) for r in rows], ("algorithm", "op", "dtype", "p", "input_kind", "shape")
   )
-  return 1 if failed or (args.strict and found) else 0
+  return 1 if failed or not rows or (args.strict and found) else 0
 
 
 def _check_memory(args: argparse.Namespace, ps: list[int], shapes) -> None:
