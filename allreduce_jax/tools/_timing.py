@@ -118,8 +118,10 @@ def time_round_robin(
   warmup: int = 2,
   trials: int = 1,
   order: str = "round-robin",
+  on_call: Callable[[int], None] | None = None,
 ) -> list[Timing]:
   """Compiles each ``(jitted, args)`` program, then times them side by side.
+  ``on_call(k)``, if given, runs before each call of program ``k`` (a watchdog's count).
 
   Returns one :class:`Timing` per program, in order. ``order``: ``"round-robin"``
   (call k of every program, then call k + 1) or ``"blocks"`` (every call of one
@@ -150,6 +152,8 @@ def time_round_robin(
     calls = [(k, j >= warmup) for j in range(warmup + trials * iters) for k in range(len(built))]
   for k, timed in calls:
     (compiled, *_), args = built[k]
+    if on_call is not None:
+      on_call(k)
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(*args))
     if timed:

@@ -63,6 +63,7 @@ from allreduce_jax.tools._args import (
   size,
   wire_list,
 )
+from allreduce_jax.tools._deadline import Deadline
 from allreduce_jax.tools._timing import ORDERS, time_round_robin  # time_round_robin: public here
 from allreduce_jax.units import format_bytes, parse_size
 
@@ -251,12 +252,16 @@ def measure_size(
   check: bool = True,
   average: int = 0,
   order: str = "round-robin",
+  deadline: Deadline | None = None,
+  iteration_times: bool = False,
 ) -> list[dict]:
   """Measures every algorithm in every wire format at one size, side by side; returns
   one row each (XLA's ``psum`` only exact). ``check``: compare each result with
   ``lax.psum``'s (``wrong``; ``None`` without the check). ``average``: which process's
   time a multi-process row reports (:data:`AVERAGE`). ``order``: the calls' order
-  (:func:`~allreduce_jax.tools._timing.time_round_robin`)."""
+  (:func:`~allreduce_jax.tools._timing.time_round_robin`). ``deadline``: counts the calls
+  (bench ``-T``). ``iteration_times``: rows also carry every timed call of this process
+  (``times_us``) and their 50th and 99th percentiles (bench ``-I``)."""
 
   itemsize = jnp.dtype(dtype).itemsize
   count = nbytes // itemsize
@@ -279,9 +284,15 @@ def measure_size(
         )
       built.append((alg, wire, timed, inputs[key], checker))
   params = params or cost_model.current_params()  # auto traces with these (never a file)
+  if deadline is not None:
+    deadline.at(f"{','.join(a for a, *_ in built)} at {format_bytes(nbytes)} {dtype} {op}")
   with cost_model.use_params(params):
     timings = time_round_robin(
-      [(timed, (x,)) for _, _, timed, x, _ in built], iters, warmup, order=order
+      [(timed, (x,)) for _, _, timed, x, _ in built],
+      iters,
+      warmup,
+      order=order,
+      on_call=deadline.call if deadline is not None else None,
     )
     # What auto picked, and what each schedule chose at trace time under these
     # parameters (the double binary tree's chunk count; auto's, its pick's): a model
@@ -345,6 +356,9 @@ def measure_size(
       ),
       "mpi_algorithm": mpi_algorithm,
     }
+    if iteration_times:  # this process's own calls, in order
+      row["times_us"] = [s * 1e6 for s in t.times_s]
+      row["time_us_p50"], row["time_us_p99"] = np.percentile(row["times_us"], [50, 99]).tolist()
     rows.append(row)
   del inputs, built
   return rows
@@ -370,6 +384,7 @@ def row_key(
   check: bool = True,
   average: int = 0,
   order: str = "round-robin",
+  iteration_times: bool = False,
 ) -> str:
   """A bench row's key: algorithm, size, dtype and op over the run's configuration
   (the store's context), plus the cost parameters for ``auto``, a lossy wire format,
@@ -384,6 +399,8 @@ def row_key(
     extra["time_from"] = AVERAGE[average]
   if order != "round-robin":
     extra["order"] = order
+  if iteration_times:  # rows with every call's time (-I)
+    extra["times"] = True
   if algorithm == mpi_peer.NAME:  # which of Open MPI's algorithms ran
     extra["mpi_algorithm"] = mpi_peer.algorithm()
   return store.key(algorithm=algorithm, bytes=nbytes, dtype=dtype, op=op, **extra)
@@ -406,12 +423,17 @@ def format_row(r: dict, psum_busbw: float | None = None) -> str:
   name += f"/{r['wire']}" if r.get("wire") else ""
   err = r.get("rel_error")
   err_s = f"{err:8.1e}" if err is not None else f"{'-':>8}"
+  tail = f" {r['time_us_p50']:>9.1f} {r['time_us_p99']:>9.1f}" if "time_us_p99" in r else ""
   return (
     f"{r['bytes']:>12} {r['count']:>10} {r['dtype']:>8} {r['op']:>5} {name:>18}"
     f" {r['time_us']:>10.1f} {r['algbw_GBps']:>11.3f} {r['busbw_GBps']:>11.3f}"
     f" {'-' if r['wrong'] is None else r['wrong']:>6}"
-    f" {pred_s} {ratio} {err_s}"
+    f" {pred_s} {ratio} {err_s}{tail}"
   )
+
+
+#: The two columns ``-I`` adds to :data:`HEADER`: the timed calls' percentiles.
+HEADER_ITERATIONS = f" {'p50(us)':>9} {'p99(us)':>9}"
 
 
 def summary(rows: Sequence[dict]) -> str:
@@ -534,6 +556,17 @@ def fit_and_save(rows: Sequence[dict], path, min_bytes: int = 0) -> tuple:
 # ----------------------------------------------------------------------------------------
 
 
+def _seconds(text: str) -> float:
+  """A positive number of seconds (an argparse ``type``; argparse names the option)."""
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+  if not value > 0:
+    raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
+  return value
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
   add_devices(parser)
   parser.add_argument(
@@ -654,6 +687,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
     help="comma-separated wire formats to send in: none (exact), bf16, int8, fp8;"
     " lossy rows report rel_error next to the time",
   )
+  # nccl-tests 2.19's -T, -I and -J.
+  parser.add_argument(
+    "-T",
+    "--timeout",
+    type=_seconds,
+    default=None,
+    metavar="SECONDS",
+    help="end the run after SECONDS, naming the participant that is stuck (the process"
+    " whose calls fall behind the others', or that does not answer); exit 124 (default: none)",
+  )
+  parser.add_argument(
+    "-I",
+    "--iteration-times",
+    action="store_true",
+    help="rows also carry every timed call (times_us) and their p50 and p99, which the table shows",
+  )
+  parser.add_argument(
+    "-J",
+    "--json",
+    default=None,
+    metavar="FILE",
+    help="also write the run (its configuration and every row so far) as one JSON document"
+    " to FILE, rewritten after each size",
+  )
 
 
 def _pairs(ops: list[str], dtypes: list[str]) -> tuple[list[tuple[str, str]], list[str]]:
@@ -697,6 +754,14 @@ def _devices_per_process(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+  deadline = Deadline(args.timeout, f"bench: -T {args.timeout:g}" if args.timeout else "").start()
+  try:
+    return _run(args, deadline)
+  finally:
+    deadline.finish()
+
+
+def _run(args: argparse.Namespace, deadline: Deadline) -> int:
   sizes, pairs, undefined, p, algorithms = _sweep(args)
   check = bool(args.check)
   main = jax.process_index() == 0
@@ -715,6 +780,8 @@ def run(args: argparse.Namespace) -> int:
     **({"trials": args.trials} if getattr(args, "trials", None) else {}),
   }  # + each row's dtype and op (row_key): one file holds every pair of -o/-d
   store = row_store(out, "bench", fresh=args.fresh and main, context=context)
+  if args.json:
+    output_path(args.json, "-J/--json")
   fig = figure_path(args.plot or out.with_suffix(".png"), "--plot")
   if args.fit:
     output_path(args.params or cost_model.default_fit_path(), "--params")
@@ -731,7 +798,9 @@ def run(args: argparse.Namespace) -> int:
     for a in algorithms
     if (w is None if a == mpi_peer.NAME else w in ALGORITHMS[a].wires)
   ]
-  rows_by_pair = _measure_pairs(args, store, done, sizes, pairs, entries, p, params, main)
+  rows_by_pair = _measure_pairs(
+    args, store, done, sizes, pairs, entries, p, params, main, deadline, context
+  )
   every = [r for rows in rows_by_pair.values() for r in rows]
   if main:
     print(summary(every), flush=True)
@@ -818,10 +887,20 @@ def _print_header(args: argparse.Namespace, params, p: int, check: bool, undefin
   )
   if undefined:
     print(f"# skipping {', '.join(undefined)}: all_reduce does not define them", flush=True)
-  print("# " + HEADER.lstrip(), flush=True)
+  print("# " + HEADER.lstrip() + (HEADER_ITERATIONS if args.iteration_times else ""), flush=True)
 
 
-def _measure_pairs(args, store, done, sizes, pairs, entries, p, params, main):
+def _write_json(path: str, context: dict, rows: list[dict]) -> None:
+  """``-J``: the run as one JSON document (written whole, then renamed into place)."""
+  import json
+  import os
+
+  tmp = Path(f"{path}.tmp")
+  tmp.write_text(json.dumps({"config": context, "results": rows}, indent=1, default=str) + "\n")
+  os.replace(tmp, path)
+
+
+def _measure_pairs(args, store, done, sizes, pairs, entries, p, params, main, deadline, context):
   """Every (algorithm, wire) at every size of every (op, dtype) pair: rows already in
   ``done`` reused, the rest measured (one round robin per wire format) and stored;
   each size's rows printed. Returns the rows by pair."""
@@ -839,7 +918,8 @@ def _measure_pairs(args, store, done, sizes, pairs, entries, p, params, main):
     for nbytes in sizes[dtype]:
       keys = {
         (a, w): row_key(store, a, nbytes, params, w, dtype=dtype, op=op, check=check,
-                        average=args.average, order=args.order)
+                        average=args.average, order=args.order,
+                        iteration_times=args.iteration_times)
         for a, w in entries
       }  # fmt: skip
       todo = [e for e in entries if keys[e] not in done]
@@ -851,7 +931,8 @@ def _measure_pairs(args, store, done, sizes, pairs, entries, p, params, main):
         bar.set_description(f"{dtype} {op} {format_bytes(nbytes)}")
         new = measure_size(
           mine, p, nbytes, dtype, op, args.iters, args.warmup, params, wires=(w,),
-          check=check, average=args.average, order=args.order,
+          check=check, average=args.average, order=args.order, deadline=deadline,
+          iteration_times=args.iteration_times,
         )  # fmt: skip
         if main:
           store.extend(new, [keys[(r["algorithm"], r.get("wire"))] for r in new])
@@ -863,6 +944,8 @@ def _measure_pairs(args, store, done, sizes, pairs, entries, p, params, main):
         for r in rows:
           bar.write(format_row(r, psum))
       rows_all += rows
+      if main and args.json:
+        _write_json(args.json, context, [r for rs in rows_by_pair.values() for r in rs])
   bar.close()
   return rows_by_pair
 
