@@ -28,13 +28,31 @@ float32 (7 + 16 bits for int8, 4 + 16 for fp8), the block's largest value decode
 to exactly ``127·s`` (``448·s``), and re-encoding finds ``s`` again even if the
 division by 127 is off by an ulp (XLA may multiply by the reciprocal).
 
-Special values: bf16 rounds like ``astype``. In a block format a NaN or infinity
-anywhere in a block of 256 makes the whole decoded block NaN (its scale is not
-finite). Zeros stay zeros.
+Special values and range (``all_reduce``'s contract for a lossy wire; every participant
+holds the same bits in every case, ``tests/test_lossy_wire_contract.py``):
+
+* ``bf16`` rounds like ``astype(bfloat16)``: NaN stays NaN, ±inf stay ±inf, and a
+  finite value beyond bfloat16's largest (3.39e38: float32 values near float32's max;
+  a float16 65504 rounds to 65536 and the float16 result overflows) becomes ±inf.
+* In a block format, a NaN or infinity anywhere in a block (an input's, or a partial
+  sum that overflowed) makes that whole decoded block NaN: its scale is not finite.
+  Which elements share a block depends on the algorithm's messages (blocks of 256
+  from each message's start). Finite values up to the dtype's max travel within the
+  bound. Zeros stay zeros.
+* bfloat16/float16 inputs are reduced in float32 and rounded once: a total beyond
+  the dtype's max is ±inf, as the exact sum's rounding would be.
+
+So every element of a result is either within the error bound of the exact sum or
+not finite (NaN, ±inf), and where the exact sum is not finite, neither is the
+result: never a wrong finite value. Integers never travel lossy: ``all_reduce``
+refuses a lossy wire for them (``TypeError``), ``all_reduce_tree`` sends its integer
+buckets exact.
 
 Error per quantization (each element, against the value encoded): at most ``u`` times
 the block's absolute maximum, ``u`` = :attr:`WireFormat.unit_error` (1/254 for int8,
-2^-4 for fp8 e4m3, and 2^-8 relative to the element itself for bf16).
+2^-4 for fp8 e4m3, and 2^-8 relative to the element itself for bf16). How many
+quantization errors reach an element depends on the algorithm's path:
+``allreduce_jax.wire_error.quantizations`` counts them on its own program.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import all_reduce, all_reduce_gradients, all_reduce_tree, names
 from allreduce_jax.devices import submesh
+from allreduce_jax.tools import verify
 
 NP = 4
 LOSSY = ("bf16", "int8", "fp8")
@@ -37,7 +38,7 @@ def _run(body, x, p=NP, check_vma=True):
   mesh = submesh((p,), ("r",))
   f = jax.jit(
     jax.shard_map(
-      lambda b: jax.tree.map(lambda y: y[None], body(b[0])),
+      lambda b: jax.tree.map(lambda y: y[None], body(jax.tree.map(lambda a: a[0], b))),
       mesh=mesh,
       in_specs=P("r"),
       out_specs=P("r"),
@@ -133,3 +134,76 @@ def test_a_wire_that_is_not_a_name_is_one_line_naming_wire():
       )
       with pytest.raises(ValueError, match=match):
         f(tree)
+
+
+def _special_cases(dtype, n=300):
+  """name -> ``f32[NP, n]`` normal data with one thing a lossy wire cannot carry."""
+  big = float(jnp.finfo(dtype).max)
+  base = np.random.default_rng(1).standard_normal((NP, n))
+  cases = {}
+  for name, cells in {
+    "+inf": {(1, 10): np.inf},
+    "NaN": {(3, 200): np.nan},
+    "+inf and -inf": {(0, 100): np.inf, (2, 100): -np.inf},
+    "the dtype's max": {(2, 50): big},
+    "a sum that overflows": {(0, 60): 0.75 * big, (1, 60): 0.75 * big},
+  }.items():
+    x = base.copy()
+    for cell, value in cells.items():
+      x[cell] = value
+    cases[name] = x.astype(dtype)
+  return cases
+
+
+@pytest.mark.parametrize("algorithm", HAND_WRITTEN)
+def test_what_a_lossy_wire_cannot_carry_is_non_finite_on_every_participant(algorithm):
+  # Each element: within the bound of the exact sum, or not finite; not finite where
+  # the exact sum is not; the same bits everywhere. Never a wrong finite value.
+  dtypes = (jnp.float32, jnp.bfloat16, jnp.float16)
+  inputs = {(jnp.dtype(d).name, name): x for d in dtypes for name, x in _special_cases(d).items()}
+
+  def body(blocks):
+    return {
+      (*key, wire): all_reduce(b, "r", algorithm=algorithm, wire=wire)
+      for key, b in blocks.items()
+      for wire in LOSSY
+    }
+
+  mesh = submesh((NP,), ("r",))
+  f = jax.jit(
+    jax.shard_map(
+      lambda bs: jax.tree.map(lambda y: y[None], body(jax.tree.map(lambda b: b[0], bs))),
+      mesh=mesh,
+      in_specs=P("r"),
+      out_specs=P("r"),
+    )
+  )
+  got = jax.tree.map(np.asarray, f(jax.device_put(inputs, NamedSharding(mesh, P("r")))))
+  for (dtype, name, wire), y in got.items():
+    x = inputs[dtype, name]
+    assert _same_bits(y), (dtype, name, wire)
+    y = y[0].astype(np.float64)
+    wide = x.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+      exact = wide.sum(0)
+      rounded = exact.astype(dtype).astype(np.float64)  # the exact sum in x's dtype
+    assert not np.isfinite(y[~np.isfinite(rounded)]).any(), (dtype, name, wire)
+    finite = np.where(np.isfinite(wide), wide, 0.0).astype(dtype)
+    tol = verify.lossy_tolerance(algorithm, finite, "sum", wire, NP)
+    tol = tol + float(jnp.finfo(dtype).eps) * np.abs(exact)
+    ok = np.isfinite(y)
+    bad = np.abs(y[ok] - exact[ok]) > np.broadcast_to(tol, exact.shape)[ok]
+    assert not bad.any(), (dtype, name, wire, np.flatnonzero(ok)[bad][:5])
+
+
+def test_integers_never_travel_lossy():
+  x = np.arange(NP * 6, dtype=np.int32).reshape(NP, 6)
+  mesh = submesh((NP,), ("r",))
+  f = jax.shard_map(lambda b: all_reduce(b, "r", wire="int8"), mesh=mesh, in_specs=P("r"),
+                    out_specs=P("r"))  # fmt: skip
+  with pytest.raises(TypeError, match=r"wire='int8' needs a floating-point x, got dtype int32"):
+    f(jax.device_put(x, NamedSharding(mesh, P("r"))))
+  tree = {"i": x, "f": x.astype(np.float32) / 7}
+  got = _run(lambda t: all_reduce_tree(t, "r", wire="int8"), tree)
+  assert (got["i"] == x.sum(0)).all()  # the integer bucket: exact, every participant
+  assert _same_bits(got["f"]) and not np.array_equal(got["f"][0], (x / 7).sum(0))
