@@ -28,6 +28,13 @@ removes what a dead run left (``down --all``: every cluster, running or not).
 ``--counters FILE`` writes each host's interface byte
 counters (sent, received) over the run as JSON.
 
+``--fault SPEC`` (repeatable) injects a fault T seconds after the hosts joined:
+``kill:H@T``, ``stop:H@T``, ``link:H=RATE@T``, ``down:H@T+D``, ``cpu:H=FRACTION@T``
+(:mod:`allreduce_jax.tools.faults`); each is printed with its time and written to
+``DIR/faults.jsonl``, and rows measured there name the faults in their network.
+``--restarts N`` starts the job again after a failure, ``--elastic`` on the surviving
+hosts (:func:`allreduce_jax.tools.launch.launch_restarting`).
+
 One cluster runs at a time on a machine: every host process shares this machine's
 CPUs, so two clusters measuring at once distort each other's timings. A second
 ``cluster`` waits for the first (saying so) unless ``--concurrent`` is given (or
@@ -419,6 +426,11 @@ def run(args: argparse.Namespace) -> int:
     output_dir(args.log_dir, "--log-dir")
   try:
     faults = [fault_lib.parse(spec, args.hosts) for spec in args.fault]
+    if args.launcher != "builtin" and (faults or args.restarts or args.elastic):
+      raise ValueError(
+        f"--launcher {args.launcher}: --fault, --restarts and --elastic need the builtin"
+        " launcher (it knows each host's process)."
+      )
     return cluster(
       args.command,
       args.hosts,

@@ -25,6 +25,10 @@ process group, which a watchdog process kills if the launcher dies, even by
 SIGKILL (and Linux ``PR_SET_PDEATHSIG`` kills the child itself), so nothing outlives
 a success, a failure or Ctrl-C. Every process's output goes to
 ``DIR/process-R.log``; process 0's is also shown.
+
+``--restarts N`` starts the whole job again after a failure, up to N times (torchrun's
+``--max-restarts``; ``train sync --checkpoint-dir`` resumes from its newest checkpoint),
+``--elastic`` on the processes that did not fail (:func:`launch_restarting`).
 """
 
 from __future__ import annotations
