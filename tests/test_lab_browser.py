@@ -402,7 +402,9 @@ def run_in_lab(driver, lab: Lab, nbdir: Path, path: Path, shots: Path | None) ->
     if driver.execute_script("return arguments[0].naturalWidth", i) > 0
   ]
   if images and shots is not None:
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", images[0])
+    for _ in range(2):  # the cells above take their height once in view: scroll, settle, again
+      driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", images[0])
+      time.sleep(0.5)
     images[0].screenshot(str(shots / f"{path.stem}.png"))
 
   # Save (Ctrl+S) and read back what Lab saved: the outputs, cell by cell.
