@@ -475,6 +475,13 @@ def test_each_notebook_runs_in_jupyterlab_in_a_browser(tmp_path):
       results[path.stem] = run_in_lab(
         driver, lab, nbdir, path, None if path.stem == "00_raises" else shots
       )
+    # What the saves wrote (notebooks/.ipynb/, checkpoints) is not in the file browser.
+    time.sleep(2)
+    listed = [
+      i.text.split("\n")[0] for i in driver.find_elements("css selector", ".jp-DirListing-item")
+    ]
+    assert sorted(listed) == sorted(p.name for p in nbdir.glob("*.py")), listed
+    assert (nbdir / ".ipynb").is_dir()
   finally:
     driver_pid = browser.quit() if browser else None
     lab.stop()
