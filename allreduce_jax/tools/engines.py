@@ -131,7 +131,12 @@ def mpirun(plan: netns.Plan, command: list[str], devices: int, timeout, err) -> 
     if timeout is not None:
       engine += ["--timeout", str(max(1, round(timeout)))]
     print(f"# cluster: mpirun from {plan.hostnames[0]}, one rank per host", file=err, flush=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
+    # an outer MPI job's variables out; MCA parameters (OMPI_MCA_coll_tuned_...) reach the ranks
+    env = {
+      k: v
+      for k, v in os.environ.items()
+      if not k.startswith(("OMPI_", "PMIX_")) or k.startswith("OMPI_MCA_coll")
+    }
     return _run(
       [*netns.host_argv(plan, 0), *engine, *argv], env, None if timeout is None else timeout + 30,
       lambda proc: os.killpg(proc.pid, signal.SIGTERM), err,
