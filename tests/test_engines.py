@@ -313,3 +313,21 @@ def test_bench_mpi_beside_ring_and_psum_under_mpirun_names_open_mpis_algorithm(t
   assert all(r["mpi_algorithm"] == "rabenseifner" and r["wrong"] == 0 for r in mpi)
   assert all(r["process_count"] == 2 and r["n_devices"] == 2 for r in rows)
   assert "mpi(rabenseifner)" in res.stdout
+
+
+def test_a_launcher_that_cannot_run_is_one_line_before_anything_is_built(monkeypatch, capsys):
+  from allreduce_jax import cli, netns
+  from allreduce_jax.tools import cluster, engines
+
+  assert engines.problem("builtin", rootless=True) is None
+  assert "needs root" in engines.problem("mpirun", rootless=True)
+  monkeypatch.setattr(shutil, "which", lambda name: None)
+  assert "apt-get install openmpi-bin" in engines.problem("mpirun", rootless=False)
+  monkeypatch.setattr(netns, "choose", lambda rootless: (False, None))
+  monkeypatch.setattr(netns, "up", lambda plan: pytest.fail("built a cluster"))
+  args = cli.subcommand_parser("cluster").parse_args(
+    ["--hosts", "2", "--launcher", "slurm", "--", "verify"]
+  )
+  assert cluster.run(args) == 1
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("allreduce-jax cluster: --launcher slurm needs munged") and "\n" not in err
