@@ -279,9 +279,7 @@ def _launch_builtin(command, hosts, plan, devices_per_host, err, launch_options)
     f if isinstance(f, fault_lib.Fault) else fault_lib.parse(f, hosts)
     for f in options.pop("faults", None) or ()
   ]
-  injector = (
-    fault_lib.Injector(plan, faults, PORT, err, options.get("log_dir")) if faults else None
-  )
+  injector = fault_lib.Injector(plan, faults, PORT, err, options.get("log_dir")) if faults else None
 
   def host_argv(host: int) -> list[str]:
     argv = netns.host_argv(plan, host)
