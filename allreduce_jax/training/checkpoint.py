@@ -108,6 +108,11 @@ class Checkpoints:
         enable_async_checkpointing=False,  # a save is complete when save() returns
       ),
     )
+    # orbax removes torn temporary folders in the background and waits for that only in
+    # its next save; wait now, so a run that only restores leaves none behind either.
+    wait = getattr(self.manager, "_maybe_await_cleanup_tmp_directory", None)
+    if wait is not None:
+      wait()
 
   def latest(self) -> int | None:
     """The newest complete step saved, or None."""
