@@ -68,7 +68,7 @@ def problem(name: str, rootless: bool) -> str | None:
 def _run(argv: list[str], env: dict, timeout: float | None, on_timeout, err) -> int:
   """Runs the engine's front end (its output passes through), killed with this process;
   ``on_timeout(proc)`` after ``timeout`` seconds. Returns its status (128 + signal)."""
-  proc = subprocess.Popen(launcher._die_with_parent(argv), env=env, start_new_session=True)
+  proc = subprocess.Popen(launcher.die_with_parent(argv), env=env, start_new_session=True)
   try:
     try:
       proc.wait(timeout)

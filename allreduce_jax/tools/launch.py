@@ -115,8 +115,13 @@ except OSError as e:
 """
 
 
-def _die_with_parent(argv: list[str]) -> list[str]:
-  """``argv`` behind :data:`_DIE_WITH_PARENT` on Linux (elsewhere as it is)."""
+def die_with_parent(argv: list[str]) -> list[str]:
+  """``argv`` wrapped so that the program dies with this process (Linux; elsewhere ``argv`` as it is).
+
+  The wrapper asks the kernel for SIGKILL when its parent exits (``PR_SET_PDEATHSIG``), then
+  execs ``argv``: a launcher that is itself killed leaves no process behind. Used by ``launch``
+  and by the engines of ``cluster --launcher mpirun|slurm``.
+  """
   if not sys.platform.startswith("linux"):
     return argv
   return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
@@ -588,7 +593,7 @@ def _spawn(rank: int, argv: list[str], env: dict, logs: Path) -> _Child:
   with open(log, "wb") as f:
     try:
       proc = subprocess.Popen(
-        _die_with_parent(argv),
+        die_with_parent(argv),
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=f,
