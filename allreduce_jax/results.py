@@ -186,6 +186,27 @@ def run_context() -> dict[str, Any]:
   return context
 
 
+def source_commit() -> str:
+  """The git commit this package is imported from, short, with ``-dirty`` for uncommitted changes.
+
+  ``""`` where the package is not in a git checkout (an installed wheel) or git is missing. The
+  executed notebooks and the report print it, so a reader knows which code made them.
+  """
+  import subprocess
+
+  try:
+    out = subprocess.run(
+      ["git", "describe", "--always", "--dirty", "--abbrev=7"],
+      cwd=Path(__file__).resolve().parent,
+      capture_output=True,
+      text=True,
+      timeout=10,
+    )
+  except (OSError, subprocess.SubprocessError):
+    return ""
+  return out.stdout.strip() if out.returncode == 0 else ""
+
+
 def environment() -> dict[str, Any]:
   """Versions, backend and device count, stored with every training row."""
   return {

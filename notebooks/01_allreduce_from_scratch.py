@@ -43,6 +43,10 @@ from allreduce_jax.palette import style
 
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
 
+from allreduce_jax.results import source_commit
+
+print("allreduce-jax at commit", source_commit() or "(not a git checkout)")
+
 # %% [markdown]
 # ## The central scheme: everyone sends to one participant
 #

@@ -48,6 +48,10 @@ display(
 )
 print("also registered:", "; ".join(f"{a}: {ALGORITHMS[a].summary}" for a in OTHERS))
 
+from allreduce_jax.results import source_commit
+
+print("allreduce-jax at commit", source_commit() or "(not a git checkout)")
+
 # %% [markdown]
 # ## Every schedule, drawn from its trace
 #

@@ -59,6 +59,10 @@ mesh = jax.make_mesh((DEVICES,), ("i",))
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
 print("sizes per participant:", ", ".join(format_bytes(n) for n in SIZES))
 
+from allreduce_jax.results import source_commit
+
+print("allreduce-jax at commit", source_commit() or "(not a git checkout)")
+
 # %% [markdown]
 # ## Timing an all-reduce, the way nccl-tests does
 #

@@ -37,6 +37,10 @@ from allreduce_jax.palette import label, style
 use_cpu_devices(8)  # 8 emulated CPU devices (before the first computation)
 rng = np.random.default_rng(0)
 
+from allreduce_jax.results import source_commit
+
+print("allreduce-jax at commit", source_commit() or "(not a git checkout)")
+
 # %% [markdown]
 # ## One chunk around the ring, inline
 #

@@ -58,6 +58,11 @@ def allreduce_jax(*args, timeout=900):
   return res.returncode, *(s.replace(str(work), "WORK") for s in (res.stdout, res.stderr))
 
 
+from allreduce_jax.results import source_commit
+
+print("allreduce-jax at commit", source_commit() or "(not a git checkout)")
+
+
 # %% [markdown]
 # ## 1 · One program, several processes
 #

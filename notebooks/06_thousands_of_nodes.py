@@ -64,6 +64,10 @@ print(f"{LINK}: α = {params.alpha * 1e6:g} µs, {1e-9 / params.beta:g} GB/s per
 print("replayable algorithms:", ", ".join(ALGS))
 print("p =", PS)
 
+from allreduce_jax.results import source_commit
+
+print("allreduce-jax at commit", source_commit() or "(not a git checkout)")
+
 # %% [markdown]
 # ## A schedule is data
 #

@@ -87,6 +87,11 @@ def test_accuracy(graphdef, params):
   return float((nnx.merge(graphdef, params)(x_test).argmax(-1) == y_test).mean())
 
 
+from allreduce_jax.results import source_commit
+
+print("allreduce-jax at commit", source_commit() or "(not a git checkout)")
+
+
 # %% [markdown]
 # ## 1 · Synchronous: one large-batch step, on the hand-written ring
 #

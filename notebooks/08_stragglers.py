@@ -45,6 +45,10 @@ from allreduce_jax.training import Setup, get_arm, get_workload, harmonic, run_a
 
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
 
+from allreduce_jax.results import source_commit
+
+print("allreduce-jax at commit", source_commit() or "(not a git checkout)")
+
 # %% [markdown]
 # ## 1 · A sync step waits for the slowest worker
 #

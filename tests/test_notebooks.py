@@ -28,6 +28,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from allreduce_jax.results import source_commit
+
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.py"))
 
 # A number as printed: 8, 1,024, 0.25, 2.1e-05; not a digit inside a word (int8, bf16,
@@ -171,6 +173,9 @@ def test_notebook_executes_in_small_mode(path, monkeypatch, tmp_path):
   unshown = [o for o in outputs if "<Figure size" in str(o.get("data", {}).get("text/plain", ""))
              and "image/png" not in o.get("data", {})]  # fmt: skip
   assert not unshown, f"{len(unshown)} figure(s) shown as text"
+  # The first output names the code that made it (an executed copy says its commit).
+  first = next(_text(c.outputs) for c in nb.cells if c.cell_type == "code" and c.get("outputs"))
+  assert f"allreduce-jax at commit {source_commit() or '(not a git checkout)'}" in first, first
   if not concludes:  # test_every_notebook_records_its_conclusion names it
     assert nb.cells[-1].cell_type == "code" and nb.cells[-1].outputs
     return
@@ -178,6 +183,16 @@ def test_notebook_executes_in_small_mode(path, monkeypatch, tmp_path):
   conclusion = json.loads(dump.split("CONCLUSION=", 1)[1])
   text = _text(nb.cells[-1].outputs)
   assert not (problems := check_conclusion(text, conclusion)), (text, problems)
+
+
+def test_source_commit_is_the_checkout_s_commit():
+  import subprocess
+
+  head = subprocess.run(
+    ["git", "rev-parse", "HEAD"], cwd=NOTEBOOKS[0].parent, capture_output=True, text=True
+  ).stdout.strip()
+  commit = source_commit()
+  assert commit and head.startswith(commit.removesuffix("-dirty")), (commit, head)
 
 
 def test_results_go_under_the_repository_whatever_the_working_directory(tmp_path):
