@@ -151,7 +151,7 @@ def table_c(rows: list[dict[str, Any]]) -> str:
     ...          time_to_target=2.0, updates_to_target=10, bytes_per_sample=100.0,
     ...          diverged=False, seed=0)
     >>> print(table_c([r]).splitlines()[2])
-    | w | sync | 0.9500 | 2 s | 1.00 | 10 | 100B | 0/1 | – |
+    | w | sync | 0.9500 | 2 s | 1.00 | 10 | 100 B | 0/1 | – |
   """
   if not rows:
     return "(no rows)"
@@ -257,7 +257,7 @@ def compression_table(rows: list[dict[str, Any]]) -> str:
     >>> c = {**r, "arm": "sync_bf16", "compression": "wire", "wire": "bf16",
     ...      "compression_algorithm": "ring", "final_metric": 0.94, "bytes_per_sample": 50.0}
     >>> print(compression_table([r, c]).splitlines()[3])
-    | w | sync_bf16 | bf16 wire, ring | 0.9400 | -1.00 [-1.00, -1.00] | 50B | 2.0× | 0.1000 | 0/1 |
+    | w | sync_bf16 | bf16 wire, ring | 0.9400 | -1.00 [-1.00, -1.00] | 50 B | 2.0× | 0.1000 | 0/1 |
   """
   if not rows:
     return "(no rows)"
