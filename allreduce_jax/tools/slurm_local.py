@@ -203,10 +203,12 @@ class Slurm:
     """Writes the key and the configuration, starts munged, slurmctld and the slurmds,
     and waits until every node is idle; ``SlurmError`` (everything stopped) if not
     within ``timeout`` seconds."""
-    # munged's socket path must fit a Unix socket address (108 bytes).
+    # Unix socket addresses hold 108 bytes: munged's socket and each step's socket in the
+    # slurmd spool folder (``spool-NODE/NODE_JOBID.STEP``) must fit, so a long TMPDIR
+    # (pytest's per-worker folders) gives way to /tmp.
     base = tempfile.gettempdir()
     self.folder = Path(
-      tempfile.mkdtemp(prefix="allreduce-jax-slurm-", dir=base if len(base) < 60 else "/tmp")
+      tempfile.mkdtemp(prefix="allreduce-jax-slurm-", dir=base if len(base) <= 20 else "/tmp")
     )
     self._watchdog = subprocess.Popen(
       [sys.executable, "-c", _WATCHDOG, str(self.folder)],
