@@ -7,6 +7,7 @@ Also: ``all_reduce_gradients`` chained before ``optax.adam`` trains a Flax
 NNX MLP on digits like ``lax.pmean`` for every hand-written single-axis algorithm.
 """
 
+import inspect
 import os
 import re
 import subprocess
@@ -136,19 +137,15 @@ def _run(src: str) -> dict:
 # The README's block is a user's script (it sets the device count and joins a cluster from
 # the environment), so it runs as one: in its own process, which writes its final
 # parameters and loss to an .npz.
-_SCRIPT = """
-import sys
-import jax, numpy as np, optax
-def _pmean_transform(axis_name):
-  def update(updates, state, params=None):
-    del params
-    return jax.lax.pmean(updates, axis_name), state
-  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+_SAVE = """
 with jax.numpy_dtype_promotion("standard"):  # user code: optax's Adam mixes int and float
   exec(compile(sys.argv[1], "<train-with-it>", "exec"))
   loss = float(loss_fn(params, x, y))
 np.savez(sys.argv[2], *[np.asarray(leaf) for leaf in jax.tree.leaves(params)], loss=loss)
 """
+_SCRIPT = (
+  "import sys\nimport jax, numpy as np, optax\n" + inspect.getsource(_pmean_transform) + _SAVE
+)
 
 
 def _run_script(src: str, tmp_path: Path) -> tuple[list[np.ndarray], float]:
