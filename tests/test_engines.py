@@ -160,8 +160,9 @@ ring = jax.jit(jax.shard_map(lambda b: all_reduce(b, "i", algorithm="ring"), mes
                              in_specs=P("i"), out_specs=P("i")))
 y = ring(x)
 ok = all(np.array_equal(np.asarray(s.data)[0], data.sum(0)) for s in y.addressable_shards)
-print("probe", socket.gethostname(), jax.process_index(), jax.process_count(),
-      jax.local_device_count(), "ok" if ok else "WRONG", flush=True)
+line = " ".join(map(str, ["probe", socket.gethostname(), jax.process_index(), jax.process_count(),
+                          jax.local_device_count(), "ok" if ok else "WRONG"]))
+os.write(1, (line + "\\n").encode())  # one write: lines of two hosts never interleave
 if sys.argv[1:] == ["sleep"]:
   time.sleep(120)
 """
