@@ -24,7 +24,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,7 +32,7 @@ from pathlib import Path
 import jax
 from tqdm import tqdm
 
-from allreduce_jax import ALGORITHMS, cli, cost_model, gloo_model, names, netns, units
+from allreduce_jax import ALGORITHMS, cli, cost_model, gloo_model, names, netns, results, units
 from allreduce_jax.devices import inner_size, use_cpu_devices
 from allreduce_jax.results import load_json, save_json, upgrade
 from allreduce_jax.tools import plot
@@ -302,11 +301,6 @@ def environment() -> dict:
       versions[name] = __import__(name).__version__
     except Exception:  # pragma: no cover
       versions[name] = "?"
-  try:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, timeout=5).stdout.strip()  # fmt: skip
-  except Exception:  # pragma: no cover
-    commit = ""
   return {
     "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     "python": platform.python_version(),
@@ -316,7 +310,7 @@ def environment() -> dict:
     "processes": jax.process_count(),
     "cpu_cores": os.cpu_count(),
     "machine": f"{platform.system()} {platform.machine()}",
-    "commit": commit,
+    "commit": results.source_commit(),
   }
 
 
@@ -1010,7 +1004,9 @@ def write_markdown(out: Path, sections: list[Section], env: dict, smoke: bool) -
     "# allreduce-jax report" + (" (smoke: tiny sizes)" if smoke else ""),
     "",
     f"Measured by `allreduce-jax report{' --smoke' if smoke else ''}` on {env.get('devices')}"
-    f" {env.get('backend')} device(s), {env.get('date')}. Every number below comes from the rows"
+    f" {env.get('backend')} device(s), {env.get('date')}"
+    + (f", at commit `{env['commit']}`" if env.get("commit") else "")
+    + ". Every number below comes from the rows"
     " this run wrote next to this file; each section says how to reproduce it.",
     "",
     "## Summary",
