@@ -21,12 +21,17 @@ def auto(flat: jax.Array, axis_name: AxisName, combine) -> jax.Array:
   the same algorithm wherever it is launched. With fitted parameters, only the
   algorithms the fit measured are candidates. Inside ``cost_model.use_topology(net)``
   the candidates are priced by replaying their message steps on that network
-  (``allreduce_jax.topology``).
+  (``allreduce_jax.topology``), as its ``duplex`` says they run; a network from
+  ``topology.with_link_rates`` tells it which host links are slower.
   """
   p = _comm.size(axis_name)
   nbytes = flat.shape[0] * flat.dtype.itemsize
   choice = cost_model.choose(
-    p, nbytes, cost_model.current_params(), topology=cost_model.current_topology()
+    p,
+    nbytes,
+    cost_model.current_params(),
+    topology=cost_model.current_topology(),
+    duplex=cost_model.current_duplex(),
   )
   return ALGORITHMS[choice](flat, axis_name, combine)
 

@@ -351,10 +351,15 @@ _active_topology: contextvars.ContextVar[tuple] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def use_topology(topology):
+def use_topology(topology, *, duplex: str = "full"):
   """Within this block, ``algorithm="auto"`` prices its candidates by replaying their
   message steps on ``topology`` (a network of :mod:`allreduce_jax.topology`, e.g.
   ``torus((16, 16, 16))`` or ``fat_tree(8, 7)``) instead of the flat α-β formula.
+  A network with slower host links (:func:`allreduce_jax.topology.with_link_rates`) is
+  how ``auto`` is told the links' rates. ``duplex``: how the collectives run, as
+  :func:`allreduce_jax.gloo_model.predict_seconds` takes it: ``"full"`` (the replay's
+  own assumption) or ``"half"`` (XLA:CPU over gloo: one ppermute at a time, an
+  exchange's two directions in turn).
 
   Like :func:`use_params`, the block must enclose the tracing.
 
@@ -365,14 +370,23 @@ def use_topology(topology):
     ...          topology=current_topology())
     'swing'
   """
-  with _pushed(_active_topology, topology):
+  from allreduce_jax import gloo_model
+
+  gloo_model._check_duplex(duplex)
+  with _pushed(_active_topology, (topology, duplex)):
     yield topology
 
 
 def current_topology():
   """The innermost :func:`use_topology` block's network, or None (the flat model)."""
   stack = _active_topology.get()
-  return stack[-1] if stack else None
+  return stack[-1][0] if stack else None
+
+
+def current_duplex() -> str:
+  """The innermost :func:`use_topology` block's ``duplex`` (``"full"`` outside every block)."""
+  stack = _active_topology.get()
+  return stack[-1][1] if stack else "full"
 
 
 def pinned_params() -> AnyParams | None:
@@ -516,12 +530,16 @@ def choose(
   params: AnyParams | None = None,
   candidates: tuple[str, ...] | None = None,
   topology=None,
+  duplex: str = "full",
 ) -> str:
   """NCCL-style selection: the candidate with the smallest predicted time.
 
   With ``topology`` (a network of :mod:`allreduce_jax.topology`: ``torus((16, 16, 16))``,
-  ``fat_tree(8, 7)``...) each candidate that has a message generator is priced by
-  replaying its steps on that network instead of the flat formula.
+  ``fat_tree(8, 7)``, a switch with one slow host link from
+  :func:`~allreduce_jax.topology.with_link_rates`...) each candidate that has a message
+  generator is priced by replaying its steps on that network instead of the flat
+  formula; ``duplex="half"`` replays them as XLA:CPU runs them over gloo
+  (:func:`allreduce_jax.gloo_model.predict_seconds`; ``"recv_first"`` too).
 
   :math:`\\arg\\min_a\\, α_a·\\mathrm{steps}_a(p) + β_a·\\mathrm{bytes}_a(p, n) + γ_a·\\mathrm{reduced}_a(p, n)`.
   Ties go to the earlier candidate (ring first). With a :class:`FittedParams` that
@@ -556,7 +574,13 @@ def choose(
     )
     if not candidates:
       raise ValueError("choose: no candidate has a message generator to replay.")
-    times = [replay.predict_seconds(a, p, nbytes, params, topology) for a in candidates]
+    if duplex == "full":
+      times = [replay.predict_seconds(a, p, nbytes, params, topology) for a in candidates]
+    else:
+      from allreduce_jax import gloo_model
+
+      times = [gloo_model.predict_seconds(a, p, nbytes, params, topology, duplex)
+               for a in candidates]  # fmt: skip
   else:
     times = [predict_seconds(a, p, nbytes, resolve(params, a)) for a in candidates]
   return candidates[min(range(len(candidates)), key=times.__getitem__)]

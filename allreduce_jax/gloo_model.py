@@ -356,11 +356,14 @@ def emulated_seconds(
   bucket_s: float = 0.0,
   mtu: int = 1500,
   choices: dict | None = None,
+  link_rates: dict[int, float] | None = None,
 ) -> float:
   """The replayed time of ``algorithm`` on ``p`` hosts of the emulated network that
   ``allreduce-jax cluster --topology network`` builds (:func:`emulated`), every link
   shaped to ``rate`` bytes/s (β of gloo's payload at ``mtu``, :func:`link_params`) and
-  ``alpha`` seconds per step: :func:`predict_seconds` on that network.
+  ``alpha`` seconds per step: :func:`predict_seconds` on that network. ``link_rates``:
+  hosts whose link runs at another rate, ``{host: bytes/s}``, both directions (what
+  ``cluster --fault link:H=RATE@0`` sets; :func:`emulated_network`).
 
   With ``bucket_s = 0`` it is linear in α, ``steps·α + the bytes' time`` (with
   ``duplex="half"``: exchanges at half duplex, one ``ppermute`` at a time); ``bucket_s``
@@ -375,6 +378,8 @@ def emulated_seconds(
     alpha: seconds per step (:func:`fit_alpha`).
     duplex, bucket_s, choices: as :func:`predict_seconds` takes them.
     mtu: the links' MTU (the frames' header share of the rate).
+    link_rates: ``{host: bytes/s}`` for the hosts whose link is not at ``rate`` (a
+      bucket, ``bucket_s``, then holds that many seconds of each link's own rate).
 
   Returns:
     Seconds.
@@ -382,9 +387,61 @@ def emulated_seconds(
   if not rate > 0:
     raise ValueError(f"rate={rate!r}: expected a link rate in bytes/s > 0.")
   params = link_params(rate, alpha, mtu)
-  return predict_seconds(
-    algorithm, p, n_bytes, params, emulated(network), duplex, bucket_s, choices
-  )
+  top = emulated_network(network, p, rate=rate, link_rates=link_rates)
+  return predict_seconds(algorithm, p, n_bytes, params, top, duplex, bucket_s, choices)
+
+
+def emulated_network(
+  network: str, p: int, *, rate: float, link_rates: dict[int, float] | None = None
+):
+  """:func:`emulated`'s network with the hosts of ``link_rates`` (``{host: bytes/s}``,
+  both directions of its link) at those rates, ``rate`` bytes/s being every other host
+  link's: :func:`allreduce_jax.networks.with_link_rates` with each rate as a fraction of
+  ``rate``. A switch or a fat tree; a bad host or rate is a one-line ``ValueError``
+  naming ``link_rates``.
+
+  Example:
+    >>> emulated_network("switch", 4, rate=25e6, link_rates={1: 2.5e6}).name
+    'switch:1 h1@0.1'
+  """
+  top = emulated(network)
+  if not link_rates:
+    return top
+  for host, r in link_rates.items():
+    if not (isinstance(r, (int, float)) and 0 < r < float("inf")):
+      raise ValueError(f"link_rates: host {host!r}'s rate {r!r} is not bytes/s > 0.")
+  try:
+    return topology.with_link_rates(top, {h: r / rate for h, r in link_rates.items()}, p)
+  except ValueError as e:
+    raise ValueError(f"link_rates: {str(e).split(': ', 1)[1]}") from None
+
+
+def cut_bound_seconds(
+  n_bytes: float,
+  p: int,
+  *,
+  rate: float,
+  link_rates: dict[int, float] | None = None,
+  mtu: int = 1500,
+) -> float:
+  """The least time any exact all-reduce of ``n_bytes`` per host needs on ``p`` hosts
+  whose links run at ``rate`` bytes/s (``link_rates``: ``{host: bytes/s}`` where not),
+  from the cut around each host: every other host's result depends on host h's n bytes
+  and h's result on the others' sum (n bytes of it that h cannot know), so n bytes leave
+  h and n bytes enter it, at best at once (a full-duplex link):
+
+  :math:`T \\ge \\max_h n / (r_h \\cdot s)`, ``s`` the payload share of the wire
+  (:func:`payload_share`). On healthy links the ring's 2(p−1)/p·n per direction is 1.5× it
+  at p = 4; with one slow link, the ring still moves 1.5n through it, a schedule that
+  makes the slow host a leaf (it sends its n once and receives the sum once) n.
+
+  Example:
+    >>> round(cut_bound_seconds(25e6, 4, rate=25e6, link_rates={1: 2.5e6}), 2)  # 10 / 0.956
+    10.46
+  """
+  emulated_network("switch", p, rate=rate, link_rates=link_rates)  # checks the rates
+  slowest = min([rate, *(link_rates or {}).values()])
+  return 0.0 if p < 2 else n_bytes / (slowest * payload_share(mtu))
 
 
 def replay_steps(algorithm: str, p: int, n_bytes: float, network: str, duplex: str = "half") -> int:

@@ -15,6 +15,7 @@ Pure NumPy: importing this module does not import JAX.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -90,15 +91,18 @@ class Switch:
   flat α-β model (:func:`cost_model.predict_seconds`), including its assumption that
   the bidirectional ring's two lanes run at once. ``ports=k``: each participant has k
   links (NICs) that its messages of a step share evenly, in and out (k = 1: one NIC,
-  and the bidirectional ring is no faster than the ring).
+  and the bidirectional ring is no faster than the ring). ``rates``: hosts whose link
+  runs at another rate, ``((host, fraction of a host link), ...)``, both directions
+  (:func:`with_link_rates`).
   """
 
   ports: int | None = None
   hop_latency: float = 0.0
+  rates: tuple[tuple[int, float], ...] = ()
 
   @property
   def name(self) -> str:
-    return "switch" if self.ports is None else f"switch:{self.ports}"
+    return ("switch" if self.ports is None else f"switch:{self.ports}") + _rates_name(self.rates)
 
   def fit(self, p: int) -> Switch:
     return self
@@ -107,12 +111,13 @@ class Switch:
     return None
 
   def link_loads(self, src, dst, frac) -> dict[str, np.ndarray]:
-    if self.ports is None:
-      return {"message": frac.copy()}
     n = int(max(src.max(), dst.max())) + 1
+    r = _host_rates(self.rates, n)
+    if self.ports is None:  # a message's own link runs at its slower end's rate
+      return {"message": frac / np.minimum(r[src], r[dst])}
     return {
-      "out": np.bincount(src, frac, n) / self.ports,
-      "in": np.bincount(dst, frac, n) / self.ports,
+      "out": np.bincount(src, frac, n) / self.ports / r,
+      "in": np.bincount(dst, frac, n) / self.ports / r,
     }
 
   def hops(self, src, dst) -> np.ndarray:
@@ -124,7 +129,10 @@ class Switch:
   def links(self, p: int) -> tuple[Link, ...]:
     """Every host to the one switch, at ``ports`` host links' worth (1 without ports:
     the flat model's "own link per message" has no physical form)."""
-    return tuple(Link(h, "switch", float(self.ports or 1)) for h in _hosts(p))
+    r = _host_rates(self.rates, p)
+    return tuple(
+      Link(h, "switch", float((self.ports or 1) * r[i])) for i, h in enumerate(_hosts(p))
+    )
 
   def route(self, src: int, dst: int, p: int) -> tuple[str, ...]:
     return (f"h{src}", "switch", f"h{dst}")
@@ -260,15 +268,17 @@ def _arc_loads(lines: int, k: int, line, c0, length, frac) -> np.ndarray:
 class FatTree:
   """Two tiers: ``hosts_per_leaf`` participants per leaf switch (participant i on leaf
   i // k), leaves joined by a spine with ideal ECMP. Each leaf's uplink carries k/r
-  host links' worth (``oversubscription`` r:1); hosts have one link each."""
+  host links' worth (``oversubscription`` r:1); hosts have one link each, at the
+  ``rates`` :func:`with_link_rates` sets (a host link's rate otherwise)."""
 
   hosts_per_leaf: int
   oversubscription: float = 1.0
   hop_latency: float = 0.0
+  rates: tuple[tuple[int, float], ...] = ()
 
   @property
   def name(self) -> str:
-    return f"fat_tree:{self.hosts_per_leaf}:{self.oversubscription:g}"
+    return f"fat_tree:{self.hosts_per_leaf}:{self.oversubscription:g}" + _rates_name(self.rates)
 
   def capacity(self) -> int | None:
     return None
@@ -282,9 +292,10 @@ class FatTree:
     leaves = -(-n // k)
     cross = src // k != dst // k
     up = k / self.oversubscription  # uplink capacity in host links
+    r = _host_rates(self.rates, n)
     return {
-      "host out": np.bincount(src, frac, n),
-      "host in": np.bincount(dst, frac, n),
+      "host out": np.bincount(src, frac, n) / r,
+      "host in": np.bincount(dst, frac, n) / r,
       "leaf up": np.bincount(src[cross] // k, frac[cross], leaves) / up,
       "leaf down": np.bincount(dst[cross] // k, frac[cross], leaves) / up,
     }
@@ -300,7 +311,8 @@ class FatTree:
     k = self.hosts_per_leaf
     up = k / self.oversubscription
     leaves = -(-p // k)
-    return tuple(Link(f"h{i}", f"leaf{i // k}") for i in range(p)) + tuple(
+    r = _host_rates(self.rates, p)
+    return tuple(Link(f"h{i}", f"leaf{i // k}", float(r[i])) for i in range(p)) + tuple(
       Link(f"leaf{j}", "spine", up) for j in range(leaves)
     )
 
@@ -367,6 +379,54 @@ class Islands:
   def route(self, src: int, dst: int, p: int) -> tuple[str, ...]:
     a, b = src // self.group, dst // self.group
     return (f"h{src}", f"island{a}" if a == b else "inter", f"h{dst}")
+
+
+def _host_rates(rates: tuple[tuple[int, float], ...], n: int) -> np.ndarray:
+  """``float[n]``: each of hosts 0..n-1's link rate in host links (1 unless ``rates``
+  says otherwise; hosts >= n are not in this step)."""
+  r = np.ones(n)
+  for host, rate in rates:
+    if host < n:
+      r[host] = rate
+  return r
+
+
+def _rates_name(rates: tuple[tuple[int, float], ...]) -> str:
+  return "".join(f" h{h}@{r:g}" for h, r in rates)
+
+
+def with_link_rates(net: Network, rates: dict[int, float], p: int | None = None) -> Network:
+  """``net`` with host links at other rates: ``rates`` maps a host (participant number) to
+  its link's rate as a fraction of a host link's (0.1: a tenth), both directions, as
+  ``allreduce-jax cluster --fault link:H=RATE@0`` sets it. Hosts not named keep theirs.
+  A network whose hosts have one link each takes them: ``switch(ports)`` (the host's
+  ports together), ``switch()`` (a message at its slower end's rate) and ``fat_tree``.
+  ``p``: the hosts there are, to refuse one that is not. Replaces any rates ``net`` had.
+
+  Example:
+    >>> slow = with_link_rates(switch(1), {1: 0.1})
+    >>> [lk.rate for lk in slow.links(3)]
+    [1.0, 0.1, 1.0]
+  """
+  if not isinstance(net, (Switch, FatTree)):
+    raise ValueError(
+      f"net={getattr(net, 'name', net)!r}: per-host link rates need a switch or a fat tree."
+    )
+  out = []
+  for host, rate in dict(rates).items():
+    if (
+      isinstance(host, bool)
+      or not isinstance(host, (int, np.integer))
+      or host < 0
+      or (p is not None and host >= p)
+    ):
+      hosts = f"0..{p - 1}" if p is not None else "a participant number >= 0"
+      raise ValueError(f"rates: host {host!r} is not one of the hosts ({hosts}).")
+    if not (isinstance(rate, (int, float, np.floating)) and 0 < rate < math.inf):
+      raise ValueError(f"rates: host {host}'s rate {rate!r} is not a fraction > 0.")
+    if rate != 1:
+      out.append((int(host), float(rate)))
+  return dataclasses.replace(net, rates=tuple(sorted(out)))
 
 
 #: The networks shipped here (any object with :class:`Network`'s methods is priced too).

@@ -36,6 +36,7 @@ from allreduce_jax.networks import (
   register_spec,
   switch,
   torus,
+  with_link_rates,
 )
 from allreduce_jax.replay import (
   TRACE_N,
@@ -103,4 +104,5 @@ __all__ = [
   "trace_choices",
   "traced_messages",
   "tree_messages",
+  "with_link_rates",
 ]

@@ -1,0 +1,101 @@
+"""The replay with one slow host link, against closed forms: the ring's time with the slow
+link's bandwidth term, the cut bound n/r, and bad input named."""
+
+import pytest
+
+from allreduce_jax import cost_model, gloo_model, topology
+
+N = 4 << 20
+RATE = 25e6  # bytes/s, 200 Mbit/s
+SHARE = gloo_model.payload_share()
+
+
+@pytest.mark.parametrize("p", [4, 8])
+@pytest.mark.parametrize("slow", [0.5, 0.1, 0.01])
+def test_ring_on_a_switch_takes_the_slow_links_bandwidth_term(p, slow):
+  # The ring's 2(p-1) shifts each move n/p through every link, the slow one included, in
+  # both directions at once: 2(p-1)·α + 2(p-1)/p·n / (slow rate · payload share).
+  alpha = 1.3e-3
+  t = gloo_model.emulated_seconds(
+    "ring", p, N, "switch", rate=RATE, alpha=alpha, link_rates={1: slow * RATE}
+  )
+  assert t == pytest.approx(2 * (p - 1) * alpha + 2 * (p - 1) / p * N / (slow * RATE * SHARE))
+  healthy = gloo_model.emulated_seconds("ring", p, N, "switch", rate=RATE, alpha=0.0)
+  assert healthy == pytest.approx(2 * (p - 1) / p * N / (RATE * SHARE))
+
+
+def test_a_fat_trees_slow_host_link_prices_as_on_the_switch():
+  # Non-blocking fat tree (2 hosts a leaf, 1:1): its host links are the bottleneck, as on
+  # the switch; the ring crosses host 1's link with 2(p-1)/p·n each way.
+  params = cost_model.Params(0.0, 1.0 / RATE, 0.0)
+  net = topology.with_link_rates(topology.fat_tree(2, 1.0), {1: 0.1}, p=4)
+  t = gloo_model.predict_seconds("ring", 4, N, params, net)
+  assert t == pytest.approx(1.5 * N / (0.1 * RATE))
+  assert [lk.rate for lk in net.links(4)][:4] == [1.0, 0.1, 1.0, 1.0]
+
+
+def test_the_flat_switch_prices_a_message_at_its_slower_end():
+  params = cost_model.Params(0.0, 1.0 / RATE, 0.0)
+  net = topology.with_link_rates(topology.switch(), {1: 0.25})
+  steps = [[(0, 1, 1.0)], [(2, 3, 1.0)]]
+  assert topology.profile(steps, net, 4).seconds(N, params).tolist() == pytest.approx(
+    [N / (0.25 * RATE), N / RATE]
+  )
+
+
+@pytest.mark.parametrize("slow", [1.0, 0.5, 0.1])
+def test_cut_bound_is_n_over_the_slowest_link(slow):
+  bound = gloo_model.cut_bound_seconds(N, 4, rate=RATE, link_rates={1: slow * RATE})
+  assert bound == pytest.approx(N / (slow * RATE * SHARE))
+  # The ring moves 2(p-1)/p·n through that link: 1.5 × the bound at p = 4 (α = 0).
+  ring = gloo_model.emulated_seconds(
+    "ring", 4, N, "switch", rate=RATE, alpha=0.0, link_rates={1: slow * RATE}
+  )
+  assert ring / bound == pytest.approx(1.5)
+  # No algorithm the replay knows beats the bound.
+  for alg in ("bidirectional_ring", "tree", "halving_doubling", "naive"):
+    t = gloo_model.emulated_seconds(
+      alg, 4, N, "switch", rate=RATE, alpha=0.0, link_rates={1: slow * RATE}
+    )
+    assert t >= bound * (1 - 1e-9), alg
+
+
+def test_auto_told_the_rates_picks_by_the_replay():
+  params = gloo_model.link_params(RATE, 0.5e-3)
+  net = gloo_model.emulated_network("switch", 4, rate=RATE, link_rates={1: 0.1 * RATE})
+  cands = ("ring", "tree", "halving_doubling", "naive")
+  with cost_model.use_topology(net, duplex="half"):
+    pick = cost_model.choose(
+      4, N, params, cands, topology=cost_model.current_topology(),
+      duplex=cost_model.current_duplex(),
+    )  # fmt: skip
+  times = {a: gloo_model.predict_seconds(a, 4, N, params, net, "half") for a in cands}
+  assert pick == min(times, key=times.get)
+  assert cost_model.current_duplex() == "full"
+  with pytest.raises(ValueError, match="duplex='both'"):
+    with cost_model.use_topology(net, duplex="both"):
+      pass
+
+
+@pytest.mark.parametrize(
+  ("rates", "message"),
+  [
+    ({9: 1e6}, r"^link_rates: host 9 is not one of the hosts \(0\.\.3\)\.$"),
+    ({1: 0.0}, r"^link_rates: host 1's rate 0\.0 is not bytes/s > 0\.$"),
+    ({1: -5e6}, r"^link_rates: host 1's rate -5000000\.0 is not bytes/s > 0\.$"),
+  ],
+)
+def test_bad_link_rates_are_one_line_naming_the_argument(rates, message):
+  with pytest.raises(ValueError, match=message):
+    gloo_model.emulated_seconds("ring", 4, N, "switch", rate=RATE, alpha=0.0, link_rates=rates)
+
+
+def test_with_link_rates_refuses_what_it_cannot_price():
+  with pytest.raises(ValueError, match=r"^rates: host 4 is not one of the hosts"):
+    topology.with_link_rates(topology.switch(1), {4: 0.5}, p=4)
+  with pytest.raises(ValueError, match=r"^rates: host 1's rate nan is not a fraction > 0\.$"):
+    topology.with_link_rates(topology.switch(1), {1: float("nan")})
+  with pytest.raises(ValueError, match=r"^net='torus:8': per-host link rates need"):
+    topology.with_link_rates(topology.torus(8), {1: 0.5})
+  with pytest.raises(ValueError, match=r"^link_rates: .*per-host link rates need"):
+    gloo_model.emulated_seconds("ring", 4, N, "torus:4", rate=RATE, alpha=0.0, link_rates={1: 1e6})
