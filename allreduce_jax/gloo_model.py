@@ -423,26 +423,35 @@ def cut_bound_seconds(
   *,
   rate: float,
   link_rates: dict[int, float] | None = None,
+  network: str = "switch",
   mtu: int = 1500,
 ) -> float:
-  """The least time any exact all-reduce of ``n_bytes`` per host needs on ``p`` hosts
-  whose links run at ``rate`` bytes/s (``link_rates``: ``{host: bytes/s}`` where not),
-  from the cut around each host: every other host's result depends on host h's n bytes
-  and h's result on the others' sum (n bytes of it that h cannot know), so n bytes leave
-  h and n bytes enter it, at best at once (a full-duplex link):
+  """The least time any exact all-reduce of ``n_bytes`` per host needs on ``p`` hosts of
+  the emulated ``network`` whose links run at ``rate`` bytes/s (``link_rates``: ``{host:
+  bytes/s}`` where not), from the cut around each host: every other host's result depends
+  on host h's n bytes and h's result on the others' sum (n bytes of it that h cannot
+  know), so n bytes leave h and n bytes enter it, at best at once (full-duplex links):
 
-  :math:`T \\ge \\max_h n / (r_h \\cdot s)`, ``s`` the payload share of the wire
-  (:func:`payload_share`). On healthy links the ring's 2(p−1)/p·n per direction is 1.5× it
-  at p = 4; with one slow link, the ring still moves 1.5n through it, a schedule that
-  makes the slow host a leaf (it sends its n once and receives the sum once) n.
+  :math:`T \\ge \\max_h n / (c_h \\cdot s)`, ``c_h`` the bytes/s of h's links together
+  (one link on a switch or a fat tree; on a ring of links two, each at its slower end's
+  rate), ``s`` the payload share of the wire (:func:`payload_share`). On healthy links of
+  a switch the ring's 2(p−1)/p·n per direction is 1.5× it at p = 4; with one slow link,
+  the ring still moves 1.5n through it; a schedule that makes the slow host a leaf whose
+  sending and receiving overlap (it sends its n once and receives the sum once) n.
 
   Example:
     >>> round(cut_bound_seconds(25e6, 4, rate=25e6, link_rates={1: 2.5e6}), 2)  # 10 / 0.956
     10.46
   """
-  emulated_network("switch", p, rate=rate, link_rates=link_rates)  # checks the rates
-  slowest = min([rate, *(link_rates or {}).values()])
-  return 0.0 if p < 2 else n_bytes / (slowest * payload_share(mtu))
+  if p < 2:
+    return 0.0
+  top = emulated_network(network, p, rate=rate, link_rates=link_rates).fit(p)
+  cut = dict.fromkeys(top.hosts(p), 0.0)
+  for lk in top.links(p):
+    for end in (lk.a, lk.b):
+      if end in cut:
+        cut[end] += lk.rate
+  return n_bytes / (min(cut.values()) * rate * payload_share(mtu))
 
 
 def row_links(row: dict) -> tuple[str, int, float, dict[int, float]] | None:
@@ -480,7 +489,8 @@ def link_rate_cells(rows, alpha, duplex: str = "half") -> list[dict]:
   Returns:
     One dict a row: ``algorithm, network, hosts, rate, link_rates, bytes, measured_s``,
     ``replay_s`` (None where the algorithm has no schedule, ``psum``, or the network takes
-    no per-host rates) and ``bound_s`` (None but on a switch or a fat tree).
+    no per-host rates) and ``bound_s`` (:func:`cut_bound_seconds`; None where the
+    network takes no per-host rates).
   """
   out = []
   for r in rows:
@@ -496,8 +506,9 @@ def link_rate_cells(rows, alpha, duplex: str = "half") -> list[dict]:
                                     duplex=duplex, link_rates=slow, choices=r.get("choices"))  # fmt: skip
       except ValueError:  # a network that takes no per-host rates (the ring of links)
         replay_s = None
-    # The cut around a host of one link; a ring of links gives each host two.
-    bound = cut_bound_seconds(n, p, rate=rate, link_rates=slow) if _takes_rates(net) else None
+    bound = None
+    if _takes_rates(net):
+      bound = cut_bound_seconds(n, p, rate=rate, link_rates=slow, network=net)
     out.append({
       "algorithm": alg, "network": net, "hosts": p, "rate": rate, "link_rates": slow,
       "bytes": n, "measured_s": r["time_us"] * 1e-6, "replay_s": replay_s, "bound_s": bound,
@@ -506,7 +517,7 @@ def link_rate_cells(rows, alpha, duplex: str = "half") -> list[dict]:
 
 
 def _takes_rates(network: str) -> bool:
-  return isinstance(emulated(network), (topology.Switch, topology.FatTree))
+  return isinstance(emulated(network), (topology.Switch, topology.FatTree, topology.Torus))
 
 
 def auto_picks(cells: list[dict], alpha, duplex: str = "half") -> list[dict]:

@@ -145,26 +145,30 @@ class Torus:
   (dim 0 first), ties going forward; ``wrap=False`` is a mesh without wraparound.
 
   ``dims=None`` is a family: :meth:`fit` picks the most even ``ndim``-dimensional
-  shape for each participant count (``torus:3d`` on the command line).
+  shape for each participant count (``torus:3d`` on the command line). ``rates``: hosts
+  whose links run at another rate (:func:`with_link_rates`); a link runs at its slower
+  end's.
   """
 
   dims: tuple[int, ...] | None
   wrap: bool = True
   hop_latency: float = 0.0
   ndim: int = 0
+  rates: tuple[tuple[int, float], ...] = ()
 
   @property
   def name(self) -> str:
     if self.dims is None:
-      return f"torus:{self.ndim}d" + ("" if self.wrap else ":nowrap")
-    return "torus:" + "x".join(map(str, self.dims)) + ("" if self.wrap else ":nowrap")
+      return f"torus:{self.ndim}d" + ("" if self.wrap else ":nowrap") + _rates_name(self.rates)
+    shape = "x".join(map(str, self.dims))
+    return f"torus:{shape}" + ("" if self.wrap else ":nowrap") + _rates_name(self.rates)
 
   def capacity(self) -> int | None:
     return None if self.dims is None else math.prod(self.dims)
 
   def fit(self, p: int) -> Torus:
     if self.dims is None:
-      return Torus(even_dims(p, self.ndim), self.wrap, self.hop_latency)
+      return Torus(even_dims(p, self.ndim), self.wrap, self.hop_latency, rates=self.rates)
     if p > math.prod(self.dims):
       raise ValueError(f"{self.name} has {math.prod(self.dims)} nodes; p={p} does not fit.")
     return self
@@ -203,7 +207,17 @@ class Torus:
         c0 = start[m] if sign == "+" else k - 1 - start[m]
         arc = _arc_loads(lines, k, line[m], c0, dist[m], frac[m])
         loads[f"dim{d}{sign}"] = arc if sign == "+" else arc[:, ::-1]  # index: link's source
+        if self.rates:
+          loads[f"dim{d}{sign}"] = loads[f"dim{d}{sign}"] / self._link_rates(d, sign)
     return loads or {"none": np.zeros(1)}
+
+  def _link_rates(self, d: int, sign: str) -> np.ndarray:
+    """``float[line, c]``: the rate of dimension d's link from coordinate c (to c+1 for
+    ``+``, c-1 for ``-``), in host links: its slower end's (:func:`with_link_rates`)."""
+    k = self.dims[d]
+    node = np.moveaxis(np.arange(math.prod(self.dims)).reshape(self.dims), d, -1).reshape(-1, k)
+    r = _host_rates(self.rates, math.prod(self.dims))
+    return np.minimum(r[node], r[np.roll(node, -1 if sign == "+" else 1, axis=1)])
 
   def hops(self, src, dst) -> np.ndarray:
     h = np.zeros_like(src)
@@ -218,6 +232,7 @@ class Torus:
     """Point-to-point links between neighbours along every dimension (with the
     wraparound unless ``wrap=False``; a dimension of 2 has one link)."""
     dims = self.fit(p).dims
+    rate = _host_rates(self.rates, math.prod(dims))
     out, seen = [], set()
     for r in range(math.prod(dims)):  # each link once, from its lower-numbered end
       c = np.unravel_index(r, dims)
@@ -230,7 +245,7 @@ class Torus:
           j = int(np.ravel_multi_index(to, dims))
           if frozenset((r, j)) not in seen:
             seen.add(frozenset((r, j)))
-            out.append(Link(f"h{r}", f"h{j}"))
+            out.append(Link(f"h{r}", f"h{j}", float(min(rate[r], rate[j]))))
     return tuple(out)
 
   def route(self, src: int, dst: int, p: int) -> tuple[str, ...]:
@@ -399,8 +414,9 @@ def with_link_rates(net: Network, rates: dict[int, float], p: int | None = None)
   """``net`` with host links at other rates: ``rates`` maps a host (participant number) to
   its link's rate as a fraction of a host link's (0.1: a tenth), both directions, as
   ``allreduce-jax cluster --fault link:H=RATE@0`` sets it. Hosts not named keep theirs.
-  A network whose hosts have one link each takes them: ``switch(ports)`` (the host's
-  ports together), ``switch()`` (a message at its slower end's rate) and ``fat_tree``.
+  ``switch(ports)`` (the host's ports together), ``switch()`` (a message at its slower
+  end's rate), ``fat_tree`` (the host's link to its leaf) and ``torus`` (every link of the
+  host: a link runs at its slower end's rate, as ``cluster --fault`` shapes both ends).
   ``p``: the hosts there are, to refuse one that is not. Replaces any rates ``net`` had.
 
   Example:
@@ -408,9 +424,10 @@ def with_link_rates(net: Network, rates: dict[int, float], p: int | None = None)
     >>> [lk.rate for lk in slow.links(3)]
     [1.0, 0.1, 1.0]
   """
-  if not isinstance(net, (Switch, FatTree)):
+  if not isinstance(net, (Switch, FatTree, Torus)):
     raise ValueError(
-      f"net={getattr(net, 'name', net)!r}: per-host link rates need a switch or a fat tree."
+      f"net={getattr(net, 'name', net)!r}: per-host link rates need a switch, a fat tree or"
+      " a torus."
     )
   out = []
   for host, rate in dict(rates).items():

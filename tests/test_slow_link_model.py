@@ -1,6 +1,9 @@
 """The replay with one slow host link, against closed forms: the ring's time with the slow
 link's bandwidth term, the cut bound n/r, and bad input named."""
 
+import itertools
+
+import numpy as np
 import pytest
 
 from allreduce_jax import cost_model, gloo_model, topology
@@ -32,6 +35,44 @@ def test_a_fat_trees_slow_host_link_prices_as_on_the_switch():
   t = gloo_model.predict_seconds("ring", 4, N, params, net)
   assert t == pytest.approx(1.5 * N / (0.1 * RATE))
   assert [lk.rate for lk in net.links(4)][:4] == [1.0, 0.1, 1.0, 1.0]
+
+
+def test_a_ring_of_links_slows_both_links_of_the_host():
+  # torus:8, host 1 at 1/10: links 0-1 and 1-2 run at 1/10 (each at its slower end's rate,
+  # as cluster --fault shapes both ends); the ring's shifts cross 0->1 and 1->2.
+  params = cost_model.Params(0.0, 1.0 / RATE, 0.0)
+  net = topology.with_link_rates(topology.torus(8), {1: 0.1}, p=8)
+  assert [lk.rate for lk in net.links(8)][:3] == [0.1, 1.0, 0.1]
+  t = gloo_model.predict_seconds("ring", 8, N, params, net)
+  assert t == pytest.approx(2 * 7 / 8 * N / (0.1 * RATE))
+  # Two links around the slow host: the cut bound is half the switch's.
+  both = gloo_model.cut_bound_seconds(N, 4, rate=RATE, link_rates={1: RATE / 10}, network="torus:4")
+  assert both == pytest.approx(N / (2 * RATE / 10 * SHARE))
+
+
+@pytest.mark.parametrize("spec", ["switch:1", "switch:2", "fat_tree:4:2", "torus:8", "torus:4x4",
+                                  "torus:2x3x2"])  # fmt: skip
+def test_routes_over_the_links_rates_carry_the_replayed_loads(spec):
+  """With two hosts slowed, every message routed over ``links`` (its load divided by each
+  link's rate) gives the loads ``link_loads`` replays: the emulation's network and the
+  replay's agree link by link."""
+  net = topology.with_link_rates(topology.parse(spec), {1: 0.1, 5: 0.5})
+  p = net.capacity() or 12
+  rng = np.random.default_rng(1)
+  src = rng.integers(0, p, 60)
+  dst = (src + rng.integers(1, p, 60)) % p
+  frac = rng.random(60)
+  rate = {}
+  for link in net.links(p):
+    rate[link.a, link.b] = rate[link.b, link.a] = link.rate
+  load: dict = {}
+  for s, d, f in zip(src.tolist(), dst.tolist(), frac.tolist()):
+    for a, b in itertools.pairwise(net.route(s, d, p)):
+      load[a, b] = load.get((a, b), 0.0) + f / rate[a, b]
+  model = net.fit(p).link_loads(src, dst, frac)
+  want = sorted(round(float(v), 9) for arr in model.values() for v in np.ravel(arr) if v > 1e-12)
+  assert sorted(round(v, 9) for v in load.values()) == want
+  assert min(rate.values()) < max(rate.values())  # the slowed links are there
 
 
 def test_the_flat_switch_prices_a_message_at_its_slower_end():
@@ -95,7 +136,6 @@ def test_with_link_rates_refuses_what_it_cannot_price():
     topology.with_link_rates(topology.switch(1), {4: 0.5}, p=4)
   with pytest.raises(ValueError, match=r"^rates: host 1's rate nan is not a fraction > 0\.$"):
     topology.with_link_rates(topology.switch(1), {1: float("nan")})
-  with pytest.raises(ValueError, match=r"^net='torus:8': per-host link rates need"):
-    topology.with_link_rates(topology.torus(8), {1: 0.5})
-  with pytest.raises(ValueError, match=r"^link_rates: .*per-host link rates need"):
-    gloo_model.emulated_seconds("ring", 4, N, "torus:4", rate=RATE, alpha=0.0, link_rates={1: 1e6})
+  isl = topology.parse("islands:2:nvlink4:ib_ndr")
+  with pytest.raises(ValueError, match=r"^net='islands:2:nvlink4:ib_ndr': per-host link rates"):
+    topology.with_link_rates(isl, {1: 0.5})
