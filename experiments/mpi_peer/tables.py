@@ -80,7 +80,74 @@ def tables() -> dict[str, str]:
     "The last column is the best peer's time over the best hand-written algorithm's (medians):"
     " at 1.00 or above the hand-written one is at least as fast.",
   ]
+  lines += wire_lines()
   return {"tables.md": "\n".join(lines) + "\n"}
+
+
+# Bytes on the wire (wire.sh, wire.py): rows/wire_run*.jsonl, one row per (algorithm, host).
+
+WIRE_ORDER = ("mpi(ring)", "mpi(segmented_ring)", "mpi(rabenseifner)", "mpi(recursive_doubling)",
+              "mpi(default)", "ring", "halving_doubling", "recursive_doubling", "psum")  # fmt: skip
+FORMULA = {"mpi(recursive_doubling)": "lg p · n", "recursive_doubling": "lg p · n"}
+
+
+def wire_rows() -> list[dict]:
+  out = []
+  for path in sorted((HERE / "rows").glob("wire_run*.jsonl")):
+    out += [{**json.loads(line), "run": path.stem} for line in path.read_text().splitlines()]
+  return out
+
+
+def wire_lines() -> list[str]:
+  """The bytes-on-the-wire table: each host's interface bytes per call over the schedule's
+  (``mpi(default)``, whose algorithm Open MPI picks, over the ring's ``2 (p-1)/p · n``)."""
+  from allreduce_jax.gloo_model import payload_share
+
+  data = wire_rows()
+  if not data:
+    return []
+  share = payload_share(1500)
+  by: dict[str, list[dict]] = {}
+  for r in data:
+    by.setdefault(r["algorithm"], []).append(r)
+  first = data[0]
+  lines = [
+    "",
+    "## Bytes on the wire (wire.sh)",
+    "",
+    f"Emulated 4-host switch, p = {first['p']}, n = {first['bytes'] >> 20} MiB per host; bytes each"
+    f" host's interfaces sent and received per call ({first['reps']} calls counted, an idle interval"
+    " subtracted), median [min–max] over the hosts of"
+    f" {len({r['run'] for r in data})} runs; schedule: the closed form (Thakur, Rabenseifner &"
+    " Gropp 2005) or the library's schedule_bytes. The last column prices TCP/IP/Ethernet"
+    f" headers per 1500-byte frame (schedule ÷ payload_share = schedule ÷ {share:.3f}).",
+    "",
+    "| algorithm | schedule | schedule (MB) | sent (MB) | received (MB) | sent ÷ schedule"
+    " | sent ÷ framed schedule | #wrong |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for name in [*WIRE_ORDER, *sorted(set(by) - set(WIRE_ORDER))]:
+    rs = by.get(name)
+    if not rs:
+      continue
+    p, n = rs[0]["p"], rs[0]["bytes"]
+    schedule = rs[0]["schedule_bytes"] or 2 * (p - 1) / p * n
+    formula = FORMULA.get(name, "2 (p−1)/p · n")
+    if rs[0]["schedule_bytes"] is None:
+      formula = "its pick (ring's " + formula + " shown)"
+    sent = [r["sent"] for r in rs]
+    got = [r["received"] for r in rs]
+    ratio = [s / schedule for s in sent]
+
+    def mb(xs):
+      return f"{statistics.median(xs) / 1e6:.3f} [{min(xs) / 1e6:.3f}–{max(xs) / 1e6:.3f}]"
+
+    lines.append(
+      f"| `{name}` | {formula} | {schedule / 1e6:.3f} | {mb(sent)} | {mb(got)}"
+      f" | {statistics.median(ratio):.4f} [{min(ratio):.4f}–{max(ratio):.4f}]"
+      f" | {statistics.median(ratio) * share:.3f} | {sum(r['wrong'] for r in rs)} |"
+    )
+  return lines
 
 
 def figure(path: Path) -> None:

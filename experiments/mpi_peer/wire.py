@@ -1,0 +1,153 @@
+"""Bytes each host puts on the wire per all-reduce, MPI_Allreduce's and the rest's, from the
+hosts' interface counters, next to each algorithm's schedule.
+
+Runs on every host of an emulated cluster launched by ``mpirun`` (one process and one
+device per host), one Open MPI algorithm forced per launch (``wire.sh`` runs them all):
+
+    OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allreduce_algorithm=4 \\
+    allreduce-jax cluster --hosts 4 --link 200Mbit --launcher mpirun -- \\
+      python experiments/mpi_peer/wire.py --algorithms mpi --out experiments/mpi_peer/rows/wire.jsonl
+
+For each algorithm: compile and run it once (connections made), wait for every host (a
+barrier), read this host's interface counters (``/sys/class/net/DEV/statistics``: the
+namespace's own interfaces), call it ``--reps`` times, barrier, read again; the same
+interval with nothing run (barriers only) is subtracted, so only that algorithm's calls
+are counted. Host 0 appends one row per (algorithm, host) with the bytes sent and
+received per call and the schedule's (:func:`schedule_bytes`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from allreduce_jax import distributed
+
+
+def schedule_bytes(algorithm: str, p: int, n: float) -> float:
+  """Bytes each of ``p`` participants sends per all-reduce of ``n`` bytes, by the schedule.
+
+  Open MPI's (``mpi(NAME)``), closed forms of Thakur, Rabenseifner & Gropp (2005),
+  "Optimization of Collective Communication Operations in MPICH", IJHPCA 19(1), §4 (``p``
+  a power of two): the ring and the segmented ring (reduce-scatter then all-gather around
+  the ring) and Rabenseifner's (recursive-halving reduce-scatter then recursive-doubling
+  all-gather) ``2 (p-1)/p n``; recursive doubling ``lg p · n``. ``psum``: XLA's gloo
+  backend runs gloo's ring, ``2 (p-1)/p n``. The hand-written algorithms: their generated
+  schedules (:func:`allreduce_jax.gloo_model.schedule_bytes`, host 0; the same on every
+  host for these).
+
+  Example:
+    >>> schedule_bytes("mpi(ring)", 4, 4.0), schedule_bytes("mpi(recursive_doubling)", 4, 4.0)
+    (6.0, 8.0)
+  """
+  ring = 2 * (p - 1) / p * n
+  closed = {
+    "psum": ring,
+    "mpi(ring)": ring,
+    "mpi(segmented_ring)": ring,
+    "mpi(rabenseifner)": ring,
+    "mpi(recursive_doubling)": (p.bit_length() - 1) * n,
+  }
+  if algorithm in closed:
+    return closed[algorithm]
+  if algorithm.startswith("mpi("):
+    raise ValueError(f"algorithm={algorithm!r}: no closed form (Open MPI decides at run time).")
+  from allreduce_jax import gloo_model
+
+  return float(gloo_model.schedule_bytes(algorithm, p, n)[0])
+
+
+def _counters() -> tuple[int, int]:
+  """(bytes sent, bytes received) over this namespace's interfaces but ``lo``."""
+  tx = rx = 0
+  for dev in os.listdir("/sys/class/net"):
+    if dev != "lo":
+      stats = Path(f"/sys/class/net/{dev}/statistics")
+      tx += int((stats / "tx_bytes").read_text())
+      rx += int((stats / "rx_bytes").read_text())
+  return tx, rx
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--bytes", default="4MiB", help="bytes per participant")
+  ap.add_argument("--reps", type=int, default=4, help="calls counted per algorithm")
+  ap.add_argument("--algorithms", default="mpi", help="comma list: bench's names, psum, mpi")
+  ap.add_argument("--network", default="switch", help="the cluster's --topology (for the rows)")
+  ap.add_argument("--out", required=True)
+  args = ap.parse_args(argv)
+  if args.reps < 1:
+    ap.error(f"--reps={args.reps}: expected at least 1 call.")
+  distributed.initialize_from_env()
+  import jax
+  import numpy as np
+  from jax.experimental import multihost_utils
+  from jax.sharding import NamedSharding
+
+  from allreduce_jax import devices
+  from allreduce_jax.tools import mpi_peer
+  from allreduce_jax.tools.bench import programs, verifiable_block
+  from allreduce_jax.units import parse_size
+
+  p = jax.device_count()
+  n = parse_size(args.bytes)
+  count = n // 4
+  rows = []
+
+  def counted(fn) -> np.ndarray:
+    multihost_utils.sync_global_devices("before")
+    t0 = _counters()
+    for _ in range(args.reps):
+      fn()
+    multihost_utils.sync_global_devices("after")
+    t1 = _counters()
+    return np.array([t1[0] - t0[0], t1[1] - t0[1]], np.float64)
+
+  idle = counted(lambda: None)
+  for alg in args.algorithms.split(","):
+    if alg == mpi_peer.NAME:
+      if (why := mpi_peer.problem()) is not None:
+        raise SystemExit(why)
+      timed, (x,), check = mpi_peer.program(p, count, "float32", "sum")
+      timed = timed.jitted
+      name = f"mpi({mpi_peer.algorithm()})"
+      out = timed(x)  # compile, connect
+      wrong = check(out)
+    else:
+      mesh, spec, timed, checker = programs(alg, p, "sum")
+      x = devices.put(
+        (p, count),
+        "float32",
+        NamedSharding(mesh, spec),
+        lambda idx: verifiable_block(idx, p, count),
+      )
+      out = timed(x)  # compile, connect
+      wrong = int(np.sum(np.asarray(checker(x, out)[0].addressable_data(0))))
+      name = alg
+    per_call = (counted(lambda t=timed, x=x: jax.block_until_ready(t(x))) - idle) / args.reps
+    every = np.asarray(multihost_utils.process_allgather(np.append(per_call, wrong))).reshape(p, 3)
+    try:
+      schedule = schedule_bytes(name, p, n)
+    except ValueError:
+      schedule = None
+    for host, (sent, received, bad) in enumerate(every):
+      rows.append({
+        "network": args.network, "p": p, "bytes": n, "algorithm": name, "host": host,
+        "reps": args.reps, "sent": float(sent), "received": float(received),
+        "schedule_bytes": schedule, "wrong": int(bad),
+      })  # fmt: skip
+    if jax.process_index() == 0:
+      ratio = f"{every[0, 0] / schedule:.3f}" if schedule else "—"
+      print(f"{name:26s} host0 sent {every[0, 0] / 1e6:8.3f} MB/call  ratio {ratio}", flush=True)
+  if jax.process_index() == 0 and rows:
+    with open(args.out, "a") as f:
+      for r in rows:
+        f.write(json.dumps(r) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
