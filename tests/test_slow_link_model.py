@@ -139,3 +139,21 @@ def test_with_link_rates_refuses_what_it_cannot_price():
   isl = topology.parse("islands:2:nvlink4:ib_ndr")
   with pytest.raises(ValueError, match=r"^net='islands:2:nvlink4:ib_ndr': per-host link rates"):
     topology.with_link_rates(isl, {1: 0.5})
+
+
+def test_auto_traced_with_the_rates_and_half_duplex_compiles_to_the_replayed_pick():
+  # 8 hosts, host 1 at 1/10, 4 MiB: the half-duplex replay (XLA:CPU over gloo) picks the
+  # ring, the full-duplex one halving-doubling; auto traced inside use_topology(..., duplex=)
+  # compiles to the pick of the duplex it was told.
+  from allreduce_jax import hlo
+
+  params = gloo_model.link_params(RATE, 0.5e-3)
+  net = gloo_model.emulated_network("switch", 8, rate=RATE, link_rates={1: RATE / 10})
+  n = 1 << 20  # float32 elements: 4 MiB
+  picks = {d: cost_model.choose(8, 4 * n, params, topology=net, duplex=d) for d in ("half", "full")}
+  assert picks["half"] != picks["full"]
+  for duplex, pick in picks.items():
+    with cost_model.use_params(params), cost_model.use_topology(net, duplex=duplex):
+      got = hlo.audit_all_reduce("auto", 8, n)
+    want = hlo.audit_all_reduce(pick, 8, n)
+    assert (got.permutes, got.max_sent_bytes) == (want.permutes, want.max_sent_bytes), duplex
