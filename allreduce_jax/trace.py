@@ -11,6 +11,7 @@ from a description of the algorithm.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import jax
@@ -110,6 +111,84 @@ def run_trace(algorithm: str, p: int, n: int | None = None) -> list[Frame]:
           known[t, k[t, slot]] |= bits[t, slot]
     frames.append(Frame(step, tuple(global_pairs), known.copy()))
   return frames
+
+
+def holdings(frame: Frame) -> list[list[str]]:
+  """``[participant][element]``: whose contributions that participant's copy of the
+  element holds, as their numbers run together (``"03"``: the partial sum x0 + x3).
+
+  Example:
+    >>> [" ".join(h) for h in holdings(run_trace("ring", 4)[1])]
+    ['0 0 03 0', '1 1 1 01', '12 2 2 2', '3 23 3 3']
+  """
+  p = frame.known.shape[-1]
+  return [
+    ["".join(str(j) for j in range(p) if held[j]) for held in participant]
+    for participant in frame.known
+  ]
+
+
+def _covered(sets: list[np.ndarray]) -> bool:
+  """Whether some of ``sets`` (bool[p] each) are pairwise disjoint and cover all p."""
+  for r in range(1, len(sets) + 1):
+    for chosen in itertools.combinations(sets, r):
+      total = np.sum(chosen, axis=0)
+      if np.all(total == 1):
+        return True
+  return False
+
+
+def after_a_death(frame: Frame, dead: int) -> dict[str, int]:
+  """What the survivors hold of each element if participant ``dead`` dies after
+  ``frame``'s step: ``held``: elements whose total a survivor already holds;
+  ``completable``: elements whose total the survivors' partial sums still add up to
+  (some of them disjoint and covering everyone, the dead one's contribution included);
+  ``lost``: elements for which they do not (the step must be done again, without the
+  dead one or from a checkpoint). Counts over the elements, of what the algorithm's
+  working copies hold (the survivors' own inputs are not counted).
+
+  Example:
+    >>> after_a_death(run_trace("ring", 4)[3], dead=1)  # after the reduce-scatter
+    {'held': 3, 'completable': 0, 'lost': 1}
+  """
+  p, n, _ = frame.known.shape
+  if not 0 <= dead < p:
+    raise ValueError(f"dead={dead}: expected a participant in 0..{p - 1}.")
+  out = {"held": 0, "completable": 0, "lost": 0}
+  for k in range(n):
+    sets = [frame.known[i, k] for i in range(p) if i != dead]
+    if any(s.all() for s in sets):
+      out["held"] += 1
+    elif _covered(sets):
+      out["completable"] += 1
+    else:
+      out["lost"] += 1
+  return out
+
+
+def failure_table(algorithm: str, p: int = 4) -> str:
+  """Markdown: ``algorithm``'s executed schedule on ``p`` participants (``p`` elements
+  each), what every participant holds after each step (:func:`holdings`), and what
+  the survivors hold if one participant dies after it (:func:`after_a_death`). The
+  tables of ``docs/faults.md``."""
+  if not 2 <= p <= 12:
+    raise ValueError(f"p={p}: the failure table is for 2 <= p <= 12.")
+  frames = run_trace(algorithm, p)
+  head = ["step", "sends", *[f"participant {i}" for i in range(p)]]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for f in frames:
+    sends = " ".join(f"{s}→{t}" for s, t in f.pairs) or "–"
+    cells = [f"`{' '.join(h)}`" for h in holdings(f)]
+    lines.append(f"| {f.step or 'start'} | {sends} | " + " | ".join(cells) + " |")
+  head = ["dies after step", *[f"participant {i}" for i in range(p)]]
+  lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for f in frames:
+    cells = []
+    for dead in range(p):
+      counts = after_a_death(f, dead)
+      cells.append(", ".join(f"{v} {k}" for k, v in counts.items() if v))
+    lines.append(f"| {f.step or 'start'} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)
 
 
 def plot_trace(frames: list[Frame], title: str = "", max_cols: int = 8):

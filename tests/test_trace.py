@@ -45,3 +45,26 @@ def test_naive_funnels_everything_through_the_root():
 def test_bad_sizes():
   with pytest.raises(ValueError, match="p=40"):
     trace.run_trace("ring", 40)
+
+
+def test_after_a_death_counts_what_the_survivors_hold():
+  ring = trace.run_trace("ring", 4)
+  assert trace.after_a_death(ring[0], 2) == {"held": 0, "completable": 0, "lost": 4}
+  # One step in: participant 1 holds x0 + x1 of element 0, the others their own: completable.
+  assert trace.after_a_death(ring[1], 0) == {"held": 0, "completable": 1, "lost": 3}
+  assert trace.after_a_death(ring[-1], 3) == {"held": 4, "completable": 0, "lost": 0}
+  # The parameter server's root dies before sending the sum: every element is lost.
+  naive = trace.run_trace("naive", 4)
+  assert trace.after_a_death(naive[3], 0) == {"held": 0, "completable": 0, "lost": 4}
+  assert trace.after_a_death(naive[3], 1) == {"held": 4, "completable": 0, "lost": 0}
+  with pytest.raises(ValueError, match="dead=4"):
+    trace.after_a_death(ring[0], 4)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "recursive_doubling", "naive"])
+def test_docs_faults_tables_are_the_library_s(algorithm):
+  """docs/faults.md's tables are generated: regenerate them with trace.failure_table."""
+  from pathlib import Path
+
+  doc = (Path(__file__).resolve().parents[1] / "docs" / "faults.md").read_text()
+  assert trace.failure_table(algorithm, 4) in doc, f"regenerate {algorithm}'s table"
