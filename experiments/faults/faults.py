@@ -27,16 +27,19 @@ ROWS = HERE / "rows"
 HOSTS = 4
 LINK = "200Mbit"
 RATE = 25e6  # bytes/s, 200 Mbit/s
-SLOW = {1: None, 2: "100Mbit", 10: "20Mbit"}  # k -> host 1's rate (link at 1/k)
+SLOW = {1: None, 2: "100Mbit", 10: "20Mbit", 100: "2Mbit"}  # k -> host 1's rate (link at 1/k)
 ALGORITHMS = "ring,bidirectional_ring,tree,halving_doubling,naive,psum"
-KILL_ALGORITHMS = ("ring", "naive", "psum")
-KILL_AT = (8.0, 11.0, 14.0)  # seconds after the hosts joined
+KILL_AT = (3.0, 4.5, 6.0)  # seconds after the hosts joined: 1, 2.5, 4 s into the calls
+KILL_SIZE = "1MiB"
 CLUSTER = [sys.executable, "-m", "allreduce_jax", "cluster", "--hosts", str(HOSTS),
            "--link", LINK, "--timeout", "900"]  # fmt: skip
 
 
 def _read(name: str) -> list[dict]:
-  path = ROWS / name
+  return _read_path(ROWS / name)
+
+
+def _read_path(path: Path) -> list[dict]:
   return (
     [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
   )
@@ -51,33 +54,163 @@ def _append(name: str, row: dict) -> None:
 def slow_link() -> None:
   """Every algorithm at 1 and 4 MiB per host, healthy and with host 1's link at 1/2, 1/10."""
   for rate in SLOW.values():
-    faults = ["--fault", f"link:1={rate}@0"] if rate else []
-    subprocess.run([*CLUSTER, *faults, "--", "bench", "-n", "3", "-w", "1", "--no-uneven",
-                    "-a", "3", "--algorithms", ALGORITHMS, "-b", "1MiB", "-e", "4MiB", "-f", "4",
-                    "--out", str(ROWS / "slow_link.jsonl"), "--plot",
-                    str(Path(tempfile.gettempdir()) / "slow_link_bench.png")], check=True)  # fmt: skip
+    if rate != SLOW[100]:
+      _slow_bench(HOSTS, "switch", rate, ALGORITHMS, "4MiB")
 
 
-def kill() -> None:
-  """Host 1 SIGKILLed at three moments of a bench loop, per algorithm: when it is named and
-  when every survivor has stopped (the cluster command returned), after the kill."""
-  for algorithm in KILL_ALGORITHMS:
-    for at in KILL_AT:
+def _slow_bench(hosts: int, network: str, rate: str | None, algorithms: str, top: str) -> None:
+  faults = ["--fault", f"link:1={rate}@0"] if rate else []
+  subprocess.run([sys.executable, "-m", "allreduce_jax", "cluster", "--hosts", str(hosts),
+                  "--topology", network, "--link", LINK, "--timeout", "1800", *faults, "--",
+                  "bench", "-n", "3", "-w", "1", "--no-uneven", "-a", "3", "--algorithms",
+                  algorithms, "-b", "1MiB", "-e", top, "-f", "4",
+                  "--out", str(ROWS / "slow_link.jsonl"), "--plot",
+                  str(Path(tempfile.gettempdir()) / "slow_link_bench.png")], check=True)  # fmt: skip
+
+
+def every_algorithm() -> str:
+  """Every hand-written one-axis algorithm (``auto`` aside) and ``psum``, comma-separated."""
+  from allreduce_jax import registry
+
+  names = [a for a in registry.names(axes=1) if a != "auto"]
+  return ",".join(a for a in names if registry.ALGORITHMS[a].hand_written or a == "psum")
+
+
+# More networks, 1 MiB per host: (hosts, --topology, the rates of host 1's link, algorithms)
+SLOW_CASES = {
+  "switch-more": (HOSTS, "switch", (None, "100Mbit", "20Mbit"), "more"),
+  "switch-100": (HOSTS, "switch", ("2Mbit",), "first"),
+  "switch-8": (8, "switch", (None, "20Mbit"), "all"),
+  "fat-tree": (HOSTS, "fat_tree:2:1", (None, "20Mbit"), "all"),
+  "torus": (HOSTS, "torus:4", (None, "20Mbit"), "all"),
+}
+
+
+def slow_cases(names: list[str]) -> None:
+  """The rows of :data:`SLOW_CASES` (``names``: only those): "first" the algorithms
+  :func:`slow_link` measures, "more" those it leaves out, "all" every one
+  (:func:`every_algorithm`)."""
+  every = every_algorithm()
+  more = ",".join(a for a in every.split(",") if a not in ALGORITHMS.split(","))
+  for name in names or SLOW_CASES:
+    hosts, network, rates, which = SLOW_CASES[name]
+    for rate in rates:
+      algorithms = {"first": ALGORITHMS, "more": more, "all": every}[which]
+      _slow_bench(hosts, network, rate, algorithms, "1MiB")
+
+
+def kill(
+  algorithms: list[str],
+  kind: str = "kill",
+  at: tuple[float, ...] = KILL_AT,
+  extra: tuple[str, ...] = (),
+) -> None:
+  """Host 1 SIGKILLed (``kind`` "stop": SIGSTOPped) at each of ``at`` seconds after the
+  hosts joined, during a bench loop of ``algorithms`` (default: every one registered):
+  when it is named and when every survivor has stopped (the cluster command returned),
+  after the fault. ``extra``: more cluster options (--heartbeat-timeout)."""
+  from allreduce_jax import registry
+
+  for algorithm in algorithms or registry.names():
+    per_host = registry.ALGORITHMS[algorithm].axes  # hierarchical: 2 devices a host
+    for t in at:
       with tempfile.TemporaryDirectory() as logs:
-        res = subprocess.run([*CLUSTER, "--log-dir", logs, "--fault", f"kill:1@{at}", "--",
-                              "bench", "-n", "1000", "-w", "1", "--algorithms", algorithm,
-                              "-b", "4MiB", "-e", "4MiB", "--out", f"{logs}/rows.jsonl"],
+        res = subprocess.run([*CLUSTER, *extra, "--devices-per-host", str(per_host),
+                              "--log-dir", logs, "--fault", f"{kind}:1@{t}", "--", "bench",
+                              "-n", "100000", "-w", "1", "--no-uneven", "-g", str(per_host),
+                              "--algorithms", algorithm, "-b", KILL_SIZE, "-e", KILL_SIZE,
+                              "--out", f"{logs}/rows.jsonl"],
                              capture_output=True, text=True)  # fmt: skip
         ended = time.time()
-        (fault,) = [json.loads(x) for x in Path(logs, "faults.jsonl").read_text().splitlines()]
+        faults = _read_path(Path(logs, "faults.jsonl"))
       named = re.search(r"process (\d+) of \d+ \(pid \d+\) (.*?) after ([0-9.]+) s", res.stderr)
+      fault = faults[0] if faults else None
       _append("kill.jsonl", {
-        "algorithm": algorithm, "hosts": HOSTS, "link": LINK, "fault": fault["fault"],
+        "algorithm": algorithm, "hosts": HOSTS, "devices_per_host": per_host, "link": LINK,
+        "bytes": KILL_SIZE, "options": list(extra), "fault": f"{kind}:1@{t}",
         "returncode": res.returncode, "named_rank": int(named[1]) if named else None,
         "named_status": named[2] if named else None,
-        "named_after_kill_s": float(named[3]) - fault["after_start_s"] if named else None,
-        "all_stopped_after_kill_s": ended - fault["unix_time"],
+        "named_after_kill_s": float(named[3]) - fault["after_start_s"] if named and fault else None,
+        "all_stopped_after_kill_s": ended - fault["unix_time"] if fault else None,
+        "stderr_tail": [] if named and fault else res.stderr.strip().splitlines()[-3:],
       })  # fmt: skip
+
+
+# TCP's retransmission timeouts after a loss (Linux: 200 ms at least, doubling): the
+# moments, after the loss, at which a segment is sent again.
+RTO_S = 0.2
+DOWN_S = (0.5, 2.0, 5.0)
+DOWN_ALGORITHMS = ("ring", "psum", "naive")
+DOWN_AT = 4.0  # seconds after the hosts joined: about 2 s into the loop of calls
+
+
+def next_retry(down_s: float) -> float:
+  """The first retransmission at or after an outage of ``down_s`` that began right after
+  a send: RTO_S·(2^k − 1) for the smallest such k (200 ms, 600 ms, 1.4 s, 3 s, 6.2 s…)."""
+  k = 1
+  while RTO_S * (2**k - 1) < down_s:
+    k += 1
+  return RTO_S * (2**k - 1)
+
+
+def down(algorithms: list[str], then_give_up: bool = True) -> None:
+  """Host 1's link down for 0.5, 2 and 5 s about 2 s into a loop of back-to-back 1 MiB
+  calls (bench -I: every call's time), per algorithm (``algorithms``; default: ring,
+  psum, naive); ``then_give_up``: then one run where the outage, 8 s, outlasts JAX's heartbeat
+  timeout, 3 s, and the run gives up, naming a host."""
+  for algorithm in algorithms or DOWN_ALGORITHMS:
+    calls = "40" if algorithm == "naive" else "120"
+    for d in DOWN_S:
+      _append("link_down.jsonl", _down_run(algorithm, d, calls, []))
+  if then_give_up:
+    give_up()
+
+
+def give_up() -> None:
+  """Host 1's link down for 8 s, longer than JAX's heartbeat timeout (3 s): the run gives
+  up; the row holds who was named, when, and what the hosts' logs say."""
+  _append("link_down.jsonl", _down_run("ring", 8.0, "120", ["--heartbeat-timeout", "3"]))
+
+
+# What a host's log says when it gives up (JAX's coordination service, XLA, gloo).
+GAVE_UP = re.compile(
+  r"heartbeat|UNAVAILABLE|DEADLINE_EXCEEDED|[Tt]erminating|[Gg]loo.*(error|timed)"
+)
+
+
+def _down_run(algorithm: str, d: float, calls: str, extra: list[str]) -> dict:
+  with tempfile.TemporaryDirectory() as logs:
+    res = subprocess.run([*CLUSTER, *extra, "--log-dir", logs, "--fault",
+                          f"down:1@{DOWN_AT:g}+{d:g}", "--", "bench", "-n", calls, "-w", "2",
+                          "-I", "--no-uneven", "--algorithms", algorithm, "-b", "1MiB",
+                          "-e", "1MiB", "--out", f"{logs}/rows.jsonl"],
+                         capture_output=True, text=True)  # fmt: skip
+    rows = _read_path(Path(logs, "rows.jsonl"))
+    faults = _read_path(Path(logs, "faults.jsonl"))
+    said = []  # each matching line, and the one after (the tasks a message lists)
+    for p in sorted(Path(logs).glob("*.log")):
+      text = p.read_text(errors="replace").splitlines()
+      said += [f"{p.name}: {' '.join(text[i : i + 2]).strip()[:400]}"
+               for i, x in enumerate(text) if GAVE_UP.search(x)]  # fmt: skip
+    said = said[:6]
+  named = re.search(r"process (\d+) of \d+ \(pid \d+\) (.*?) after ([0-9.]+) s", res.stderr)
+  row = {"algorithm": algorithm, "hosts": HOSTS, "link": LINK, "bytes": 2**20,
+         "options": extra, "down_s": d, "returncode": res.returncode,
+         "faults": [{k: f[k] for k in ("event", "after_join_s", "after_start_s", "what")}
+                    for f in faults],
+         "named": f"process {named[1]} {named[2]} after {named[3]} s" if named else None,
+         "named_after_down_s": float(named[3]) - faults[0]["after_start_s"]
+         if named and faults else None,
+         "logs_say": said,
+         "stderr_tail": res.stderr.strip().splitlines()[-3:]}  # fmt: skip
+  if rows:
+    t = [x / 1e3 for x in rows[0]["times_us"]]
+    med = sorted(t)[len(t) // 2]
+    slow = [x for x in t if x > 3 * med]
+    row.update({"wrong": rows[0]["wrong"], "calls": len(t), "median_ms": med,
+                "slowest_ms": max(t), "calls_slowed": len(slow),
+                "extra_s": sum(x - med for x in slow) / 1e3, "times_ms": t})  # fmt: skip
+  return row
 
 
 def _train(name: str, extra: list[str], tmp: Path) -> dict:
@@ -115,6 +248,58 @@ def recovery(names: list[str]) -> None:
   for name in names or runs:
     with tempfile.TemporaryDirectory() as tmp:
       _append("recovery.jsonl", _train(name, runs[name], Path(tmp)))
+
+
+SLOW_HOST_RUNS = {  # name -> (hosts, cluster options, train options)
+  "healthy": (HOSTS, [], []),
+  "slowed-kept": (HOSTS, ["--fault", "cpu:1=0.25@0"], []),
+  "isolated": (HOSTS - 1, [], ["--learning-rate", str(0.05 * (HOSTS - 1) / HOSTS)]),
+}
+
+
+def slow_host(names: list[str]) -> None:
+  """train sync, 600 steps: on 4 healthy hosts, with host 1's process held to 1/4 of a
+  core from the start (kept in the job), and on the 3 others alone (isolated: the learning
+  rate scaled by 3/4, as ``--elastic`` does); the time to 95 % test accuracy of each."""
+  for name in names or SLOW_HOST_RUNS:
+    hosts, extra, train = SLOW_HOST_RUNS[name]
+    with tempfile.TemporaryDirectory() as tmp:
+      argv = [sys.executable, "-m", "allreduce_jax", "cluster", "--hosts", str(hosts), "--link",
+              LINK, "--timeout", "900", "--log-dir", f"{tmp}/logs", *extra, "--", "train",
+              "sync", "--workers", str(hosts), "--steps", "600", "--eval-every", "50",
+              "--target", "0.95", *train, "--out", f"{tmp}/out"]  # fmt: skip
+      t0 = time.monotonic()
+      res = subprocess.run(argv, capture_output=True, text=True)
+      wall = time.monotonic() - t0
+      rows = [r for p in Path(tmp, "out").rglob("*.jsonl") for r in _read_path(p)]
+    if res.returncode or len(rows) != 1:
+      raise SystemExit(f"faults.py slow-host {name}: exit {res.returncode}\n{res.stderr[-2000:]}")
+    (row,) = rows
+    per_step = row["wall_s"] / row["config"]["steps"]
+    hit = row["steps_to_target"]
+    _append("slow_host.jsonl", {
+      "run": name, "hosts": hosts, "link": LINK, "options": extra + train,
+      "returncode": res.returncode, "steps": row["config"]["steps"],
+      "eval_steps": row["eval_steps"], "test_acc": row["test_acc"],
+      "final_test_acc": row["final_test_acc"], "steps_to_target": hit,
+      "train_s": row["wall_s"], "time_to_target_s": None if hit is None else hit * per_step,
+      "cluster_wall_s": wall,
+    })  # fmt: skip
+
+
+def slow_host_table() -> str:
+  rows = _read("slow_host.jsonl")
+  if not rows:
+    return "(not measured)"
+  lines = ["| run | hosts | options | final test acc | steps to 95 % | training (s) |"
+           " s a step | time to 95 % (s) | cluster wall (s) |",
+           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+  for r in rows:
+    ttt = "–" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f}"
+    lines.append(f"| {r['run']} | {r['hosts']} | {' '.join(r['options']) or '–'} |"
+                 f" {r['final_test_acc']:.4f} | {r['steps_to_target']} | {r['train_s']:.1f} |"
+                 f" {r['train_s'] / r['steps']:.3f} | {ttt} | {r['cluster_wall_s']:.1f} |")  # fmt: skip
+  return "\n".join(lines)
 
 
 # A process that saves 16 MiB checkpoints in a loop; step k's arrays all hold k.
@@ -168,45 +353,94 @@ def torn(kills: int = 20) -> None:
 
 
 def _slow_rows() -> list[dict]:
-  """Bench rows with the slow-link factor k (1: healthy) read off their network's faults."""
+  """Bench rows with the slow-link factor k (1: healthy) read off their network's faults,
+  and ``net``: the network and its hosts (``switch, 4 hosts``)."""
   out = []
   for r in _read("slow_link.jsonl"):
-    faults = json.loads(r["key"]).get("network", {}).get("faults", [])
+    network = json.loads(r["key"]).get("network", {})
+    faults = network.get("faults", [])
     rate = faults[0].split("=")[1].split("@")[0] if faults else None
     k = next(k for k, v in SLOW.items() if v == rate)
-    out.append({**r, "k": k})
+    out.append({**r, "k": k, "net": f"{network['network']}, {network['hosts']} hosts"})
   return out
 
 
-def slow_link_table() -> str:
-  rows = _slow_rows()
-  head = ["| algorithm | MiB | " + " | ".join(f"1/{k} ms" for k in SLOW)
-          + " | " + " | ".join(f"1/{k} × healthy" for k in SLOW if k > 1)
-          + " | " + " | ".join(f"1/{k} in n·k/B" for k in SLOW) + " |"]  # fmt: skip
-  head.append("|" + "---|" * (2 + 3 * len(SLOW) - 1))
+def slow_link_table(net: str) -> str:
+  rows = [r for r in _slow_rows() if r["net"] == net]
+  ks = [k for k in SLOW if any(r["k"] == k for r in rows)]
+  head = ["| algorithm | MiB | " + " | ".join(f"1/{k} ms" for k in ks)
+          + " | " + " | ".join(f"1/{k} × healthy" for k in ks if k > 1)
+          + " | " + " | ".join(f"1/{k} in n·k/B" for k in ks) + " |"]  # fmt: skip
+  head.append("|" + "---|" * (2 + 3 * len(ks) - 1))
   lines = []
-  for alg in ALGORITHMS.split(","):
+  for alg in dict.fromkeys(r["algorithm"] for r in rows):
     for size in sorted({r["bytes"] for r in rows}):
       t = {r["k"]: r["time_us"] for r in rows if r["algorithm"] == alg and r["bytes"] == size}
       if not t:
         continue
-      ms = [f"{t[k] / 1e3:.0f}" if k in t else "–" for k in SLOW]
-      ratio = [f"{t[k] / t[1]:.1f}" if k in t and 1 in t else "–" for k in SLOW if k > 1]
-      bound = [f"{t[k] / 1e6 / (size * k / RATE):.2f}" if k in t else "–" for k in SLOW]
+      ms = [f"{t[k] / 1e3:.0f}" if k in t else "–" for k in ks]
+      ratio = [f"{t[k] / t[1]:.1f}" if k in t and 1 in t else "–" for k in ks if k > 1]
+      bound = [f"{t[k] / 1e6 / (size * k / RATE):.2f}" if k in t else "–" for k in ks]
       lines.append(f"| {alg} | {size / 2**20:g} | {' | '.join(ms)} | {' | '.join(ratio)} |"
                    f" {' | '.join(bound)} |")  # fmt: skip
   return "\n".join(head + lines)
 
 
+def slow_link_tables() -> list[str]:
+  """One section per network measured, the 4-host switch first."""
+  nets = list(dict.fromkeys(r["net"] for r in _slow_rows()))
+  out = []
+  for net in nets:
+    out += [f"### {net}", "", slow_link_table(net), ""]
+  return out
+
+
+def _span(xs: list[float], fmt: str = ".2f") -> str:
+  """min–max of ``xs`` (one value alone; "–" for none)."""
+  lo, hi = (format(min(xs), fmt), format(max(xs), fmt)) if xs else ("–", "–")
+  return lo if lo == hi else f"{lo}–{hi}"
+
+
 def kill_table() -> str:
-  rows = _read("kill.jsonl")
-  lines = ["| algorithm | fault | named | host named after the kill (s) | all stopped after (s) |",
-           "|---|---|---|---|---|"]  # fmt: skip
-  for r in rows:
-    after = r["named_after_kill_s"]
-    lines.append(f"| {r['algorithm']} | {r['fault']} | process {r['named_rank']} {r['named_status']}"
-                 f" | {after:.1f} | {r['all_stopped_after_kill_s']:.1f} |" if after is not None
-                 else f"| {r['algorithm']} | {r['fault']} | not named | – | – |")  # fmt: skip
+  """Per algorithm, size and fault kind: runs, how many named host 1 (the right host),
+  and the spread of the times after the fault."""
+  groups: dict[tuple, list[dict]] = {}
+  for r in _read("kill.jsonl"):
+    kind = r["fault"].split(":")[0]
+    alg = r["algorithm"] + (" (2 devices a host)" if r.get("devices_per_host", 1) > 1 else "")
+    key = (kind, r.get("bytes", "4MiB"), " ".join(r.get("options", [])), alg)
+    groups.setdefault(key, []).append(r)
+  lines = ["| fault | per host | options | algorithm | runs | host 1 named | at (s after joining)"
+           " | named after the fault (s) | all stopped after (s) |",
+           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+  for (kind, size, opts, alg), rs in groups.items():
+    right = [r for r in rs if r["named_rank"] == 1]
+    named = [r["named_after_kill_s"] for r in right if r["named_after_kill_s"] is not None]
+    stopped = [r["all_stopped_after_kill_s"] for r in right if r["named_after_kill_s"] is not None]
+    ats = ", ".join(f"{float(r['fault'].split('@')[1]):g}" for r in rs)
+    lines.append(f"| {kind} | {size} | {opts or '–'} | {alg} | {len(rs)} | {len(right)} | {ats} |"
+                 f" {_span(named)} | {_span(stopped)} |")  # fmt: skip
+  return "\n".join(lines)
+
+
+def link_down_table() -> str:
+  """Per algorithm, outage and options: runs, exits, #wrong, and min–max over the runs."""
+  groups: dict[tuple, list[dict]] = {}
+  for r in _read("link_down.jsonl"):
+    groups.setdefault((r["algorithm"], r["down_s"], " ".join(r["options"])), []).append(r)
+  if not groups:
+    return "(not measured)"
+  lines = ["| algorithm | down (s) | options | runs | exit | #wrong | median call (ms) |"
+           " slowest call (s) | calls slowed | time lost (s) | next TCP retry (s) | named |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+  for (alg, d, opts), rs in groups.items():
+    col = lambda k, rs=rs: [r[k] for r in rs if r.get(k) is not None]  # noqa: E731
+    join = lambda xs: ", ".join(dict.fromkeys(str(x) for x in xs)) or "–"  # noqa: E731
+    slowest = [x / 1e3 for x in col("slowest_ms")]
+    lines.append(f"| {alg} | {d:g} | {opts or '–'} | {len(rs)} | {join(col('returncode'))} |"
+                 f" {join(col('wrong'))} | {_span(col('median_ms'), '.0f')} | {_span(slowest)} |"
+                 f" {join(col('calls_slowed'))} | {_span(col('extra_s'))} |"
+                 f" {next_retry(d):.1f} | {join(r['named'] for r in rs if r['named'])} |")  # fmt: skip
   return "\n".join(lines)
 
 
@@ -327,14 +561,28 @@ def replay_tables() -> list[str]:
 def tables() -> dict[str, str]:
   """``{"tables.md": text}`` from the committed rows."""
   parts = ["# Faults: tables (generated by faults.py from rows/)", "",
-           "## One slow link (host 1 at 1/k of 200 Mbit/s), 4 hosts on a switch", "",
-           "Median of the slowest process per call (bench -a 3); n·k/B: the time for n bytes"
-           " through the slow link (the exact-algorithm bound is ≈ 1, the ring ≈ 1.5, the"
-           " parameter server ≈ 2 at k = 10).", "", slow_link_table(), "",
+           "## One slow link (host 1 at 1/k of 200 Mbit/s)", "",
+           "Median of 3 calls, of the slowest process (bench -a 3), one run per cell; n·k/B:"
+           " the time for n bytes through the slow link (the exact-algorithm bound is ≈ 1,"
+           " the ring ≈ 1.5, the parameter server ≈ 2 at k = 10). fat_tree:2:1: two leaves"
+           " of 2 hosts; torus:4: a ring of 4 links, host 1's two links slowed.", "",
+           *slow_link_tables(),
            *replay_tables(),
-           "## A host killed mid-collective (4 MiB per host, 4 hosts)", "", kill_table(), "",
+           "## A link down mid-collective (host 1, 1 MiB per host, 4 hosts on a switch)", "",
+           "Every call's time (bench -I, process 0); a call slowed: over 3× the median; time"
+           " lost: the slowed calls' time beyond the median; next TCP retry: the first"
+           " retransmission at or after the outage (200 ms doubling: 0.2, 0.6, 1.4, 3, 6.2 s"
+           " after the loss).", "", link_down_table(), "",
+           "## A host killed or stopped mid-collective (4 hosts on a switch)", "",
+           "Host 1 SIGKILLed or SIGSTOPped T s after the hosts joined, during back-to-back"
+           " calls (1 MiB: they start about 2 s after joining); times: min–max over the runs"
+           " that named host 1.", "", kill_table(), "",
            "## train sync on 4 hosts, a host killed mid-run", "", recovery_table(), "",
-           "## A kill during checkpoint saves", "", torn_table(), ""]  # fmt: skip
+           "## A kill during checkpoint saves", "", torn_table(), "",
+           "## A slowed host kept in the job or isolated (train sync, 600 steps)", "",
+           "Host 1's process held to 1/4 of a core (cpu:1=0.25@0); time to 95 %: steps to 95 %"
+           " × the training loop's seconds a step (compile and evaluations included).", "",
+           slow_host_table(), ""]  # fmt: skip
   return {"tables.md": "\n".join(parts)}
 
 
@@ -345,35 +593,47 @@ def figure(path: Path) -> None:
   import matplotlib.pyplot as plt
   import matplotlib.ticker
 
-  rows = [r for r in _slow_rows() if r["bytes"] == 4 * 2**20]
-  fig, ax = plt.subplots(figsize=(6.4, 4))
-  for alg in ALGORITHMS.split(","):
+  from allreduce_jax.palette import style
+
+  rows = [r for r in _slow_rows() if r["bytes"] == 2**20 and r["net"] == "switch, 4 hosts"]
+  fig, ax = plt.subplots(figsize=(6.4, 4.4))
+  for alg in dict.fromkeys(r["algorithm"] for r in rows):
     pts = sorted((r["k"], r["time_us"] / 1e6) for r in rows if r["algorithm"] == alg)
     if pts:
-      ax.plot([k for k, _ in pts], [t for _, t in pts], "o-", label=alg)
-  ks = sorted(SLOW)
-  n = 4 * 2**20
+      ax.plot([k for k, _ in pts], [t for _, t in pts], label=alg, **style(alg))
+  ks = sorted({r["k"] for r in rows})
+  n = 2**20
   ax.plot(ks, [n * k / RATE for k in ks], "k--", label="bound n·k/B")
   ax.set_xscale("log")
   ax.set_yscale("log")
   ax.set_xticks(ks, [f"1/{k}" for k in ks])
   ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
   ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-  ax.set_yticks([0.2, 0.5, 1, 2, 5])
+  ax.set_yticks([0.1, 0.3, 1, 3, 10])
   ax.set_xlabel("host 1's link rate (of 200 Mbit/s)")
-  ax.set_ylabel("all-reduce time (s), 4 MiB per host")
+  ax.set_ylabel("all-reduce time (s), 1 MiB per host")
   ax.set_title("One slow link, 4 hosts on a switch")
-  ax.legend(fontsize=8)
+  ax.legend(fontsize=7, ncol=2)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
+
+
+def _names(args: list[str]) -> list[str]:
+  """``ring,psum`` (a comma list) -> ["ring", "psum"]; none: []."""
+  return [a for x in args for a in x.split(",") if a]
 
 
 def main(argv: list[str]) -> None:
   what = argv[0] if argv else "tables"
   steps = {
     "slow-link": slow_link,
-    "kill": kill,
+    "kill": lambda: kill(_names(argv[1:])),
+    "stop": lambda: kill(_names(argv[1:]), "stop", (4.5,) * 3, ("--heartbeat-timeout", "5")),
+    "down": lambda: down(_names(argv[1:]), then_give_up=not argv[1:]),
+    "give-up": give_up,
+    "slow-cases": lambda: slow_cases(argv[1:]),
     "recovery": lambda: recovery(argv[1:]),
+    "slow-host": lambda: slow_host(argv[1:]),
     "torn": torn,
   }
   if what in steps:
