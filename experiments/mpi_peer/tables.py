@@ -16,10 +16,10 @@ PEERS = ("psum", "mpi(default)", "mpi(recursive_doubling)", "mpi(ring)", "mpi(se
          "mpi(rabenseifner)")  # fmt: skip
 
 
-def rows() -> list[dict]:
+def rows(pattern: str = "run*_alg*.jsonl") -> list[dict]:
   out = []
-  for path in sorted((HERE / "rows").glob("run*_alg*.jsonl")):
-    run = path.stem.split("_")[0]  # the rep: run1_alg6 -> run1
+  for path in sorted((HERE / "rows").glob(pattern)):
+    run = path.stem.split("_alg")[0]  # the rep: run1_alg6 -> run1
     for line in path.read_text().splitlines():
       r = json.loads(line)
       if "algorithm" in r:
@@ -80,8 +80,38 @@ def tables() -> dict[str, str]:
     "The last column is the best peer's time over the best hand-written algorithm's (medians):"
     " at 1.00 or above the hand-written one is at least as fast.",
   ]
+  lines += fat_tree_lines()
   lines += wire_lines()
   return {"tables.md": "\n".join(lines) + "\n"}
+
+
+def fat_tree_lines() -> list[str]:
+  """The same comparison on the 2:1 fat tree (fat_tree.sh: rows/fat_tree_run*_alg*.jsonl)."""
+  data = rows("fat_tree_run*_alg*.jsonl")
+  if not data:
+    return []
+  cells = times(data)
+  names = [*HAND_WRITTEN, "psum", "mpi(default)", "mpi(ring)"]
+  lines = [
+    "",
+    "## The 2:1 fat tree (fat_tree.sh)",
+    "",
+    "Emulated 4 hosts, 2 per leaf, 200 Mbit/s links, leaf uplinks oversubscribed 2:1; time per"
+    f" all-reduce in ms, median [min–max] over {len({r['run'] for r in data})} runs (each the"
+    f" median of {data[0]['iters']} calls), taken beside other work on the same CPU.",
+    "",
+    "| size | " + " | ".join(f"`{n}`" for n in names) + " | best peer ÷ best hand-written |",
+    "|---" * (len(names) + 2) + "|",
+  ]
+  for n in sorted({n for _, n in cells}):
+    med = {k: statistics.median(cells[(k, n)]) for k in names if (k, n) in cells}
+    best_own = min((med[k] for k in HAND_WRITTEN if k in med), default=None)
+    best_peer = min((med[k] for k in names[2:] if k in med), default=None)
+    speed = f"{best_peer / best_own:.2f}×" if best_own and best_peer else "—"
+    lines.append(
+      f"| {n >> 20} MiB | " + " | ".join(_cell(cells.get((k, n))) for k in names) + f" | {speed} |"
+    )
+  return lines
 
 
 # Bytes on the wire (wire.sh, wire.py): rows/wire_run*.jsonl, one row per (algorithm, host).
