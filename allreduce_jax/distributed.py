@@ -93,6 +93,17 @@ ENV_SHUTDOWN_TIMEOUT = "ALLREDUCE_JAX_SHUTDOWN_TIMEOUT"
 ENV_MODE = "ALLREDUCE_JAX_DISTRIBUTED"
 ENV_GLOO_IFNAME = "GLOO_SOCKET_IFNAME"
 ENV_ADDRESS = "ALLREDUCE_JAX_ADDRESS"
+ENV_COLLECTIVES = "ALLREDUCE_JAX_COLLECTIVES"
+ENV_MPIWRAPPER = "MPITRAMPOLINE_LIB"  # read by MPItrampoline, which jaxlib bundles
+
+#: ``--collectives``: what moves the data between processes on CPU.
+COLLECTIVES = ("gloo", "mpi")
+#: Where ``experiments/mpi_peer/build_mpiwrapper.sh`` installs MPIwrapper (a checkout's ``build/``).
+MPIWRAPPER_BUILT = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "mpiwrapper", "lib",
+  "libmpiwrapper.so",
+)  # fmt: skip
+BUILD_MPIWRAPPER = "bash experiments/mpi_peer/build_mpiwrapper.sh"
 
 LAUNCHER_VARS = (
   ENV_COORDINATOR,
@@ -363,6 +374,59 @@ def exit_fast_on_error() -> None:
     pass
 
 
+def mpiwrapper(env: Mapping[str, str] | None = None) -> str:
+  """The MPIwrapper library ``--collectives mpi`` hands to jaxlib's MPItrampoline:
+  ``$MPITRAMPOLINE_LIB``, else the one ``experiments/mpi_peer/build_mpiwrapper.sh`` built.
+
+  Raises:
+    ValueError: there is none (one line naming ``--collectives`` and the build command).
+  """
+  env = os.environ if env is None else env
+  path = env.get(ENV_MPIWRAPPER, "").strip()
+  if path and not os.path.isfile(path):
+    raise ValueError(
+      f"--collectives mpi: {ENV_MPIWRAPPER}={path!r} is not a file (unset it to use the one"
+      f" `{BUILD_MPIWRAPPER}` builds)."
+    )
+  if not path and not os.path.isfile(MPIWRAPPER_BUILT):
+    raise ValueError(
+      "--collectives mpi needs MPIwrapper built against the local MPI: run"
+      f" `{BUILD_MPIWRAPPER}` (or set {ENV_MPIWRAPPER} to a libmpiwrapper.so)."
+    )
+  return path or MPIWRAPPER_BUILT
+
+
+def check_collectives(collectives: str, devices: int, devices_flag: str) -> None:
+  """Raises ValueError (one line) when ``--collectives`` cannot run with ``devices``
+  devices per process (``devices_flag``: the option that set them) or MPI is missing."""
+  if collectives not in COLLECTIVES:
+    raise ValueError(f"--collectives must be one of {', '.join(COLLECTIVES)}, got {collectives!r}.")
+  if collectives != "mpi":
+    return
+  if devices != 1:
+    raise ValueError(
+      f"--collectives mpi runs one device per process (XLA's MPI collectives, xla#16430):"
+      f" {devices_flag} must be 1, got {devices}."
+    )
+  mpiwrapper()
+
+
+def _finalize_mpi() -> None:  # an atexit handler, run before JAX's own MPI_Finalize
+  """Leaves a run joined over MPI. XLA frees its MPI communicators with the CPU client,
+  after JAX's atexit ``MPI_Finalize``, and Open MPI then aborts the process
+  ("MPI_Comm_free() ... called after MPI_FINALIZE"): so leave JAX's runtime, finalize
+  MPI here and end the process before those destructors run."""
+  code = _failing_exit or 0
+  if not code:
+    try:
+      jax.distributed.shutdown()
+    except Exception:  # pragma: no cover - a peer gone before the barrier
+      traceback.print_exc()
+      code = 1
+  _jax.make_mpi_collectives().Finalize()  # MPI_Finalize: the object holds no communicator
+  _flush_and_exit(code)
+
+
 def initialize(
   coordinator_address: str | None = None,
   num_processes: int | None = None,
@@ -376,6 +440,7 @@ def initialize(
   shutdown_timeout: int | None = None,
   gloo_interface: str | None = None,
   gloo_hostname: str | None = None,
+  collectives: str = "gloo",
 ) -> None:
   """Joins this process to a ``jax.distributed`` runtime. Call before any JAX work.
 
@@ -402,6 +467,9 @@ def initialize(
     gloo_interface: the network interface gloo's CPU collectives use and advertise
       (``GLOO_SOCKET_IFNAME``); default: the address of this host's name.
     gloo_hostname: the host name or address gloo uses instead (``ALLREDUCE_JAX_ADDRESS``).
+    collectives: what moves the data between processes on CPU: ``gloo`` (TCP, through
+      the coordinator) or ``mpi`` (XLA's MPI collectives through jaxlib's MPItrampoline
+      and :func:`mpiwrapper`; the processes must be MPI ranks, one device each).
 
   Raises:
     ValueError: malformed or inconsistent arguments.
@@ -426,6 +494,20 @@ def initialize(
     if local_devices < 1:
       raise ValueError(f"local_devices={local_devices} must be at least 1.")
     jax.config.update("jax_num_cpu_devices", local_devices)
+  if collectives == "mpi":
+    check_collectives(
+      "mpi",
+      local_devices or max(1, jax.config.jax_num_cpu_devices),
+      "the devices per process (--local-devices, --devices-per-host)",
+    )
+    if not os.environ.get(ENV_MPIWRAPPER, "").strip():  # jaxlib read it when it loaded
+      raise ValueError(
+        f"--collectives mpi: {ENV_MPIWRAPPER} must be in each process's environment before"
+        f" JAX loads (launch and cluster set it; under mpirun: -x {ENV_MPIWRAPPER}={mpiwrapper()})."
+      )
+    jax.config.update("jax_cpu_collectives_implementation", "mpi")
+  elif collectives != "gloo":
+    raise ValueError(f"--collectives must be one of {', '.join(COLLECTIVES)}, got {collectives!r}.")
   if jax.config.jax_cpu_collectives_implementation in (None, "", "none"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   explicit = None not in (coordinator_address, num_processes, process_id)
@@ -461,6 +543,9 @@ def initialize(
   )
   if gloo and (gloo_interface or gloo_hostname):
     _use_gloo_address(gloo_interface, gloo_hostname)
+  if collectives == "mpi":
+    jax.devices()  # the CPU client now: it calls MPI_Init and registers JAX's MPI_Finalize
+    atexit.register(_finalize_mpi)  # so this one runs before it
 
 
 def _on_cpu() -> bool:
@@ -539,6 +624,14 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
     raise ValueError(
       f"environment variable {ENV_LOCAL_DEVICE_IDS}={ids_text!r} must be comma-separated integers."
     ) from None
+  collectives = env.get(ENV_COLLECTIVES, "").strip().lower() or "gloo"
+  if collectives not in COLLECTIVES:
+    raise ValueError(
+      f"environment variable {ENV_COLLECTIVES}={collectives!r} must be one of"
+      f" {', '.join(COLLECTIVES)}."
+    )
+  if collectives == "mpi" and local_devices is None:
+    local_devices = _int_env(env, "JAX_NUM_CPU_DEVICES", 1)
   initialize(
     coordinator,
     num,
@@ -551,6 +644,7 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
     shutdown_timeout=_int_env(env, ENV_SHUTDOWN_TIMEOUT, 1),
     gloo_interface=env.get(ENV_GLOO_IFNAME, "").strip() or None,
     gloo_hostname=env.get(ENV_ADDRESS, "").strip() or None,
+    collectives=collectives,
   )
   exit_fast_on_error()
   return True

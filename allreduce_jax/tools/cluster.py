@@ -60,7 +60,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from allreduce_jax import netns, units
+from allreduce_jax import distributed, netns, units
 from allreduce_jax.tools import engines
 from allreduce_jax.tools import faults as fault_lib
 from allreduce_jax.tools import launch as launcher
@@ -193,6 +193,13 @@ def cluster(
     raise ValueError(f"--devices-per-host must be at least 1, got {devices_per_host}.")
   if engine not in engines.LAUNCHERS:
     raise ValueError(f"--launcher must be one of {', '.join(engines.LAUNCHERS)}, got {engine!r}.")
+  collectives = launch_options.pop("collectives", "gloo")
+  distributed.check_collectives(collectives, devices_per_host, "--devices-per-host")
+  if collectives == "mpi" and engine != "mpirun":
+    raise ValueError(
+      f"--collectives mpi needs the hosts' processes to be MPI ranks: --launcher mpirun, got"
+      f" --launcher {engine}."
+    )
   rate = units.parse_rate(link, "--link")
   plan = netns.plan(
     network,
@@ -212,7 +219,7 @@ def cluster(
   with _one_at_a_time(concurrent, err):
     return _run(
       command, hosts, plan, rate, rootless, devices_per_host, counters_path, err,
-      {**launch_options, "engine": engine},
+      {**launch_options, "engine": engine, "collectives": collectives},
     )  # fmt: skip
 
 
@@ -253,8 +260,10 @@ def _hosts(command, hosts, plan, rate, devices_per_host, counters_path, err, lau
   )
   before = netns.counters(plan)
   engine = launch_options.pop("engine", "builtin")
+  collectives = launch_options.pop("collectives", "gloo")
   if engine != "builtin":
-    rc = engines.run(engine, plan, command, devices_per_host, launch_options.get("timeout"), err)
+    timeout = launch_options.get("timeout")
+    rc = engines.run(engine, plan, command, devices_per_host, timeout, err, collectives)
   else:
     rc = _launch_builtin(command, hosts, plan, devices_per_host, err, launch_options)
   if counters_path:
@@ -393,6 +402,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     " private SLURM, one slurmd per host; srun -c DEVICES); root only",
   )
   launcher.add_launch_options(parser, "host")
+  launcher.add_collectives_option(parser, "--launcher mpirun, --devices-per-host 1")
   parser.add_argument(
     "--fault",
     action="append",
@@ -443,6 +453,7 @@ def run(args: argparse.Namespace) -> int:
       concurrent=args.concurrent or os.environ.get(ENV_CONCURRENT, "") not in ("", "0"),
       rootless=True if args.rootless else None,
       engine=args.launcher,
+      collectives=args.collectives,
       **launcher.launch_options(args),
       faults=faults,
     )

@@ -42,7 +42,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from allreduce_jax import netns
+from allreduce_jax import distributed, netns
 from allreduce_jax.tools import launch as launcher
 from allreduce_jax.tools import slurm_local
 
@@ -107,7 +107,44 @@ def _agent(plan: netns.Plan, folder: Path) -> Path:
   return path
 
 
-def mpirun(plan: netns.Plan, command: list[str], devices: int, timeout, err) -> int:
+def collectives_env(collectives: str) -> dict[str, str]:
+  """The variables every rank needs for ``--collectives`` (the MPIwrapper library must be
+  in the environment before JAX loads)."""
+  if collectives != "mpi":
+    return {}
+  return {distributed.ENV_COLLECTIVES: "mpi", distributed.ENV_MPIWRAPPER: distributed.mpiwrapper()}
+
+
+def mpirun_local(command: list[str], n: int, collectives: str, timeout, err) -> int:
+  """``allreduce-jax launch --collectives mpi``: ``command`` as ``n`` MPI ranks on this
+  machine (``mpirun -np n``, one device each); its status. Open MPI ends the job when a
+  rank fails and names it; ``--timeout`` is ``mpirun --timeout``."""
+  if shutil.which("mpirun") is None:
+    raise launcher.LaunchError(
+      "--collectives mpi runs the processes under Open MPI's mpirun, which is not on PATH"
+      " (Debian: apt-get install openmpi-bin)."
+    )
+  argv = launcher.command_argv(list(command))
+  extra = {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "1", **collectives_env(collectives)}
+  engine = ["mpirun", *(["--allow-run-as-root"] if os.getuid() == 0 else []), "--oversubscribe",
+            "-np", str(n)]  # fmt: skip
+  for k in extra:
+    engine += ["-x", k]
+  if timeout is not None:
+    engine += ["--timeout", str(max(1, round(timeout)))]
+  print(
+    f"# launch: mpirun -np {n}, one device per rank, collectives over MPI", file=err, flush=True
+  )
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
+  env = {k: v for k, v in env.items() if k not in distributed.LAUNCHER_VARS}
+  env.update(extra)
+  return _run([*engine, *argv], env, None if timeout is None else timeout + 30,
+              lambda proc: os.killpg(proc.pid, signal.SIGTERM), err)  # fmt: skip
+
+
+def mpirun(
+  plan: netns.Plan, command: list[str], devices: int, timeout, err, collectives: str = "gloo"
+) -> int:
   """Runs ``command`` once per host under ``mpirun`` from host 0; its status."""
   argv = launcher.command_argv(list(command))
   folder = Path(tempfile.mkdtemp(prefix="allreduce-jax-mpirun-"))
@@ -128,6 +165,8 @@ def mpirun(plan: netns.Plan, command: list[str], devices: int, timeout, err) -> 
     for k, v in mca.items():
       engine += ["--mca", k, v]
     engine += ["-x", "JAX_PLATFORMS=cpu", "-x", f"JAX_NUM_CPU_DEVICES={devices}"]
+    for k, v in collectives_env(collectives).items():
+      engine += ["-x", f"{k}={v}"]
     if timeout is not None:
       engine += ["--timeout", str(max(1, round(timeout)))]
     print(f"# cluster: mpirun from {plan.hostnames[0]}, one rank per host", file=err, flush=True)
@@ -190,7 +229,12 @@ def slurm(plan: netns.Plan, command: list[str], devices: int, timeout, err) -> i
     return 124 if timeout is not None and rc in (130, 128 + signal.SIGINT) else rc
 
 
-def run(name: str, plan: netns.Plan, command, devices: int, timeout, err=None) -> int:
-  """Runs ``command`` on every host of the built ``plan`` under launcher ``name``."""
+def run(
+  name: str, plan: netns.Plan, command, devices: int, timeout, err=None, collectives: str = "gloo"
+) -> int:
+  """Runs ``command`` on every host of the built ``plan`` under launcher ``name``
+  (``collectives`` ``mpi``: ``mpirun`` only)."""
   err = err or sys.stderr
-  return {"mpirun": mpirun, "slurm": slurm}[name](plan, command, devices, timeout, err)
+  if name == "mpirun":
+    return mpirun(plan, command, devices, timeout, err, collectives)
+  return slurm(plan, command, devices, timeout, err)

@@ -849,6 +849,18 @@ def add_launch_options(parser: argparse.ArgumentParser, who: str = "process") ->
   )
 
 
+def add_collectives_option(parser: argparse.ArgumentParser, mpi_needs: str) -> None:
+  """``--collectives {gloo,mpi}`` (``mpi_needs``: what the mpi choice implies here)."""
+  parser.add_argument(
+    "--collectives",
+    default="gloo",
+    choices=distributed.COLLECTIVES,
+    help="what moves the data between processes on CPU: gloo (the default; TCP) or mpi"
+    f" (XLA's MPI collectives over the local Open MPI; {mpi_needs}; build MPIwrapper first:"
+    f" {distributed.BUILD_MPIWRAPPER})",
+  )
+
+
 def launch_options(args: argparse.Namespace) -> dict:
   """The keyword arguments of :func:`launch` that :func:`add_launch_options` declared."""
   return {
@@ -881,6 +893,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
   )
   parser.add_argument("--platform", default="cpu", choices=("cpu", "gpu"), help="default cpu")
   add_launch_options(parser, "process")
+  add_collectives_option(parser, "the processes start under mpirun -np N, --local-devices 1")
   parser.add_argument(
     "command",
     nargs=argparse.REMAINDER,
@@ -892,6 +905,8 @@ def run(args: argparse.Namespace) -> int:
   if args.log_dir:  # an unwritable --log-dir: one line, before any process starts
     output_dir(args.log_dir, "--log-dir")
   try:
+    if args.collectives == "mpi":
+      return _launch_mpi(args)
     return launch_restarting(
       args.command,
       args.num_processes,
@@ -900,6 +915,24 @@ def run(args: argparse.Namespace) -> int:
       platform=args.platform,
       **launch_options(args),
     )
-  except LaunchError as e:
+  except (LaunchError, ValueError) as e:
     print(f"allreduce-jax launch: {e}", file=sys.stderr)
     return 2
+
+
+def _launch_mpi(args: argparse.Namespace) -> int:
+  """``--collectives mpi``: the processes must be MPI ranks, so Open MPI's ``mpirun``
+  starts them (:func:`allreduce_jax.tools.engines.mpirun_local`)."""
+  from allreduce_jax.tools import engines  # it imports this module
+
+  if args.platform != "cpu":
+    raise LaunchError("--collectives mpi is for CPU collectives: --platform must be cpu.")
+  distributed.check_collectives("mpi", args.local_devices, "--local-devices")
+  if args.num_processes < 1:
+    raise LaunchError(f"-n must be at least 1, got {args.num_processes}.")
+  if args.restarts or args.elastic or args.coordinator:
+    raise LaunchError(
+      "--collectives mpi: --restarts, --elastic and --coordinator need the builtin launcher"
+      " (--collectives gloo); mpirun starts the ranks."
+    )
+  return engines.mpirun_local(args.command, args.num_processes, "mpi", args.timeout, sys.stderr)
