@@ -1,0 +1,102 @@
+"""``launch|cluster --collectives mpi``: the hand-written algorithms with XLA's CPU collectives
+(every ``ppermute``) over the local Open MPI, through jaxlib's MPItrampoline and the MPIwrapper
+``experiments/mpi_peer/build_mpiwrapper.sh`` builds. ``verify`` compares every result with a NumPy
+oracle. Skipped, with the reason, where Open MPI or the wrapper is missing; the bad inputs are
+checked everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_engines import ALLREDUCE_JAX, _check, _mpirun_problem, _session_left
+
+from allreduce_jax import distributed
+from allreduce_jax.tools import engines
+
+ROOT = Path(__file__).resolve().parents[1]
+# XLA's MPI collectives reduce no float16/bfloat16 ("Unsupported primitive type for reduction"),
+# and verify's lax reference runs in the same program: float32 and int32 only.
+VERIFY = [
+  "verify", "--algorithms", "ring,halving_doubling,recursive_doubling,psum", "--ops", "sum,max",
+  "--dtypes", "float32,int32", "--kinds", "verifiable", "--shapes", "13",
+]  # fmt: skip
+
+
+def _mpi_problem() -> str | None:
+  why = _mpirun_problem()
+  if why:
+    return why
+  try:
+    distributed.mpiwrapper()
+  except ValueError as e:
+    return str(e)
+  return None
+
+
+@pytest.mark.timeout(300)
+def test_launch_collectives_mpi_verify_passes_and_leaves_nothing():
+  why = _mpi_problem()
+  if why:
+    pytest.skip(why)
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
+  argv = [*ALLREDUCE_JAX, "launch", "-n", "2", "--collectives", "mpi", "--", *VERIFY]
+  proc = subprocess.Popen(
+    argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    start_new_session=True,
+  )  # fmt: skip
+  try:
+    out, _ = proc.communicate(timeout=280)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, 9)
+      proc.wait()
+  assert proc.returncode == 0, out[-3000:]
+  assert "mpirun -np 2, one device per rank, collectives over MPI" in out
+  _check(out, 2)
+  assert out.count(": 16 passed, 0 failed") == 2  # every rank ran the whole check
+  assert "MPI_FINALIZE" not in out  # each rank left MPI cleanly
+  assert _session_left(proc.pid) == []
+
+
+def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+  return subprocess.run(
+    [*ALLREDUCE_JAX, *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+    env={**os.environ, **(env or {})},
+  )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+  "args, says",
+  [
+    (["launch", "-n", "2", "--local-devices", "2", "--collectives", "mpi"], "--local-devices must be 1"),
+    (["cluster", "--hosts", "2", "--devices-per-host", "2", "--launcher", "mpirun",
+      "--collectives", "mpi"], "--devices-per-host must be 1"),
+    (["cluster", "--hosts", "2", "--collectives", "mpi"], "--launcher mpirun, got --launcher builtin"),
+    (["launch", "-n", "2", "--collectives", "nccl"], "invalid choice: 'nccl'"),
+  ],
+)  # fmt: skip
+def test_bad_collectives_input_is_one_line(args, says):
+  res = _run(*args, "--", "verify")
+  assert res.returncode == 2, res.stderr
+  assert says in res.stderr and len(res.stderr.strip().splitlines()) <= 3, res.stderr
+
+
+def test_without_the_wrapper_the_error_names_collectives_and_the_build(monkeypatch, tmp_path):
+  monkeypatch.setattr(distributed, "MPIWRAPPER_BUILT", str(tmp_path / "libmpiwrapper.so"))
+  with pytest.raises(ValueError, match="--collectives mpi needs MPIwrapper") as e:
+    distributed.mpiwrapper({})
+  assert distributed.BUILD_MPIWRAPPER in str(e.value) and "\n" not in str(e.value)
+  with pytest.raises(ValueError, match="is not a file"):
+    distributed.mpiwrapper({distributed.ENV_MPIWRAPPER: str(tmp_path / "missing.so")})
+
+
+def test_collectives_environment_is_checked():
+  with pytest.raises(ValueError, match="ALLREDUCE_JAX_COLLECTIVES='nccl' must be one of gloo, mpi"):
+    distributed.initialize_from_env(
+      {distributed.ENV_COLLECTIVES: "nccl", "OMPI_COMM_WORLD_SIZE": "2"}
+    )
+  assert engines.collectives_env("gloo") == {}
