@@ -170,11 +170,13 @@ def mpirun(
     if timeout is not None:
       engine += ["--timeout", str(max(1, round(timeout)))]
     print(f"# cluster: mpirun from {plan.hostnames[0]}, one rank per host", file=err, flush=True)
-    # an outer MPI job's variables out; MCA parameters (OMPI_MCA_coll_tuned_...) reach the ranks
+    # an outer MPI job's variables out; MCA parameters of the collectives and the TCP
+    # transport (OMPI_MCA_coll_tuned_..., OMPI_MCA_btl_tcp_flags) reach the ranks
     env = {
       k: v
       for k, v in os.environ.items()
-      if not k.startswith(("OMPI_", "PMIX_")) or k.startswith("OMPI_MCA_coll")
+      if not k.startswith(("OMPI_", "PMIX_"))
+      or k.startswith(("OMPI_MCA_coll", "OMPI_MCA_btl_tcp_"))
     }
     return _run(
       [*netns.host_argv(plan, 0), *engine, *argv], env, None if timeout is None else timeout + 30,
