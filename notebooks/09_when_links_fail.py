@@ -10,10 +10,12 @@
 # checkpoint (`--fault kill:H@T --restarts 1`, `train sync --checkpoint-dir`): the
 # parameters it ends with are compared, bit for bit, with an uninterrupted run's.
 #
-# **Run time.** Full mode takes about 3 minutes on 2 CPU cores, most of it starting
+# **Run time.** Full mode takes about 3½ minutes on 2 CPU cores, most of it starting
 # processes. Small mode (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel
-# "allreduce-jax small" in JupyterLab) times three algorithms at 256 KiB per host, healthy
-# and with one link at 1/10, and trains for fewer steps. The emulated network needs Linux
+# "allreduce-jax small" in JupyterLab) takes about 2 minutes: it times three algorithms at
+# 256 KiB per host, healthy and with one link at 1/10, and trains 300 steps instead of 600.
+# At 256 KiB the 64 KiB a shaped link's token bucket lets through at once after it was
+# idle weigh more, so small mode's times can beat the arithmetic. The emulated network needs Linux
 # network namespaces (root, or a user namespace of your own, as in notebook 5); where
 # neither is allowed each measuring cell says why and is skipped, and the closing cell
 # says what was not measured.
@@ -88,8 +90,9 @@ n = units.parse_size(SIZE)
 #
 # The parameter server (`naive`) gathers every host's buffer at a root, one after the
 # other, and sends the sum back the same way: 2(p − 1) transfers of n. With a healthy root
-# two of them cross the slow link: 2(p − 2)·n/B + 2·n·k/B. It is slower than the ring
-# healthy, and the slow link hurts it as much.
+# two of them cross the slow link: 2(p − 2)·n/B + 2·n·k/B. Healthy it is 4× slower than
+# the ring at p = 4 (6 n/B against 1.5 n/B); the slow link adds 2(k − 1)·n/B to it and
+# 1.5(k − 1)·n/B to the ring. By this arithmetic the ring is the less fragile of the two.
 
 # %%
 p = HOSTS
@@ -189,8 +192,8 @@ if not why:
 # %% [markdown]
 # The dotted lines are the replay with no latency at all (α = 0): only the bytes through
 # each link. Where a measured point sits above its line, TCP and gloo add their own
-# per-message costs; the machine's other work adds noise (these are medians of a few calls,
-# beside whatever else runs).
+# per-message costs; the machine's other work adds noise (each point is the slowest host's
+# median of a few calls, `bench -a 3`, beside whatever else runs).
 #
 # ## 3 · A host killed mid-run, and the run that recovers
 #
