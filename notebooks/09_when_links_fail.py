@@ -169,7 +169,9 @@ else:
   display(in_bound.round(2))
 
 # %%
-if not why:
+if why:
+  print(f"skipped: nothing measured to draw ({why})")
+else:
   ks = np.array(SLOWDOWNS)
   fig, ax = plt.subplots(figsize=(6.4, 4))
   for i, a in enumerate(ALGORITHMS):
