@@ -194,12 +194,12 @@ def cluster(
   if engine not in engines.LAUNCHERS:
     raise ValueError(f"--launcher must be one of {', '.join(engines.LAUNCHERS)}, got {engine!r}.")
   collectives = launch_options.pop("collectives", "gloo")
-  distributed.check_collectives(collectives, devices_per_host, "--devices-per-host")
   if collectives == "mpi" and engine != "mpirun":
     raise ValueError(
       f"--collectives mpi needs the hosts' processes to be MPI ranks: --launcher mpirun, got"
       f" --launcher {engine}."
     )
+  distributed.check_collectives(collectives, devices_per_host, "--devices-per-host")
   rate = units.parse_rate(link, "--link")
   plan = netns.plan(
     network,
