@@ -32,6 +32,11 @@ counts), and on GPU ``JAX_LOCAL_DEVICE_IDS`` (read by JAX) or
 
 ``ALLREDUCE_JAX_DISTRIBUTED=off`` disables all of this. Nothing happens at import.
 
+``ALLREDUCE_JAX_COLLECTIVES=mpi`` (``launch|cluster --collectives mpi`` set it) runs XLA's
+CPU collectives over MPI instead of gloo: jaxlib's bundled MPItrampoline forwards them to
+the MPIwrapper library ``MPITRAMPOLINE_LIB`` names (:func:`mpiwrapper`; it must be in the
+environment before JAX loads), one device per process, the processes MPI ranks (``mpirun``).
+
 Which address gloo tells its peers: JAX builds gloo's TCP device with no interface
 and no host name, so gloo resolves this machine's host name (``gethostname`` then
 ``getaddrinfo``, the first address it can bind). Where the name resolves to a

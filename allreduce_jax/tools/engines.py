@@ -10,6 +10,8 @@ a cluster of real machines uses, each started inside the hosts' network namespac
   given, under that host's name. ``pml ob1``, ``btl tcp,self`` and both TCP components
   pinned to the cluster's subnet, so nothing takes another path. Each rank gets
   ``JAX_NUM_CPU_DEVICES`` = ``--devices-per-host``; JAX's Open MPI detection joins them.
+  ``--collectives mpi`` (mpirun only) also gives each rank the MPIwrapper library, so XLA's
+  collectives run over Open MPI (:func:`collectives_env`).
 - ``slurm``: a private SLURM (:class:`allreduce_jax.tools.slurm_local.Slurm`) with
   ``slurmctld`` on host 0 and one ``slurmd`` per host, each in its host's network
   namespace (entered with ``nsenter --net``: ``ip netns exec`` mounts a fresh ``/sys``
