@@ -12,7 +12,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_engines import ALLREDUCE_JAX, _check, _mpirun_problem, _session_left
+from test_engines import (
+  ALLREDUCE_JAX,
+  _check,
+  _cluster_problem,
+  _mpirun_problem,
+  _nothing_left,
+  _session_left,
+)
 
 from allreduce_jax import distributed
 from allreduce_jax.tools import engines
@@ -60,6 +67,23 @@ def test_launch_collectives_mpi_verify_passes_and_leaves_nothing():
   assert out.count(": 16 passed, 0 failed") == 2  # every rank ran the whole check
   assert "MPI_FINALIZE" not in out  # each rank left MPI cleanly
   assert _session_left(proc.pid) == []
+
+
+@pytest.mark.timeout(300)
+def test_cluster_collectives_mpi_verify_on_every_host_leaves_nothing(tmp_path):
+  why = _mpi_problem() or _cluster_problem("mpirun")
+  if why:
+    pytest.skip(f"cluster --launcher mpirun --collectives mpi: {why}")
+  mark = f"ARJ_ENGINE_TEST={tmp_path.name}"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLREDUCE_JAX_CLUSTER_CONCURRENT": "1",
+         "TMPDIR": str(tmp_path), mark.split("=")[0]: tmp_path.name}  # fmt: skip
+  argv = [*ALLREDUCE_JAX, "cluster", "--hosts", "2", "--launcher", "mpirun", "--collectives",
+          "mpi", "--", *VERIFY]  # fmt: skip
+  res = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+  assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+  _check(res.stdout, 2)
+  assert res.stdout.count(": 16 passed, 0 failed") == 2, res.stdout[-3000:]
+  _nothing_left(None, mark, tmp_path, res.stderr)  # no namespace, orted or rank
 
 
 def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
