@@ -2,13 +2,19 @@
 host is named, and a training run that loses a host and recovers.
 
     python experiments/faults/faults.py slow-link   # bench rows: healthy, one link at 1/2, 1/10
-    python experiments/faults/faults.py kill        # a host killed mid-collective: time to name it
+    python experiments/faults/faults.py slow-cases  # 1/100, torus:4, fat_tree:2:1, p = 8 [CASE...]
+    python experiments/faults/faults.py kill        # a host killed mid-collective [ALGORITHMS]
+    python experiments/faults/faults.py stop ring   # a host SIGSTOPped, --heartbeat-timeout 5
+    python experiments/faults/faults.py down        # a link down 0.5, 2, 5 s [ALGORITHMS]
+    python experiments/faults/faults.py give-up     # a link down past the heartbeat timeout
+    python experiments/faults/faults.py slow-host   # train sync, a slowed host kept or isolated
     python experiments/faults/faults.py recovery    # train sync killed mid-run: --restarts, --elastic
     python experiments/faults/faults.py torn        # a saver SIGKILLed at 20 random moments
     python experiments/faults/faults.py tables      # tables.md and slow_link.png from the rows
 
-Every measurement runs ``allreduce-jax cluster`` (root, or rootless) on 4 hosts of a switch
-whose links run at 200 Mbit/s each way; faults come from ``cluster --fault``.
+Every measurement runs ``allreduce-jax cluster`` (root, or rootless), most on 4 hosts of a
+switch whose links run at 200 Mbit/s each way; faults come from ``cluster --fault``.
+ALGORITHMS: a comma list (default: those each step names).
 """
 
 from __future__ import annotations
@@ -253,7 +259,7 @@ def recovery(names: list[str]) -> None:
 SLOW_HOST_RUNS = {  # name -> (hosts, cluster options, train options)
   "healthy": (HOSTS, [], []),
   "slowed-kept": (HOSTS, ["--fault", "cpu:1=0.25@0"], []),
-  "isolated": (HOSTS - 1, [], ["--learning-rate", str(0.05 * (HOSTS - 1) / HOSTS)]),
+  "isolated": (HOSTS - 1, [], ["--learning-rate", f"{0.05 * (HOSTS - 1) / HOSTS:g}"]),
 }
 
 
@@ -288,17 +294,24 @@ def slow_host(names: list[str]) -> None:
 
 
 def slow_host_table() -> str:
-  rows = _read("slow_host.jsonl")
-  if not rows:
+  """Per run name: the runs, and min–max over them."""
+  groups: dict[str, list[dict]] = {}
+  for r in _read("slow_host.jsonl"):
+    groups.setdefault(r["run"], []).append(r)
+  if not groups:
     return "(not measured)"
-  lines = ["| run | hosts | options | final test acc | steps to 95 % | training (s) |"
+  lines = ["| run | hosts | options | runs | final test acc | steps to 95 % | training (s) |"
            " s a step | time to 95 % (s) | cluster wall (s) |",
-           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-  for r in rows:
-    ttt = "–" if r["time_to_target_s"] is None else f"{r['time_to_target_s']:.1f}"
-    lines.append(f"| {r['run']} | {r['hosts']} | {' '.join(r['options']) or '–'} |"
-                 f" {r['final_test_acc']:.4f} | {r['steps_to_target']} | {r['train_s']:.1f} |"
-                 f" {r['train_s'] / r['steps']:.3f} | {ttt} | {r['cluster_wall_s']:.1f} |")  # fmt: skip
+           "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+  for name, rs in groups.items():
+    r = rs[0]
+    opts = " ".join(f"{float(o):g}" if re.fullmatch(r"[0-9.]+", o) else o for o in r["options"])
+    col = lambda k, rs=rs: [x[k] for x in rs if x[k] is not None]  # noqa: E731
+    steps = ", ".join(dict.fromkeys(str(x["steps_to_target"]) for x in rs))
+    lines.append(f"| {name} | {r['hosts']} | {opts or '–'} | {len(rs)} |"
+                 f" {_span(col('final_test_acc'), '.4f')} | {steps} | {_span(col('train_s'), '.1f')} |"
+                 f" {_span([x['train_s'] / x['steps'] for x in rs], '.3f')} |"
+                 f" {_span(col('time_to_target_s'), '.1f')} | {_span(col('cluster_wall_s'), '.1f')} |")  # fmt: skip
   return "\n".join(lines)
 
 
@@ -368,10 +381,10 @@ def _slow_rows() -> list[dict]:
 def slow_link_table(net: str) -> str:
   rows = [r for r in _slow_rows() if r["net"] == net]
   ks = [k for k in SLOW if any(r["k"] == k for r in rows)]
-  head = ["| algorithm | MiB | " + " | ".join(f"1/{k} ms" for k in ks)
-          + " | " + " | ".join(f"1/{k} × healthy" for k in ks if k > 1)
-          + " | " + " | ".join(f"1/{k} in n·k/B" for k in ks) + " |"]  # fmt: skip
-  head.append("|" + "---|" * (2 + 3 * len(ks) - 1))
+  slow = [k for k in ks if k > 1]
+  cols = ["algorithm", "MiB", *(f"1/{k} ms" for k in ks), *(f"1/{k} × healthy" for k in slow),
+          *(f"1/{k} in n·k/B" for k in ks)]  # fmt: skip
+  head = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   lines = []
   for alg in dict.fromkeys(r["algorithm"] for r in rows):
     for size in sorted({r["bytes"] for r in rows}):
@@ -379,10 +392,9 @@ def slow_link_table(net: str) -> str:
       if not t:
         continue
       ms = [f"{t[k] / 1e3:.0f}" if k in t else "–" for k in ks]
-      ratio = [f"{t[k] / t[1]:.1f}" if k in t and 1 in t else "–" for k in ks if k > 1]
+      ratio = [f"{t[k] / t[1]:.1f}" if k in t and 1 in t else "–" for k in slow]
       bound = [f"{t[k] / 1e6 / (size * k / RATE):.2f}" if k in t else "–" for k in ks]
-      lines.append(f"| {alg} | {size / 2**20:g} | {' | '.join(ms)} | {' | '.join(ratio)} |"
-                   f" {' | '.join(bound)} |")  # fmt: skip
+      lines.append("| " + " | ".join([alg, f"{size / 2**20:g}", *ms, *ratio, *bound]) + " |")
   return "\n".join(head + lines)
 
 
