@@ -590,3 +590,47 @@ def test_own_log_folder_removed_after_success_kept_after_failure(code):
       assert (logs / "process-0.log").read_text().strip() == "rank 0"
   finally:
     shutil.rmtree(logs, ignore_errors=True)
+
+
+def test_the_host_jax_declares_unhealthy_is_named_not_the_survivor_that_aborted(tmp_path):
+  """Under a launcher whose child is not the JAX process itself (a host's namespace, a
+  wrapper), a stopped process is not seen stopped; JAX's coordination service names it in the
+  survivors' logs, and the launcher names that rank, not the first survivor to abort."""
+  said = (
+    "E1205 03:27:56.113074 4841 coordination_service.cc:1549] Use error polling to propagate"
+    " the following error to all tasks: UNAVAILABLE: The following tasks are unhealthy"
+    " (stopped sending heartbeats): 2\n"
+  )
+  children = []
+  for rank in range(4):
+    log = tmp_path / f"process-{rank}.log"
+    log.write_text(said if rank == 0 else "")
+    if rank == 2:  # alive (a wrapper whose JAX process is stopped elsewhere)
+      proc = subprocess.Popen(["sleep", "30"])
+    else:  # the survivors: aborted by JAX's error polling
+      proc = subprocess.Popen([sys.executable, "-c", "import os; os.abort()"])
+    children.append(launch._Child(rank=rank, proc=proc, log=log))
+  try:
+    t0 = time.monotonic()
+    while any(c.proc.poll() is None for c in children if c.rank != 2):
+      time.sleep(0.05)
+    newly = launch._reap(children, t0)
+    message, _ = launch._failure(children, newly, t0)
+  finally:
+    children[2].proc.kill()
+    children[2].proc.wait()
+  assert message.startswith("process 2 (pid "), message
+  assert "of 4 stopped answering; JAX's heartbeat check gave up on it" in message
+  assert launch.unhealthy_ranks(said) == [2]
+  # with no such line, the first survivor to abort is named, as before
+  (tmp_path / "process-0.log").write_text("")
+  for c in children:
+    c.rc = c.ended = None
+  children[2].proc = subprocess.Popen(["true"])
+  children[2].proc.wait()
+  children[2].rc, children[2].ended = 0, 0.0
+  for c in children:
+    if c.rank != 2:
+      c.rc, c.ended = -signal.SIGABRT, 1.0
+  message, _ = launch._failure(children, [c for c in children if c.rank != 2], t0)
+  assert message.startswith("process 0 of 4"), message

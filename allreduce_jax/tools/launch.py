@@ -294,6 +294,24 @@ def _is_consequence(c: _Child) -> bool:
   return -c.rc == signal.SIGABRT or bool(CONSEQUENCES.search(_tail(c.log, 40)))
 
 
+#: What JAX's coordination service writes when its heartbeat check gives up on processes
+#: (a stopped process, a link down past the timeout): the ranks it names.
+UNHEALTHY = re.compile(r"stopped sending heartbeats\):[ \t]*(\d+(?:[ \t]*,[ \t]*\d+)*)")
+
+
+def unhealthy_ranks(text: str) -> list[int]:
+  """The ranks JAX's coordination service declared unhealthy in a log, in order, once each.
+
+  >>> said = "UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats): "
+  >>> unhealthy_ranks(said + "1")
+  [1]
+  >>> unhealthy_ranks(said + "2, 3 ... " + said + "2")
+  [2, 3]
+  """
+  found = [int(r) for m in UNHEALTHY.finditer(text) for r in m[1].split(",")]
+  return list(dict.fromkeys(found))
+
+
 def _culprit(failed: list[_Child]) -> _Child:
   """The process to name among those that failed: the first to die (by the poll that
   saw it) among those whose failure is not a consequence of a peer's, ties broken by
@@ -641,12 +659,16 @@ def _failure(children, newly, t0, report=None) -> tuple[str, int]:
     f" after {first.ended:.1f} s; stopping the other processes. Its log: {first.log}"
   )
   stopped = [c for c in children if c.rc is None and _state(c.proc.pid) == "T"]
+  if not stopped and _is_consequence(first):  # a process that stopped answering, seen by JAX
+    said = [r for c in children for r in unhealthy_ranks(_tail(c.log, 80))]
+    stopped = [c for c in children if c.rank in said[:1] and c is not first]
   if stopped:  # e.g. SIGSTOP: its peers' heartbeat check gave up on it
     _note(report, failed_rank=stopped[0].rank)
     names = ", ".join(f"{c.rank} (pid {c.proc.pid})" for c in stopped)
+    how = "is stopped (SIGSTOP?) and stopped" if _state(stopped[0].proc.pid) == "T" else "stopped"
     failure = (
-      f"process {names} of {num_processes} is stopped (SIGSTOP?) and stopped"
-      f" answering; the others gave up on it: {failure}"
+      f"process {names} of {num_processes} {how} answering; JAX's heartbeat check gave up"
+      f" on it: {failure}"
     )
   code = first.rc if first.rc > 0 else 128 - first.rc
   if not first.shown:
