@@ -130,6 +130,11 @@ def kill(
         ended = time.time()
         faults = _read_path(Path(logs, "faults.jsonl"))
       named = re.search(r"process (\d+) of \d+ \(pid \d+\) (.*?) after ([0-9.]+) s", res.stderr)
+      stopped = re.search(
+        r"process (\d+) \(pid \d+\) of \d+ (is stopped|stopped answering)", res.stderr
+      )
+      if named and stopped:  # a stopped host named, at the time its peers gave up on it
+        named = (None, stopped[1], stopped[2], named[3])
       fault = faults[0] if faults else None
       _append("kill.jsonl", {
         "algorithm": algorithm, "hosts": HOSTS, "devices_per_host": per_host, "link": LINK,
@@ -200,6 +205,9 @@ def _down_run(algorithm: str, d: float, calls: str, extra: list[str]) -> dict:
                for i, x in enumerate(text) if GAVE_UP.search(x)]  # fmt: skip
     said = said[:6]
   named = re.search(r"process (\d+) of \d+ \(pid \d+\) (.*?) after ([0-9.]+) s", res.stderr)
+  stopped = re.search(r"process (\d+) \(pid \d+\) of \d+ (stopped answering)", res.stderr)
+  if named and stopped:  # the host JAX's heartbeat check gave up on, when its peers did
+    named = (None, stopped[1], stopped[2], named[3])
   row = {"algorithm": algorithm, "hosts": HOSTS, "link": LINK, "bytes": 2**20,
          "options": extra, "down_s": d, "returncode": res.returncode,
          "faults": [{k: f[k] for k in ("event", "after_join_s", "after_start_s", "what")}
