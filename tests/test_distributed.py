@@ -599,7 +599,7 @@ def test_the_host_jax_declares_unhealthy_is_named_not_the_survivor_that_aborted(
   said = (
     "E1205 03:27:56.113074 4841 coordination_service.cc:1549] Use error polling to propagate"
     " the following error to all tasks: UNAVAILABLE: The following tasks are unhealthy"
-    " (stopped sending heartbeats): 2\n"
+    " (stopped sending heartbeats):\n2\nThe tasks have crashed.\n"  # JAX 0.10's form
   )
   children = []
   for rank in range(4):

@@ -136,9 +136,9 @@ def _status(rc: int) -> str:
   return f"exited with status {rc}"
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def _tail(path: Path, lines: int = 15, max_bytes: int = 8192) -> str:
   try:
-    text = path.read_bytes()[-8192:].decode("utf-8", "replace")
+    text = path.read_bytes()[-max_bytes:].decode("utf-8", "replace")
   except OSError:
     return ""
   return "\n".join(text.splitlines()[-lines:])
@@ -296,15 +296,15 @@ def _is_consequence(c: _Child) -> bool:
 
 #: What JAX's coordination service writes when its heartbeat check gives up on processes
 #: (a stopped process, a link down past the timeout): the ranks it names.
-UNHEALTHY = re.compile(r"stopped sending heartbeats\):[ \t]*(\d+(?:[ \t]*,[ \t]*\d+)*)")
+UNHEALTHY = re.compile(r"stopped sending heartbeats\):\s*(\d+(?:[ \t]*,[ \t]*\d+)*)")
 
 
 def unhealthy_ranks(text: str) -> list[int]:
   """The ranks JAX's coordination service declared unhealthy in a log, in order, once each.
 
   >>> said = "UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats): "
-  >>> unhealthy_ranks(said + "1")
-  [1]
+  >>> unhealthy_ranks(said + "1"), unhealthy_ranks(said.strip() + "\\n1\\nThe tasks have crashed.")
+  ([1], [1])
   >>> unhealthy_ranks(said + "2, 3 ... " + said + "2")
   [2, 3]
   """
@@ -659,8 +659,8 @@ def _failure(children, newly, t0, report=None) -> tuple[str, int]:
     f" after {first.ended:.1f} s; stopping the other processes. Its log: {first.log}"
   )
   stopped = [c for c in children if c.rc is None and _state(c.proc.pid) == "T"]
-  if not stopped and _is_consequence(first):  # a process that stopped answering, seen by JAX
-    said = [r for c in children for r in unhealthy_ranks(_tail(c.log, 80))]
+  if not stopped and (first.rc > 0 or -first.rc == signal.SIGABRT):  # not killed: JAX may know
+    said = [r for c in children for r in unhealthy_ranks(_tail(c.log, 10**4, 1 << 18))]
     stopped = [c for c in children if c.rank in said[:1] and c is not first]
   if stopped:  # e.g. SIGSTOP: its peers' heartbeat check gave up on it
     _note(report, failed_rank=stopped[0].rank)
