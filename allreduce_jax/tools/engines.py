@@ -45,8 +45,8 @@ import time
 from pathlib import Path
 
 from allreduce_jax import distributed, netns
-from allreduce_jax.tools import launch as launcher
 from allreduce_jax.tools import slurm_local
+from allreduce_jax.tools._proc import LaunchError, command_argv, die_with_parent
 
 LAUNCHERS = ("builtin", "mpirun", "slurm")
 
@@ -70,7 +70,7 @@ def problem(name: str, rootless: bool) -> str | None:
 def _run(argv: list[str], env: dict, timeout: float | None, on_timeout, err) -> int:
   """Runs the engine's front end (its output passes through), killed with this process;
   ``on_timeout(proc)`` after ``timeout`` seconds. Returns its status (128 + signal)."""
-  proc = subprocess.Popen(launcher.die_with_parent(argv), env=env, start_new_session=True)
+  proc = subprocess.Popen(die_with_parent(argv), env=env, start_new_session=True)
   try:
     try:
       proc.wait(timeout)
@@ -122,11 +122,11 @@ def mpirun_local(command: list[str], n: int, collectives: str, timeout, err) -> 
   machine (``mpirun -np n``, one device each); its status. Open MPI ends the job when a
   rank fails and names it; ``--timeout`` is ``mpirun --timeout``."""
   if shutil.which("mpirun") is None:
-    raise launcher.LaunchError(
+    raise LaunchError(
       "--collectives mpi runs the processes under Open MPI's mpirun, which is not on PATH"
       " (Debian: apt-get install openmpi-bin)."
     )
-  argv = launcher.command_argv(list(command))
+  argv = command_argv(list(command))
   extra = {"JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "1", **collectives_env(collectives)}
   engine = ["mpirun", *(["--allow-run-as-root"] if os.getuid() == 0 else []), "--oversubscribe",
             "-np", str(n)]  # fmt: skip
@@ -148,7 +148,7 @@ def mpirun(
   plan: netns.Plan, command: list[str], devices: int, timeout, err, collectives: str = "gloo"
 ) -> int:
   """Runs ``command`` once per host under ``mpirun`` from host 0; its status."""
-  argv = launcher.command_argv(list(command))
+  argv = command_argv(list(command))
   folder = Path(tempfile.mkdtemp(prefix="allreduce-jax-mpirun-"))
   try:
     hostfile = folder / "hosts"
@@ -199,7 +199,7 @@ def _slurm_enter(plan: netns.Plan, rank: int) -> tuple[str, ...]:
 
 def slurm(plan: netns.Plan, command: list[str], devices: int, timeout, err) -> int:
   """Runs ``command`` once per host as one SLURM step (``srun`` from host 0); its status."""
-  argv = launcher.command_argv(list(command))
+  argv = command_argv(list(command))
   nodes = [
     slurm_local.Node(name, addr, _slurm_enter(plan, rank))
     for rank, (name, addr) in enumerate(zip(plan.hostnames, plan.addresses))

@@ -50,8 +50,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from allreduce_jax import distributed
-from allreduce_jax.tools import COMMANDS
+from allreduce_jax.tools import engines
 from allreduce_jax.tools._args import output_dir
+from allreduce_jax.tools._proc import LaunchError as LaunchError
+from allreduce_jax.tools._proc import command_argv as command_argv
+from allreduce_jax.tools._proc import die_with_parent as die_with_parent
 
 POLL_S = 0.05
 
@@ -60,10 +63,6 @@ POLL_S = 0.05
 ENV_ELASTIC = "ALLREDUCE_JAX_ELASTIC"
 #: The attempt a process belongs to: 0, then 1.. for each ``--restarts`` restart.
 ENV_RESTART = "ALLREDUCE_JAX_RESTART"
-
-
-class LaunchError(Exception):
-  """A launch that cannot start (bad arguments, port in use...)."""
 
 
 def parse_coordinator(text: str) -> tuple[str, int]:
@@ -96,37 +95,6 @@ def check_port(host: str, port: int) -> None:
     )
 
 
-# Each child starts as this prefix (Linux), which asks for SIGKILL when the launcher
-# dies (PR_SET_PDEATHSIG, kept across exec), checks that the launcher did not die
-# before that, and execs the command in the same process. A prefix, not
-# ``preexec_fn``: ``preexec_fn`` makes Python fork the launcher, which JAX warns
-# against (and may deadlock) once it is initialised, as it is when the report runs
-# ``cluster`` in-process after its other sections; without it Python uses vfork.
-_DIE_WITH_PARENT = """
-import ctypes, os, signal, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-if os.getppid() != int(sys.argv[1]):
-  sys.exit(1)
-try:
-  os.execvp(sys.argv[2], sys.argv[2:])
-except OSError as e:
-  print(f"cannot start {sys.argv[2]!r}: {e.strerror}", file=sys.stderr)
-  sys.exit(127)
-"""
-
-
-def die_with_parent(argv: list[str]) -> list[str]:
-  """``argv`` wrapped so that the program dies with this process (Linux; elsewhere ``argv`` as it is).
-
-  The wrapper asks the kernel for SIGKILL when its parent exits (``PR_SET_PDEATHSIG``), then
-  execs ``argv``: a launcher that is itself killed leaves no process behind. Used by ``launch``
-  and by the engines of ``cluster --launcher mpirun|slurm``.
-  """
-  if not sys.platform.startswith("linux"):
-    return argv
-  return [sys.executable, "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
-
-
 def _status(rc: int) -> str:
   if rc < 0:
     try:
@@ -154,21 +122,6 @@ class _Child:
   rc: int | None = None
   ended: float | None = None
   shown: bool = field(default=False)
-
-
-def command_argv(command: list[str]) -> list[str]:
-  if command and command[0] == "--":
-    command = command[1:]
-  if not command:
-    raise LaunchError(
-      "give the command to run after '--', e.g. 'allreduce-jax launch -n 2 -- verify'."
-    )
-  if command[0] == "launch":
-    raise LaunchError("'launch -- launch' is not supported: give a subcommand such as verify.")
-
-  if command[0] in COMMANDS:
-    return [sys.executable, "-m", "allreduce_jax", *command]
-  return command
 
 
 def _child_env(
@@ -945,8 +898,6 @@ def run(args: argparse.Namespace) -> int:
 def _launch_mpi(args: argparse.Namespace) -> int:
   """``--collectives mpi``: the processes must be MPI ranks, so Open MPI's ``mpirun``
   starts them (:func:`allreduce_jax.tools.engines.mpirun_local`)."""
-  from allreduce_jax.tools import engines  # it imports this module
-
   if args.platform != "cpu":
     raise LaunchError("--collectives mpi is for CPU collectives: --platform must be cpu.")
   distributed.check_collectives("mpi", args.local_devices, "--local-devices")
