@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import jax
 
-from allreduce_jax import _comm, cost_model
+from allreduce_jax import _comm, cost_model, gloo_model
 from allreduce_jax._comm import AxisName
 from allreduce_jax.registry import ALGORITHMS, Algorithm, register
 
@@ -26,7 +26,7 @@ def auto(flat: jax.Array, axis_name: AxisName, combine) -> jax.Array:
   """
   p = _comm.size(axis_name)
   nbytes = flat.shape[0] * flat.dtype.itemsize
-  choice = cost_model.choose(
+  choice = gloo_model.choose(
     p,
     nbytes,
     cost_model.current_params(),

@@ -350,6 +350,18 @@ _active_topology: contextvars.ContextVar[tuple] = contextvars.ContextVar(
 )
 
 
+DUPLEX = ("half", "recv_first", "full")
+"""The ``duplex`` values the replay takes (:func:`allreduce_jax.gloo_model.predict_seconds`,
+:func:`use_topology`): XLA:CPU over gloo as it is, as it would be with each receive posted
+first, and the replay's own full-duplex assumption."""
+
+
+def check_duplex(duplex: str) -> None:
+  """A ``ValueError`` naming ``duplex`` unless it is one of :data:`DUPLEX`."""
+  if duplex not in DUPLEX:
+    raise ValueError(f"duplex={duplex!r}: expected one of {', '.join(map(repr, DUPLEX))}.")
+
+
 @contextlib.contextmanager
 def use_topology(topology, *, duplex: str = "full"):
   """Within this block, ``algorithm="auto"`` prices its candidates by replaying their
@@ -370,9 +382,7 @@ def use_topology(topology, *, duplex: str = "full"):
     ...          topology=current_topology())
     'swing'
   """
-  from allreduce_jax import gloo_model
-
-  gloo_model._check_duplex(duplex)
+  check_duplex(duplex)
   with _pushed(_active_topology, (topology, duplex)):
     yield topology
 
@@ -530,7 +540,7 @@ def choose(
   params: AnyParams | None = None,
   candidates: tuple[str, ...] | None = None,
   topology=None,
-  duplex: str = "full",
+  price=None,
 ) -> str:
   """NCCL-style selection: the candidate with the smallest predicted time.
 
@@ -538,8 +548,9 @@ def choose(
   ``fat_tree(8, 7)``, a switch with one slow host link from
   :func:`~allreduce_jax.topology.with_link_rates`...) each candidate that has a message
   generator is priced by replaying its steps on that network instead of the flat
-  formula; ``duplex="half"`` replays them as XLA:CPU runs them over gloo
-  (:func:`allreduce_jax.gloo_model.predict_seconds`; ``"recv_first"`` too).
+  formula: ``price(algorithm, p, nbytes, params, topology) -> seconds``, by default
+  :func:`allreduce_jax.replay.predict_seconds` (every link full duplex);
+  :func:`allreduce_jax.gloo_model.choose` passes the replay of XLA:CPU over gloo.
 
   :math:`\\arg\\min_a\\, α_a·\\mathrm{steps}_a(p) + β_a·\\mathrm{bytes}_a(p, n) + γ_a·\\mathrm{reduced}_a(p, n)`.
   Ties go to the earlier candidate (ring first). With a :class:`FittedParams` that
@@ -574,13 +585,8 @@ def choose(
     )
     if not candidates:
       raise ValueError("choose: no candidate has a message generator to replay.")
-    if duplex == "full":
-      times = [replay.predict_seconds(a, p, nbytes, params, topology) for a in candidates]
-    else:
-      from allreduce_jax import gloo_model
-
-      times = [gloo_model.predict_seconds(a, p, nbytes, params, topology, duplex)
-               for a in candidates]  # fmt: skip
+    price = price or replay.predict_seconds
+    times = [price(a, p, nbytes, params, topology) for a in candidates]
   else:
     times = [predict_seconds(a, p, nbytes, resolve(params, a)) for a in candidates]
   return candidates[min(range(len(candidates)), key=times.__getitem__)]

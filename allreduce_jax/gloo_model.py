@@ -45,7 +45,6 @@ NumPy over the replay's schedules; it traces nothing and touches no device.
 from __future__ import annotations
 
 import functools
-import json
 
 import numpy as np
 
@@ -129,7 +128,7 @@ def steps_as_run(
   ``experiments/gloo_pair_order/``); ``"full"``, the record's ``messages`` as
   :mod:`allreduce_jax.topology` replays them. ``choices`` as :func:`ppermute_steps` takes
   them."""
-  _check_duplex(duplex)
+  cost_model.check_duplex(duplex)
   if duplex == "half":
     return half_duplex(ppermute_steps(algorithm, sizes, n_bytes, choices))
   if duplex == "recv_first":
@@ -137,15 +136,10 @@ def steps_as_run(
   return topology.messages(algorithm, sizes, n_bytes, choices)
 
 
-DUPLEX = ("half", "recv_first", "full")
+DUPLEX = cost_model.DUPLEX
 """The ``duplex`` values :func:`steps_as_run` and :func:`predict_seconds` take: XLA:CPU over
 gloo as it is, as it would be with each receive posted first, and the replay's own
 full-duplex assumption."""
-
-
-def _check_duplex(duplex: str) -> None:
-  if duplex not in DUPLEX:
-    raise ValueError(f"duplex={duplex!r}: expected one of {', '.join(map(repr, DUPLEX))}.")
 
 
 def predict_seconds(
@@ -168,7 +162,7 @@ def predict_seconds(
   ``choices``: the schedule's trace-time choices, as the run made them (a bench row's
   ``choices``, e.g. the double binary tree's chunk count); default those the cost
   parameters in effect make, which are the run's only if it traced with the same."""
-  _check_duplex(duplex)
+  cost_model.check_duplex(duplex)
   if not bucket_s >= 0:
     raise ValueError(f"bucket_s={bucket_s!r}: expected seconds >= 0 (0: no bucket).")
   if p < 2:
@@ -181,6 +175,26 @@ def predict_seconds(
   if bucket_s:
     return float(_drain(prof, loads, n_bytes, params, bucket_s).sum())
   return float(prof.seconds(n_bytes, params).sum())
+
+
+def choose(
+  p: int,
+  nbytes: float,
+  params=None,
+  candidates: tuple[str, ...] | None = None,
+  *,
+  topology=None,
+  duplex: str = "half",
+) -> str:
+  """:func:`allreduce_jax.cost_model.choose` with the candidates priced as they run on
+  ``topology``: ``duplex="half"`` as XLA:CPU runs them over gloo, ``"recv_first"`` with each
+  receive posted first, ``"full"`` the replay's own assumption (:func:`predict_seconds`).
+  Without ``topology``: the flat formula, as ``cost_model.choose``."""
+  cost_model.check_duplex(duplex)
+  price = None
+  if topology is not None and duplex != "full":
+    price = functools.partial(predict_seconds, duplex=duplex)
+  return cost_model.choose(p, nbytes, params, candidates, topology=topology, price=price)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -452,105 +466,6 @@ def cut_bound_seconds(
       if end in cut:
         cut[end] += lk.rate
   return n_bytes / (min(cut.values()) * rate * payload_share(mtu))
-
-
-def row_links(row: dict) -> tuple[str, int, float, dict[int, float]] | None:
-  """``(network, hosts, rate, link_rates)`` of a ``bench`` row measured on ``allreduce-jax
-  cluster`` (its key's ``network``: the ``--topology`` spec, the hosts, every link's rate
-  in bytes/s, and ``{host: bytes/s}`` of its ``--fault link:H=RATE@0``); None for a row of
-  another machine, or with any other fault (a rate changed mid-run, a link down, a kill:
-  no steady network to replay)."""
-  from allreduce_jax.tools import faults
-
-  net = json.loads(row.get("key", "{}")).get("network") or {}
-  if "link_Bps" not in net:
-    return None
-  hosts = int(net["hosts"])
-  link_rates = {}
-  for spec in net.get("faults", []):
-    f = faults.parse(spec, hosts)
-    if f.kind != "link" or f.at != 0:
-      return None
-    link_rates[f.host] = f.value
-  return net["network"], hosts, float(net["link_Bps"]), link_rates
-
-
-def link_rate_cells(rows, alpha, duplex: str = "half") -> list[dict]:
-  """Every ``bench`` row of ``rows`` with a steady emulated network (:func:`row_links`)
-  beside its replay with those link rates (:func:`emulated_seconds`) and the cut bound
-  (:func:`cut_bound_seconds`).
-
-  Args:
-    rows: ``bench`` rows (``wrong`` 0), e.g. of ``cluster --fault link:1=20Mbit@0``.
-    alpha: ``alpha(network, hosts) -> seconds per step`` (:func:`fit_alpha` of a healthy
-      run of that network).
-    duplex: as :func:`emulated_seconds` takes it.
-
-  Returns:
-    One dict a row: ``algorithm, network, hosts, rate, link_rates, bytes, measured_s``,
-    ``replay_s`` (None where the algorithm has no schedule, ``psum``, or the network takes
-    no per-host rates) and ``bound_s`` (:func:`cut_bound_seconds`; None where the
-    network takes no per-host rates).
-  """
-  out = []
-  for r in rows:
-    links = row_links(r) if r.get("kind") == "bench" and r.get("wrong") == 0 else None
-    if links is None:
-      continue
-    net, p, rate, slow = links
-    alg, n = r["algorithm"], r["bytes"]
-    replay_s = None
-    if alg in ALGORITHMS and ALGORITHMS[alg].messages is not None:
-      try:
-        replay_s = emulated_seconds(alg, p, n, net, rate=rate, alpha=alpha(net, p),
-                                    duplex=duplex, link_rates=slow, choices=r.get("choices"))  # fmt: skip
-      except ValueError:  # a network that takes no per-host rates (the ring of links)
-        replay_s = None
-    bound = None
-    if _takes_rates(net):
-      bound = cut_bound_seconds(n, p, rate=rate, link_rates=slow, network=net)
-    out.append({
-      "algorithm": alg, "network": net, "hosts": p, "rate": rate, "link_rates": slow,
-      "bytes": n, "measured_s": r["time_us"] * 1e-6, "replay_s": replay_s, "bound_s": bound,
-    })  # fmt: skip
-  return out
-
-
-def _takes_rates(network: str) -> bool:
-  return isinstance(emulated(network), (topology.Switch, topology.FatTree, topology.Torus))
-
-
-def auto_picks(cells: list[dict], alpha, duplex: str = "half") -> list[dict]:
-  """``auto`` told the link rates, per network, host count, size and link rates of
-  :func:`link_rate_cells`' ``cells``: :func:`allreduce_jax.cost_model.choose` among the
-  measured candidates of ``auto`` (:func:`~allreduce_jax.cost_model.auto_candidates`),
-  priced by the replay on the network with those rates (``duplex`` as it runs), against
-  the fastest measured row (``psum`` included) and the fastest measured candidate.
-
-  Returns:
-    One dict a group: ``network, hosts, rate, link_rates, bytes, pick, pick_s, best,
-    best_s, best_candidate, best_candidate_s``.
-  """
-  groups: dict[tuple, list[dict]] = {}
-  for c in cells:
-    key = (c["network"], c["hosts"], c["rate"], tuple(sorted(c["link_rates"].items())), c["bytes"])
-    groups.setdefault(key, []).append(c)
-  out = []
-  for (net, p, rate, slow, n), group in groups.items():
-    t = {c["algorithm"]: c["measured_s"] for c in group}
-    cands = tuple(a for a in cost_model.auto_candidates() if a in t)
-    if not cands or (slow and not _takes_rates(net)):
-      continue
-    top = emulated_network(net, p, rate=rate, link_rates=dict(slow))
-    params = link_params(rate, alpha(net, p))
-    pick = cost_model.choose(p, n, params, cands, topology=top, duplex=duplex)
-    best, best_c = min(t, key=t.get), min(cands, key=t.get)
-    out.append({
-      "network": net, "hosts": p, "rate": rate, "link_rates": dict(slow), "bytes": n,
-      "pick": pick, "pick_s": t[pick], "best": best, "best_s": t[best],
-      "best_candidate": best_c, "best_candidate_s": t[best_c],
-    })  # fmt: skip
-  return out
 
 
 def replay_steps(algorithm: str, p: int, n_bytes: float, network: str, duplex: str = "half") -> int:

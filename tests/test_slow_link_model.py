@@ -106,7 +106,7 @@ def test_auto_told_the_rates_picks_by_the_replay():
   net = gloo_model.emulated_network("switch", 4, rate=RATE, link_rates={1: 0.1 * RATE})
   cands = ("ring", "tree", "halving_doubling", "naive")
   with cost_model.use_topology(net, duplex="half"):
-    pick = cost_model.choose(
+    pick = gloo_model.choose(
       4, N, params, cands, topology=cost_model.current_topology(),
       duplex=cost_model.current_duplex(),
     )  # fmt: skip
@@ -150,7 +150,7 @@ def test_auto_traced_with_the_rates_and_half_duplex_compiles_to_the_replayed_pic
   params = gloo_model.link_params(RATE, 0.5e-3)
   net = gloo_model.emulated_network("switch", 8, rate=RATE, link_rates={1: RATE / 10})
   n = 1 << 20  # float32 elements: 4 MiB
-  picks = {d: cost_model.choose(8, 4 * n, params, topology=net, duplex=d) for d in ("half", "full")}
+  picks = {d: gloo_model.choose(8, 4 * n, params, topology=net, duplex=d) for d in ("half", "full")}
   assert picks["half"] != picks["full"]
   for duplex, pick in picks.items():
     with cost_model.use_params(params), cost_model.use_topology(net, duplex=duplex):

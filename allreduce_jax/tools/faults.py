@@ -257,3 +257,111 @@ class Injector:
         except OSError:
           time.sleep(0.1)
     return self.rows
+
+
+# ---- bench rows of a cluster with a slow link, beside the replay ---------------------
+
+
+def row_links(row: dict) -> tuple[str, int, float, dict[int, float]] | None:
+  """``(network, hosts, rate, link_rates)`` of a ``bench`` row measured on ``allreduce-jax
+  cluster`` (its key's ``network``: the ``--topology`` spec, the hosts, every link's rate
+  in bytes/s, and ``{host: bytes/s}`` of its ``--fault link:H=RATE@0``); None for a row of
+  another machine, or with any other fault (a rate changed mid-run, a link down, a kill:
+  no steady network to replay)."""
+  net = json.loads(row.get("key", "{}")).get("network") or {}
+  if "link_Bps" not in net:
+    return None
+  hosts = int(net["hosts"])
+  link_rates = {}
+  for spec in net.get("faults", []):
+    f = parse(spec, hosts)
+    if f.kind != "link" or f.at != 0:
+      return None
+    link_rates[f.host] = f.value
+  return net["network"], hosts, float(net["link_Bps"]), link_rates
+
+
+def link_rate_cells(rows, alpha, duplex: str = "half") -> list[dict]:
+  """Every ``bench`` row of ``rows`` with a steady emulated network (:func:`row_links`)
+  beside its replay with those link rates (:func:`~allreduce_jax.gloo_model.emulated_seconds`) and the cut bound
+  (:func:`~allreduce_jax.gloo_model.cut_bound_seconds`).
+
+  Args:
+    rows: ``bench`` rows (``wrong`` 0), e.g. of ``cluster --fault link:1=20Mbit@0``.
+    alpha: ``alpha(network, hosts) -> seconds per step`` (:func:`~allreduce_jax.gloo_model.fit_alpha` of a healthy
+      run of that network).
+    duplex: as :func:`~allreduce_jax.gloo_model.emulated_seconds` takes it.
+
+  Returns:
+    One dict a row: ``algorithm, network, hosts, rate, link_rates, bytes, measured_s``,
+    ``replay_s`` (None where the algorithm has no schedule, ``psum``, or the network takes
+    no per-host rates) and ``bound_s`` (:func:`~allreduce_jax.gloo_model.cut_bound_seconds`; None where the
+    network takes no per-host rates).
+  """
+  from allreduce_jax import gloo_model, registry
+
+  out = []
+  for r in rows:
+    links = row_links(r) if r.get("kind") == "bench" and r.get("wrong") == 0 else None
+    if links is None:
+      continue
+    net, p, rate, slow = links
+    alg, n = r["algorithm"], r["bytes"]
+    replay_s = None
+    if alg in registry.ALGORITHMS and registry.ALGORITHMS[alg].messages is not None:
+      try:
+        replay_s = gloo_model.emulated_seconds(alg, p, n, net, rate=rate, alpha=alpha(net, p),
+                                    duplex=duplex, link_rates=slow, choices=r.get("choices"))  # fmt: skip
+      except ValueError:  # a network that takes no per-host rates (the ring of links)
+        replay_s = None
+    bound = None
+    if _takes_rates(net):
+      bound = gloo_model.cut_bound_seconds(n, p, rate=rate, link_rates=slow, network=net)
+    out.append({
+      "algorithm": alg, "network": net, "hosts": p, "rate": rate, "link_rates": slow,
+      "bytes": n, "measured_s": r["time_us"] * 1e-6, "replay_s": replay_s, "bound_s": bound,
+    })  # fmt: skip
+  return out
+
+
+def _takes_rates(network: str) -> bool:
+  from allreduce_jax import gloo_model, topology
+
+  return isinstance(
+    gloo_model.emulated(network), (topology.Switch, topology.FatTree, topology.Torus)
+  )
+
+
+def auto_picks(cells: list[dict], alpha, duplex: str = "half") -> list[dict]:
+  """``auto`` told the link rates, per network, host count, size and link rates of
+  :func:`link_rate_cells`' ``cells``: :func:`allreduce_jax.gloo_model.choose` among the
+  measured candidates of ``auto`` (:func:`~allreduce_jax.cost_model.auto_candidates`),
+  priced by the replay on the network with those rates (``duplex`` as it runs), against
+  the fastest measured row (``psum`` included) and the fastest measured candidate.
+
+  Returns:
+    One dict a group: ``network, hosts, rate, link_rates, bytes, pick, pick_s, best,
+    best_s, best_candidate, best_candidate_s``.
+  """
+  from allreduce_jax import cost_model, gloo_model
+
+  groups: dict[tuple, list[dict]] = {}
+  for c in cells:
+    key = (c["network"], c["hosts"], c["rate"], tuple(sorted(c["link_rates"].items())), c["bytes"])
+    groups.setdefault(key, []).append(c)
+  out = []
+  for (net, p, rate, slow, n), group in groups.items():
+    t = {c["algorithm"]: c["measured_s"] for c in group}
+    cands = tuple(a for a in cost_model.auto_candidates() if a in t)
+    if not cands or (slow and not _takes_rates(net)):
+      continue
+    top = gloo_model.emulated_network(net, p, rate=rate, link_rates=dict(slow))
+    params = gloo_model.link_params(rate, alpha(net, p))
+    pick = gloo_model.choose(p, n, params, cands, topology=top, duplex=duplex)
+    best, best_c = min(t, key=t.get), min(cands, key=t.get)
+    out.append({
+      "network": net, "hosts": p, "rate": rate, "link_rates": dict(slow), "bytes": n,
+      "pick": pick, "pick_s": t[pick], "best": best, "best_s": t[best],
+      "best_candidate": best_c, "best_candidate_s": t[best_c],
+    })  # fmt: skip
+  return out

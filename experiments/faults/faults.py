@@ -537,11 +537,12 @@ def replay_tables() -> list[str]:
   """Every slow-link row against the replay with that link's rate (half duplex, α of a
   healthy run) and the cut bound, then ``auto`` told the rates against the best measured."""
   from allreduce_jax import cost_model, gloo_model
+  from allreduce_jax.tools import faults
 
   rows = _read("slow_link.jsonl")
   with cost_model.use_params(gloo_model.traced_params(rows)):
-    cells = gloo_model.link_rate_cells(rows, _alpha)
-    picks = {d: gloo_model.auto_picks(cells, _alpha, d) for d in ("half", "full")}
+    cells = faults.link_rate_cells(rows, _alpha)
+    picks = {d: faults.auto_picks(cells, _alpha, d) for d in ("half", "full")}
   f = lambda v: "–" if v is None else f"{v * 1e3:.0f}"  # noqa: E731
   r = lambda a, b: "–" if b is None else f"{a / b:.2f}"  # noqa: E731
   lines = ["| network | slow link | algorithm | MiB | measured ms | replay ms | measured / replay"
