@@ -49,7 +49,7 @@ import pandas as pd
 from IPython.display import display
 
 from allreduce_jax import cli, gloo_model, netns, networks, replay, units
-from allreduce_jax._machine import Params
+from allreduce_jax.cost_model import Params
 from allreduce_jax.results import source_commit
 
 print("allreduce-jax at commit", source_commit() or "(not a git checkout)")
