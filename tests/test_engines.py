@@ -58,6 +58,22 @@ def _session_left(pgid: int) -> list[int]:
   return left
 
 
+def _run_in_session(argv: list[str], env: dict, timeout: float) -> tuple[subprocess.Popen, str]:
+  """Runs ``argv`` from the checkout in a session of its own (stdout and stderr together);
+  after ``timeout`` s, or any error, the whole session is killed. The process and its output."""
+  proc = subprocess.Popen(
+    argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    start_new_session=True,
+  )  # fmt: skip
+  try:
+    out, _ = proc.communicate(timeout=timeout)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, 9)
+      proc.wait()
+  return proc, out
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("processes, devices", [(2, 1), (2, 2)])
 def test_mpirun_verify(processes, devices):
@@ -68,16 +84,7 @@ def test_mpirun_verify(processes, devices):
   root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
   argv = ["mpirun", *root, "--oversubscribe", "-np", str(processes),
           "-x", "JAX_PLATFORMS", "-x", "JAX_NUM_CPU_DEVICES", *ALLREDUCE_JAX, *VERIFY]  # fmt: skip
-  proc = subprocess.Popen(
-    argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    start_new_session=True,
-  )  # fmt: skip
-  try:
-    out, _ = proc.communicate(timeout=200)
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, 9)
-      proc.wait()
+  proc, out = _run_in_session(argv, env, timeout=200)
   assert proc.returncode == 0, out[-3000:]
   _check(out, processes * devices)
   assert out.count(": 6 passed, 0 failed") == processes  # every rank ran the whole check

@@ -18,6 +18,7 @@ from test_engines import (
   _cluster_problem,
   _mpirun_problem,
   _nothing_left,
+  _run_in_session,
   _session_left,
 )
 
@@ -51,16 +52,7 @@ def test_launch_collectives_mpi_verify_passes_and_leaves_nothing():
     pytest.skip(why)
   env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
   argv = [*ALLREDUCE_JAX, "launch", "-n", "2", "--collectives", "mpi", "--", *VERIFY]
-  proc = subprocess.Popen(
-    argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    start_new_session=True,
-  )  # fmt: skip
-  try:
-    out, _ = proc.communicate(timeout=280)
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, 9)
-      proc.wait()
+  proc, out = _run_in_session(argv, env, timeout=280)
   assert proc.returncode == 0, out[-3000:]
   assert "mpirun -np 2, one device per rank, collectives over MPI" in out
   _check(out, 2)
