@@ -129,12 +129,7 @@ def kill(
                              capture_output=True, text=True)  # fmt: skip
         ended = time.time()
         faults = _read_path(Path(logs, "faults.jsonl"))
-      named = re.search(r"process (\d+) of \d+ \(pid \d+\) (.*?) after ([0-9.]+) s", res.stderr)
-      stopped = re.search(
-        r"process (\d+) \(pid \d+\) of \d+ (is stopped|stopped answering)", res.stderr
-      )
-      if named and stopped:  # a stopped host named, at the time its peers gave up on it
-        named = (None, stopped[1], stopped[2], named[3])
+      named = _launcher_named(res.stderr)
       fault = faults[0] if faults else None
       _append("kill.jsonl", {
         "algorithm": algorithm, "hosts": HOSTS, "devices_per_host": per_host, "link": LINK,
@@ -145,6 +140,17 @@ def kill(
         "all_stopped_after_kill_s": ended - fault["unix_time"] if fault else None,
         "stderr_tail": [] if named and fault else res.stderr.strip().splitlines()[-3:],
       })  # fmt: skip
+
+
+def _launcher_named(stderr: str) -> tuple[None, str, str, str] | None:
+  """Whom the launcher's message names: ``(None, rank, status, seconds)`` like a match of
+  its "process R of N (pid P) STATUS after T s"; for a host that was stopped or stopped
+  answering (JAX's heartbeat check), that host, at the time its peers gave up on it."""
+  named = re.search(r"process (\d+) of \d+ \(pid \d+\) (.*?) after ([0-9.]+) s", stderr)
+  stopped = re.search(r"process (\d+) \(pid \d+\) of \d+ (is stopped|stopped answering)", stderr)
+  if named and stopped:
+    return (None, stopped[1], stopped[2], named[3])
+  return (None, named[1], named[2], named[3]) if named else None
 
 
 # TCP's retransmission timeouts after a loss (Linux: 200 ms at least, doubling): the
@@ -204,10 +210,7 @@ def _down_run(algorithm: str, d: float, calls: str, extra: list[str]) -> dict:
       said += [f"{p.name}: {' '.join(text[i : i + 2]).strip()[:400]}"
                for i, x in enumerate(text) if GAVE_UP.search(x)]  # fmt: skip
     said = said[:6]
-  named = re.search(r"process (\d+) of \d+ \(pid \d+\) (.*?) after ([0-9.]+) s", res.stderr)
-  stopped = re.search(r"process (\d+) \(pid \d+\) of \d+ (stopped answering)", res.stderr)
-  if named and stopped:  # the host JAX's heartbeat check gave up on, when its peers did
-    named = (None, stopped[1], stopped[2], named[3])
+  named = _launcher_named(res.stderr)
   row = {"algorithm": algorithm, "hosts": HOSTS, "link": LINK, "bytes": 2**20,
          "options": extra, "down_s": d, "returncode": res.returncode,
          "faults": [{k: f[k] for k in ("event", "after_join_s", "after_start_s", "what")}
