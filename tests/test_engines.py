@@ -194,7 +194,9 @@ def _marked(mark: str) -> list[int]:
   return found
 
 
-def _cluster(name: str, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str, dict]:
+def _cluster(
+  name: str, tmp_path: Path, *args: str, topology: str = "switch"
+) -> tuple[subprocess.Popen, str, dict]:
   why = _cluster_problem(name)
   if why:
     pytest.skip(f"cluster --launcher {name}: {why}")
@@ -203,8 +205,8 @@ def _cluster(name: str, tmp_path: Path, *args: str) -> tuple[subprocess.Popen, s
   mark = f"ARJ_ENGINE_TEST={tmp_path.name}"
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLREDUCE_JAX_CLUSTER_CONCURRENT": "1",
          "TMPDIR": str(tmp_path), mark.split("=")[0]: tmp_path.name}  # fmt: skip
-  argv = [*ALLREDUCE_JAX, "cluster", "--hosts", "2", "--devices-per-host", "2", "--launcher",
-          name, "--", sys.executable, str(script), *args]  # fmt: skip
+  argv = [*ALLREDUCE_JAX, "cluster", "--hosts", "2", "--topology", topology, "--devices-per-host",
+          "2", "--launcher", name, "--", sys.executable, str(script), *args]  # fmt: skip
   proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)  # fmt: skip
   return proc, mark, env
@@ -225,9 +227,12 @@ def _nothing_left(proc: subprocess.Popen, mark: str, tmp_path: Path, err: str) -
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("name", ["mpirun", "slurm"])
-def test_cluster_under_a_launcher_runs_on_every_host_and_leaves_nothing(name, tmp_path):
-  proc, mark, _ = _cluster(name, tmp_path)
+# torus:2: hosts joined point to point, each address on its loopback device (Open MPI's TCP
+# components skip loopback devices: the launcher puts the address on a link too)
+@pytest.mark.parametrize("name, topology", [("mpirun", "switch"), ("slurm", "switch"),
+                                            ("mpirun", "torus:2")])  # fmt: skip
+def test_cluster_under_a_launcher_runs_on_every_host_and_leaves_nothing(name, topology, tmp_path):
+  proc, mark, _ = _cluster(name, tmp_path, topology=topology)
   try:
     out, err = proc.communicate(timeout=180)
   finally:

@@ -8,7 +8,9 @@ a cluster of real machines uses, each started inside the hosts' network namespac
   slot each) and an rsh agent (``plm_rsh_agent``, a script written for the run) that
   starts Open MPI's daemon ``orted`` in the namespace of the host whose address it is
   given, under that host's name. ``pml ob1``, ``btl tcp,self`` and both TCP components
-  pinned to the cluster's subnet, so nothing takes another path. Each rank gets
+  pinned to the cluster's subnet, so nothing takes another path (on a torus, where a
+  host's address is on its loopback device, which those components skip, the address
+  also goes on one of its links). Each rank gets
   ``JAX_NUM_CPU_DEVICES`` = ``--devices-per-host``; JAX's Open MPI detection joins them.
   ``--collectives mpi`` (mpirun only) also gives each rank the MPIwrapper library, so XLA's
   collectives run over Open MPI (:func:`collectives_env`).
@@ -144,6 +146,16 @@ def mpirun_local(command: list[str], n: int, collectives: str, timeout, err) -> 
               lambda proc: os.killpg(proc.pid, signal.SIGTERM), err)  # fmt: skip
 
 
+def _address_on_a_link(plan: netns.Plan) -> None:
+  """On a torus each host's address sits on its loopback device, which Open MPI's TCP
+  components never use: the address goes on one of the host's links as well (``/32``,
+  so no route changes), where they find it."""
+  for ns, addr in zip(plan.hosts, plan.addresses):
+    dev = next(lk.a_dev if lk.a == ns else lk.b_dev for lk in plan.links if ns in (lk.a, lk.b))
+    subprocess.run([*plan.enter, "ip", "-n", ns, "addr", "add", f"{addr}/32", "dev", dev],
+                   check=True, capture_output=True)  # fmt: skip
+
+
 def mpirun(
   plan: netns.Plan, command: list[str], devices: int, timeout, err, collectives: str = "gloo"
 ) -> int:
@@ -162,6 +174,8 @@ def mpirun(
       "btl_tcp_if_include": subnet,
       "oob_tcp_if_include": subnet,
     }
+    if plan.devices[0] == "lo":
+      _address_on_a_link(plan)
     engine = ["mpirun", "--allow-run-as-root", "-np", str(len(plan.hosts)), "--hostfile",
               str(hostfile), "--map-by", "node"]  # fmt: skip
     for k, v in mca.items():

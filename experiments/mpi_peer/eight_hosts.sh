@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The side-by-side timing of run.sh at p = 8: the emulated 8-host switch (1, 4, 16 MiB) and the
+# 8-host ring of links (torus:8, each host linked to its two neighbours, the others' traffic
+# forwarded by the hosts between; 1 and 4 MiB), 200 Mbit/s links. Every hand-written algorithm
+# that runs at p = 8 (the ring, the bidirectional ring, halving-doubling, recursive doubling, the
+# tree), psum over gloo and MPI_Allreduce with Open MPI's own decision (0) and its ring (4)
+# forced, REPS runs each (repetitions FIRST..FIRST+REPS-1). Needs root, Open MPI, the extra mpi.
+# Usage: bash experiments/mpi_peer/eight_hosts.sh [REPS] [FIRST]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+reps=${1:-3}
+first=${2:-1}
+rows=experiments/mpi_peer/rows
+for rep in $(seq "$first" $((first + reps - 1))); do
+  for net in "switch 16MiB" "torus:8 4MiB"; do
+    set -- $net
+    for alg in 0 4; do
+      OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allreduce_algorithm=$alg \
+      JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 8 --topology "$1" \
+        --link 200Mbit --launcher mpirun --timeout 900 -- \
+        bench --algorithms ring,bidirectional_ring,halving_doubling,recursive_doubling,tree,psum,mpi \
+        -b 1MiB -e "$2" -f 4 --no-uneven -n 3 -w 1 \
+        --out "$rows/${1%%:*}8_run${rep}_alg${alg}.jsonl"
+    done
+  done
+done
