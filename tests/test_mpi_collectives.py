@@ -116,3 +116,34 @@ def test_collectives_environment_is_checked():
       {distributed.ENV_COLLECTIVES: "nccl", "OMPI_COMM_WORLD_SIZE": "2"}
     )
   assert engines.collectives_env("gloo") == {}
+
+
+def test_bench_rows_and_json_name_the_collectives(tmp_path, monkeypatch):
+  import json
+
+  import jax
+
+  from allreduce_jax import cost_model
+  from allreduce_jax.cli import main
+
+  jax.devices()  # the backend starts now: the flag changed below no longer picks it
+  monkeypatch.setenv(cost_model.FIT_ENV_VAR, str(tmp_path / "none.json"))
+  before = jax.config.jax_cpu_collectives_implementation
+  seen = {}
+  try:
+    for name in (before, "mpi"):
+      jax.config.update("jax_cpu_collectives_implementation", name)
+      out, doc = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.json"
+      argv = ["bench", "--algorithms", "ring", "-b", "4KiB", "-e", "4KiB", "-n", "2", "-w", "1",
+              "--no-uneven", "--out", str(out), "-J", str(doc)]  # fmt: skip
+      assert main(argv) == 0
+      rows = [json.loads(line) for line in out.read_text().splitlines()]
+      assert rows and {r["collectives"] for r in rows} == {name}
+      assert json.loads(doc.read_text())["config"]["collectives"] == name
+      assert {json.loads(r["key"]).get("collectives") for r in rows} == {
+        "mpi" if name == "mpi" else None
+      }
+      seen[name] = rows
+  finally:
+    jax.config.update("jax_cpu_collectives_implementation", before)
+  assert before == "gloo" and set(seen) == {"gloo", "mpi"}

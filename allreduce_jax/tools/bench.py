@@ -101,6 +101,7 @@ ROW_FIELDS: tuple[str, ...] = (
   "checked",
   "time_from",
   "mpi_algorithm",
+  "collectives",
 )
 
 #: ``-a`` (nccl-tests' ``--average``): whose time a row of a multi-process run reports,
@@ -355,6 +356,7 @@ def measure_size(
         None if mpi else ALGORITHMS[alg].wire_bytes(p, wire, count, itemsize, inner)
       ),
       "mpi_algorithm": mpi_algorithm,
+      "collectives": cpu_collectives(),
     }
     if iteration_times:  # this process's own calls, in order
       row["times_us"] = [s * 1e6 for s in t.times_s]
@@ -362,6 +364,15 @@ def measure_size(
     rows.append(row)
   del inputs, built
   return rows
+
+
+def cpu_collectives() -> str | None:
+  """What carried the messages between processes on CPU: XLA's CPU collectives,
+  ``gloo`` or ``mpi`` (``jax_cpu_collectives_implementation``, which ``launch|cluster
+  --collectives`` set through ``ALLREDUCE_JAX_COLLECTIVES``); None on another backend."""
+  if jax.default_backend() != "cpu":
+    return None
+  return jax.config.jax_cpu_collectives_implementation or None
 
 
 def params_id(params) -> str:
@@ -388,8 +399,8 @@ def row_key(
 ) -> str:
   """A bench row's key: algorithm, size, dtype and op over the run's configuration
   (the store's context), plus the cost parameters for ``auto``, a lossy wire format,
-  an unchecked run (``-c 0``), a time other than process 0's (``-a``) and timing in
-  blocks (``--order blocks``)."""
+  an unchecked run (``-c 0``), a time other than process 0's (``-a``), timing in
+  blocks (``--order blocks``) and XLA's CPU collectives over MPI."""
   extra = {"cost_params": params_id(params)} if algorithm == "auto" else {}
   if wire is not None:
     extra["wire"] = wire
@@ -403,6 +414,8 @@ def row_key(
     extra["times"] = True
   if algorithm == mpi_peer.NAME:  # which of Open MPI's algorithms ran
     extra["mpi_algorithm"] = mpi_peer.algorithm()
+  if cpu_collectives() == "mpi":  # XLA's collectives over MPI: not gloo's rows
+    extra["collectives"] = "mpi"
   return store.key(algorithm=algorithm, bytes=nbytes, dtype=dtype, op=op, **extra)
 
 
@@ -945,7 +958,11 @@ def _measure_pairs(args, store, done, sizes, pairs, entries, p, params, main, de
           bar.write(format_row(r, psum))
       rows_all += rows
       if main and args.json:
-        _write_json(args.json, context, [r for rs in rows_by_pair.values() for r in rs])
+        _write_json(
+          args.json,
+          {**context, "collectives": cpu_collectives()},
+          [r for rs in rows_by_pair.values() for r in rs],
+        )
   bar.close()
   return rows_by_pair
 
