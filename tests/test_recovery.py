@@ -71,46 +71,22 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_run(tmp_path):
   assert elastic["restarts"] == [15, 20] and elastic["final_test_acc"] > 0.8
 
 
-# A process that saves checkpoints of 16 MiB as fast as it can; step k's arrays hold k.
-SAVER = """
-import sys
-import numpy as np
-from allreduce_jax.training import checkpoint
-ck = checkpoint.Checkpoints(sys.argv[1], 1, {"run": "torn"})
-start = (ck.latest() or 0) + 1
-print("saving", flush=True)
-for step in range(start, start + 10_000):
-  a = np.full((1 << 22,), step, np.float32)
-  ck.save(checkpoint.State(step, {"w": a}, {"m": a[:1000]}, examples=step, workers=1,
-                           learning_rate=0.1, losses=[float(step)]))
-"""
-
-
-def _restore(directory: Path):
-  from allreduce_jax.training import checkpoint
-
-  ck = checkpoint.Checkpoints(directory, 1, {"run": "torn"})
-  try:
-    z = np.zeros((1 << 22,), np.float32)
-    return ck.restore({"w": z}, {"m": z[:1000]})
-  finally:
-    ck.close()
-
-
 @pytest.mark.timeout(240)
 def test_a_kill_during_saves_never_leaves_a_partial_checkpoint(tmp_path):
+  from allreduce_jax.tools import saver  # saves 16 MiB checkpoints; step k's arrays hold k
+
   rng = random.Random(0)
   torn = 0
   for _ in range(5):
-    proc = subprocess.Popen([*CLI[:1], "-c", SAVER, str(tmp_path)], stdout=subprocess.PIPE,
-                            text=True, cwd=ROOT)  # fmt: skip
+    proc = subprocess.Popen([*CLI[:1], "-m", "allreduce_jax.tools.saver", str(tmp_path)],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
     assert proc.stdout.readline().strip() == "saving"
     time.sleep(rng.uniform(0.2, 1.5))
     proc.kill()
     proc.wait()
     proc.stdout.close()
     torn += any("tmp" in p.name for p in tmp_path.iterdir())
-    state = _restore(tmp_path)
+    state = saver.restore(tmp_path)
     assert state is not None
     assert state.losses == [float(state.step)] and state.examples == state.step
     assert np.all(state.params["w"] == state.step) and np.all(state.opt_state["m"] == state.step)
