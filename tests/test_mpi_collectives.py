@@ -7,6 +7,7 @@ checked everywhere.
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 from pathlib import Path
@@ -147,3 +148,33 @@ def test_bench_rows_and_json_name_the_collectives(tmp_path, monkeypatch):
   finally:
     jax.config.update("jax_cpu_collectives_implementation", before)
   assert before == "gloo" and set(seen) == {"gloo", "mpi"}
+
+
+@pytest.mark.parametrize("user", [None, "send,put,inplace,need-ack,need-csum"])
+def test_collectives_mpi_gives_the_ranks_tcp_send_flags_unless_the_user_set_them(
+  monkeypatch, tmp_path, user
+):
+  from allreduce_jax import netns
+
+  wrapper = tmp_path / "libmpiwrapper.so"
+  wrapper.write_bytes(b"")
+  monkeypatch.setenv(distributed.ENV_MPIWRAPPER, str(wrapper))
+  if user:
+    monkeypatch.setenv("OMPI_MCA_btl_tcp_flags", user)
+  else:
+    monkeypatch.delenv("OMPI_MCA_btl_tcp_flags", raising=False)
+  flags = user or "send,inplace,need-ack,need-csum"  # no put: see engines.MPI_TCP_FLAGS
+  assert engines.collectives_env("mpi")["OMPI_MCA_btl_tcp_flags"] == flags
+  runs = []
+  monkeypatch.setattr(engines, "_run", lambda argv, env, *rest: runs.append((argv, env)) or 0)
+  monkeypatch.setattr(engines.shutil, "which", lambda name: f"/usr/bin/{name}")
+  err = io.StringIO()
+  assert engines.mpirun_local(["verify"], 2, "mpi", None, err) == 0  # launch --collectives mpi
+  plan = netns.plan("switch", 2, 25e6)
+  assert engines.mpirun(plan, ["verify"], 1, None, err, "mpi") == 0  # cluster
+  (local, local_env), (cluster, _) = runs
+  assert local[local.index("OMPI_MCA_btl_tcp_flags") - 1] == "-x"
+  assert local_env["OMPI_MCA_btl_tcp_flags"] == flags
+  assert f"OMPI_MCA_btl_tcp_flags={flags}" in cluster
+  assert cluster[cluster.index(f"OMPI_MCA_btl_tcp_flags={flags}") - 1] == "-x"
+  assert engines.collectives_env("gloo") == {}

@@ -13,7 +13,8 @@ a cluster of real machines uses, each started inside the hosts' network namespac
   also goes on one of its links). Each rank gets
   ``JAX_NUM_CPU_DEVICES`` = ``--devices-per-host``; JAX's Open MPI detection joins them.
   ``--collectives mpi`` (mpirun only) also gives each rank the MPIwrapper library, so XLA's
-  collectives run over Open MPI (:func:`collectives_env`).
+  collectives run over Open MPI, and TCP transport flags that send large messages rather
+  than put them (:func:`collectives_env`; ``OMPI_MCA_btl_tcp_flags`` set by the user wins).
 - ``slurm``: a private SLURM (:class:`allreduce_jax.tools.slurm_local.Slurm`) with
   ``slurmctld`` on host 0 and one ``slurmd`` per host, each in its host's network
   namespace (entered with ``nsenter --net``: ``ip netns exec`` mounts a fresh ``/sys``
@@ -44,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from allreduce_jax import distributed, netns
@@ -111,12 +113,25 @@ def _agent(plan: netns.Plan, folder: Path) -> Path:
   return path
 
 
-def collectives_env(collectives: str) -> dict[str, str]:
+#: ``--collectives mpi``'s Open MPI TCP transport flags: large messages sent in fragments, not
+#: put (Open MPI's default has ``put``, under which a pairwise exchange takes turns; see
+#: ``experiments/mpi_peer/README.md``). ``OMPI_MCA_btl_tcp_flags`` in the environment wins.
+MPI_TCP_FLAGS = "send,inplace,need-ack,need-csum"
+
+
+def collectives_env(collectives: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
   """The variables every rank needs for ``--collectives`` (the MPIwrapper library must be
-  in the environment before JAX loads)."""
+  in the environment before JAX loads); for ``mpi`` also Open MPI's TCP transport flags,
+  ``OMPI_MCA_btl_tcp_flags`` from ``environ`` (default ``os.environ``) where set, else
+  :data:`MPI_TCP_FLAGS`."""
   if collectives != "mpi":
     return {}
-  return {distributed.ENV_COLLECTIVES: "mpi", distributed.ENV_MPIWRAPPER: distributed.mpiwrapper()}
+  environ = os.environ if environ is None else environ
+  return {
+    distributed.ENV_COLLECTIVES: "mpi",
+    distributed.ENV_MPIWRAPPER: distributed.mpiwrapper(environ),
+    "OMPI_MCA_btl_tcp_flags": environ.get("OMPI_MCA_btl_tcp_flags") or MPI_TCP_FLAGS,
+  }
 
 
 def mpirun_local(command: list[str], n: int, collectives: str, timeout, err) -> int:

@@ -831,8 +831,10 @@ def add_collectives_option(parser: argparse.ArgumentParser, mpi_needs: str) -> N
     default="gloo",
     choices=distributed.COLLECTIVES,
     help="what moves the data between processes on CPU: gloo (the default; TCP) or mpi"
-    f" (XLA's MPI collectives over the local Open MPI; {mpi_needs}; build MPIwrapper first:"
-    f" {distributed.BUILD_MPIWRAPPER})",
+    f" (XLA's MPI collectives over the local Open MPI; {mpi_needs}; Open MPI's TCP transport"
+    f" gets btl_tcp_flags={engines.MPI_TCP_FLAGS}, large messages sent rather than put, so a"
+    " pairwise exchange runs both ways at once; OMPI_MCA_btl_tcp_flags in the environment wins;"
+    f" build MPIwrapper first: {distributed.BUILD_MPIWRAPPER})",
   )
 
 
