@@ -1,26 +1,32 @@
 #!/usr/bin/env bash
 # The side-by-side timing of run.sh at p = 8: the emulated 8-host switch (1, 4, 16 MiB) and the
 # 8-host ring of links (torus:8, each host linked to its two neighbours, the others' traffic
-# forwarded by the hosts between; 1 and 4 MiB), 200 Mbit/s links. Every hand-written algorithm
-# that runs at p = 8 (the ring, the bidirectional ring, halving-doubling, recursive doubling, the
-# tree), psum over gloo and MPI_Allreduce with Open MPI's own decision (0) and its ring (4)
-# forced, REPS runs each (repetitions FIRST..FIRST+REPS-1). Needs root, Open MPI, the extra mpi.
-# Usage: bash experiments/mpi_peer/eight_hosts.sh [REPS] [FIRST]
+# forwarded by the hosts between; 1 and 4 MiB), 200 Mbit/s links, REPS runs each (repetitions
+# FIRST..FIRST+REPS-1). With Open MPI's own decision (0) forced: every hand-written algorithm that
+# runs at p = 8 (the ring, the bidirectional ring, halving-doubling, recursive doubling, the
+# tree), psum over gloo and MPI_Allreduce; with its ring (4): the two rings, psum and
+# MPI_Allreduce (the others take 1.7-3x the ring's time at 4 and 16 MiB in the first runs).
+# NETWORKS (default both) picks some. Needs root, Open MPI, the extra mpi.
+# Usage: bash experiments/mpi_peer/eight_hosts.sh [REPS] [FIRST] [NETWORKS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 reps=${1:-3}
 first=${2:-1}
+nets=${3:-switch torus:8}
 rows=experiments/mpi_peer/rows
+declare -A max=([switch]=16MiB [torus:8]=4MiB)
+declare -A algorithms=(
+  [0]=ring,bidirectional_ring,halving_doubling,recursive_doubling,tree,psum,mpi
+  [4]=ring,bidirectional_ring,psum,mpi
+)
 for rep in $(seq "$first" $((first + reps - 1))); do
-  for net in "switch 16MiB" "torus:8 4MiB"; do
-    set -- $net
+  for net in $nets; do
     for alg in 0 4; do
       OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allreduce_algorithm=$alg \
-      JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 8 --topology "$1" \
+      JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 8 --topology "$net" \
         --link 200Mbit --launcher mpirun --timeout 900 -- \
-        bench --algorithms ring,bidirectional_ring,halving_doubling,recursive_doubling,tree,psum,mpi \
-        -b 1MiB -e "$2" -f 4 --no-uneven -n 3 -w 1 \
-        --out "$rows/${1%%:*}8_run${rep}_alg${alg}.jsonl"
+        bench --algorithms "${algorithms[$alg]}" -b 1MiB -e "${max[$net]}" -f 4 --no-uneven \
+        -n 3 -w 1 --out "$rows/${net%%:*}8_run${rep}_alg${alg}.jsonl"
     done
   done
 done
