@@ -1,23 +1,59 @@
 #!/usr/bin/env bash
-# The hand-written ring, halving-doubling and recursive doubling with XLA's CPU collectives over
-# MPI (--collectives mpi) and over gloo, on the emulated 4-host switch (200 Mbit/s links) under
-# --launcher mpirun, 1-16 MiB, REPS runs of each (runs alternate mpi, gloo); then over MPI with
-# Open MPI's TCP transport sending large messages in place of its RDMA-style put
-# (btl_tcp_flags=send,inplace,need-ack,need-csum: "mpi_send"). Needs root, Open MPI and
-# MPIwrapper (bash experiments/mpi_peer/build_mpiwrapper.sh).
+# The hand-written algorithms with XLA's CPU collectives over MPI (--collectives mpi) and over
+# gloo, on the emulated switch (200 Mbit/s links) under --launcher mpirun, REPS runs of each arm.
+# Needs root, Open MPI and MPIwrapper (bash experiments/mpi_peer/build_mpiwrapper.sh).
+#
+# Arms (run in the order given, alternating within each repetition):
+#   mpi       ring, halving-doubling, recursive doubling at 1-16 MiB over MPI with Open MPI's
+#             default TCP transport flags (large messages put: btl_tcp_flags=send,put,...)
+#   mpi_send  the same with the launcher's flags (btl_tcp_flags=send,inplace,need-ack,need-csum)
+#   gloo      the same over gloo
+#   steps     one message step alone (steps.py: one way, exchange, exchange + add, shift, the
+#             add alone) at 1 KiB-16 MiB and the whole all-reduces at 16 MiB, both flag settings
+#   table     every hand-written algorithm that runs with one device per host, and psum, over
+#             MPI (the launcher's flags): p = 4 at 1 KiB-16 MiB (3 calls) and 64 MiB (1 call),
+#             p = 8 at 1 and 16 MiB
 # Usage: bash experiments/mpi_peer/collectives.sh [REPS [ARMS]]   (ARMS default "mpi gloo mpi_send")
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 reps=${1:-3}
 arms=${2:-mpi gloo mpi_send}
 rows=experiments/mpi_peer/rows
+put=send,put,inplace,need-ack,need-csum,hetero-rdma  # Open MPI 4.1's default btl_tcp_flags
+send=send,inplace,need-ack,need-csum                 # --collectives mpi's default
+every=ring,bidirectional_ring,tree,recursive_doubling,halving_doubling,halving_doubling_near
+every+=,naive,two_shot,swing,double_binary_tree,psum
+cluster() {  # HOSTS COLLECTIVES -- COMMAND...
+  local hosts=$1 collectives=$2
+  shift 3
+  JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts "$hosts" --link 200Mbit \
+    --launcher mpirun --collectives "$collectives" --timeout 900 -- "$@"
+}
+bench=(bench --algorithms ring,halving_doubling,recursive_doubling -b 1MiB -e 16MiB -f 4
+       --no-uneven -n 3 -w 1)
 for rep in $(seq "$reps"); do
   for arm in $arms; do
-    flags=()
-    [[ $arm == mpi_send ]] && flags=(env OMPI_MCA_btl_tcp_flags=send,inplace,need-ack,need-csum)
-    "${flags[@]}" env JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 4 --link 200Mbit \
-      --launcher mpirun --collectives "${arm%_send}" -- \
-      bench --algorithms ring,halving_doubling,recursive_doubling -b 1MiB -e 16MiB -f 4 \
-      --no-uneven -n 3 -w 1 --out "$rows/collectives_${arm}_run${rep}.jsonl"
+    case $arm in
+      mpi) OMPI_MCA_btl_tcp_flags=$put cluster 4 mpi -- "${bench[@]}" \
+             --out "$rows/collectives_mpi_run${rep}.jsonl" ;;
+      mpi_send) OMPI_MCA_btl_tcp_flags=$send cluster 4 mpi -- "${bench[@]}" \
+             --out "$rows/collectives_mpi_send_run${rep}.jsonl" ;;
+      gloo) cluster 4 gloo -- "${bench[@]}" --out "$rows/collectives_gloo_run${rep}.jsonl" ;;
+      steps)
+        for flags in mpi:$put mpi_send:$send; do
+          OMPI_MCA_btl_tcp_flags=${flags#*:} cluster 4 mpi -- .venv/bin/python \
+            experiments/mpi_peer/steps.py --sizes 1KiB,2MiB,4MiB,8MiB,16MiB --reps 5 \
+            --out "$rows/collectives_steps_${flags%%:*}_run${rep}.jsonl"
+        done ;;
+      table)
+        out=$rows/collectives_table_run${rep}.jsonl
+        cluster 4 mpi -- bench --algorithms "$every" -b 1KiB -e 16MiB -f 4 --no-uneven -n 3 -w 1 \
+          --out "$out"
+        cluster 4 mpi -- bench --algorithms "$every" -b 64MiB -e 64MiB --no-uneven -n 1 -w 1 \
+          --out "$out"
+        cluster 8 mpi -- bench --algorithms "$every" -b 1MiB -e 16MiB -f 16 --no-uneven -n 3 -w 1 \
+          --out "$out" ;;
+      *) echo "collectives.sh: unknown arm '$arm' (mpi, mpi_send, gloo, steps, table)" >&2; exit 2 ;;
+    esac
   done
 done

@@ -1,6 +1,14 @@
-"""The table of "The hand-written algorithms over MPI" (README) from rows/collectives_*.jsonl:
-each hand-written algorithm's time with XLA's collectives over MPI and over gloo, beside its
-full-duplex bound (every host sends and receives its schedule's bytes at the link's rate at once).
+"""The tables of "The hand-written algorithms over MPI" (README) from rows/collectives_*.jsonl:
+
+- each hand-written algorithm's time with XLA's collectives over MPI (Open MPI's default TCP
+  flags, and sending large messages) and over gloo, beside its full-duplex bound (every host
+  sends and receives its schedule's bytes at the link's rate at once);
+- one message step alone (``steps.py``), against m/B and 2m/B;
+- halving-doubling's, recursive doubling's and the ring's whole time against the sum of their
+  steps' measured times;
+- every hand-written algorithm over MPI at 1 KiB-64 MiB, p = 4 and 8.
+
+A cell is the median [min–max] over the runs of each run's median.
 
     python experiments/mpi_peer/collectives_table.py
 """
@@ -8,34 +16,57 @@ full-duplex bound (every host sends and receives its schedule's bytes at the lin
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from pathlib import Path
+
+from allreduce_jax import gloo_model
 
 HERE = Path(__file__).resolve().parent
 ALGORITHMS = ("ring", "halving_doubling", "recursive_doubling")
 RATE = 25e6  # bytes/s each way: the 200 Mbit/s links of collectives.sh
 ARMS = {"mpi": "over MPI", "mpi_send": "over MPI, TCP send", "gloo": "over gloo"}
+FLAGS = {"mpi": "Open MPI's default (put)", "mpi_send": "send (the launcher's default)"}
+STEPS = ("one_way", "exchange", "exchange_add", "shift", "add")
 
 
-def bytes_each_way(algorithm: str, p: int, n: int) -> float:
-  """Bytes one host sends (and receives) in the schedule: the ring and halving-doubling
-  2(p-1)/p·n (a reduce-scatter and an all-gather), recursive doubling n·lg p."""
-  if algorithm == "recursive_doubling":
-    return n * math.log2(p)
-  return 2 * (p - 1) / p * n
+def bound_s(algorithm: str, p: int, n: int) -> float | None:
+  """The full-duplex bound: the busiest host's schedule bytes at the link's rate, each way
+  at once (:func:`allreduce_jax.gloo_model.schedule_bytes`); None for ``psum``, whose
+  schedule is the MPI library's. The ring and halving-doubling 2(p-1)/p·n, recursive
+  doubling n·lg p."""
+  if algorithm == "psum":
+    return None
+  return float(max(gloo_model.schedule_bytes(algorithm, p, float(n)))) / RATE
+
+
+def _rows(pattern: str):
+  """(run file stem, row) for every row of rows/PATTERN."""
+  for path in sorted((HERE / "rows").glob(pattern)):
+    for line in path.read_text().splitlines():
+      yield path.stem, json.loads(line)
+
+
+def _arm(stem: str, prefix: str) -> str:
+  return stem.removeprefix(prefix).rsplit("_run", 1)[0]
 
 
 def times() -> dict[tuple[str, str, int], list[float]]:
-  """(collectives, algorithm, bytes) -> seconds, one per run."""
+  """(collectives, algorithm, bytes) -> seconds, one per run (bench rows at p = 4)."""
   cells: dict[tuple[str, str, int], list[float]] = {}
-  for path in sorted((HERE / "rows").glob("collectives_*_run*.jsonl")):
-    collectives = path.stem.removeprefix("collectives_").rsplit("_run", 1)[0]  # mpi, gloo, mpi_send
-    for line in path.read_text().splitlines():
-      r = json.loads(line)
-      if r.get("algorithm") in ALGORITHMS:
-        key = (collectives, r["algorithm"], r["bytes"])
-        cells.setdefault(key, []).append(r["time_us"] * 1e-6)
+  for stem, r in _rows("collectives_*_run*.jsonl"):
+    arm = _arm(stem, "collectives_")  # mpi, gloo, mpi_send
+    if arm in ARMS and r.get("algorithm") in ALGORITHMS:
+      cells.setdefault((arm, r["algorithm"], r["bytes"]), []).append(r["time_us"] * 1e-6)
+  return cells
+
+
+def step_times() -> dict[tuple[str, str, int], list[float]]:
+  """(flags arm, kind, bytes) -> seconds, one median per run (``steps.py`` rows)."""
+  cells: dict[tuple[str, str, int], list[float]] = {}
+  for stem, r in _rows("collectives_steps_*_run*.jsonl"):
+    cells.setdefault((_arm(stem, "collectives_steps_"), r["kind"], r["bytes"]), []).append(
+      r["time_s"]
+    )
   return cells
 
 
@@ -51,8 +82,8 @@ def table(p: int = 4) -> str:
   ]
   for n in sizes:
     for name in ALGORITHMS:
-      bound = bytes_each_way(name, p, n) / RATE
-      row = [f"{n / 2**20:g} MiB", name, f"{bound * 1e3:.0f}"]
+      bound = bound_s(name, p, n)
+      row = [_size(n), name, f"{bound * 1e3:.0f}"]
       for a in arms:
         ts = cells.get((a, name, n))
         row += [_cell(ts), _ratio(ts, bound)]
@@ -60,15 +91,113 @@ def table(p: int = 4) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _cell(ts: list[float] | None) -> str:
+def steps_table() -> str:
+  """One step alone, ms, against m/B (one direction) and 2m/B (the two taking turns)."""
+  cells = step_times()
+  lines = [
+    "| TCP flags | m | m/B, ms | one way | exchange | exchange + add | shift | add alone"
+    " | exchange / one way |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for arm in FLAGS:
+    for m in sorted({n for a, k, n in cells if a == arm and k in STEPS}):
+      row = [FLAGS[arm], _size(m), f"{m / RATE * 1e3:.1f}"]
+      row += [_cell(cells.get((arm, k, m)), 1) for k in STEPS]
+      one, ex = cells.get((arm, "one_way", m)), cells.get((arm, "exchange", m))
+      row.append(f"{statistics.median(ex) / statistics.median(one):.2f}" if one and ex else "—")
+      lines.append("| " + " | ".join(row) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def chained_table() -> str:
+  """The per-step cost: a small step called 20 times back to back, per call, ms."""
+  cells = step_times()
+  kinds = [k for k in STEPS[:-1] if any(c[1] == f"{k}_chained" for c in cells)]
+  lines = ["| TCP flags | m | " + " | ".join(kinds) + " |", "|---|---|" + "---|" * len(kinds)]
+  for arm in FLAGS:
+    for m in sorted({n for a, k, n in cells if a == arm and k.endswith("_chained")}):
+      row = [FLAGS[arm], _size(m)] + [_cell(cells.get((arm, f"{k}_chained", m)), 2) for k in kinds]
+      lines.append("| " + " | ".join(row) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def step_sums(p: int = 4) -> dict[str, list[tuple[str, int]]]:
+  """Each algorithm's steps at p = 4 as (steps.py kind, bytes) for n = 16 MiB: halving-doubling
+  exchanges n/2 and n/4 adding, then n/4 and n/2; recursive doubling exchanges n twice adding;
+  the ring shifts n/p 2(p-1) times (the first p-1 adding; shift with the add is not timed
+  apart, so the ring's sum is a lower bound by p-1 adds)."""
+  n = 16 << 20
+  return {
+    "halving_doubling": [("exchange_add", n // 2), ("exchange_add", n // 4),
+                         ("exchange", n // 4), ("exchange", n // 2)],
+    "recursive_doubling": [("exchange_add", n), ("exchange_add", n)],
+    "ring": [("shift", n // p)] * (2 * (p - 1)),
+  }  # fmt: skip
+
+
+def sums_table(p: int = 4) -> str:
+  """The whole all-reduce (same launch as its steps) against the sum of its steps' medians."""
+  cells = step_times()
+  lines = [
+    "| TCP flags | algorithm, 16 MiB | whole, ms | sum of its steps, ms | whole / sum |"
+    " full-duplex bound, ms | whole / bound | sum / bound |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for arm in FLAGS:
+    for name, steps in step_sums(p).items():
+      whole = cells.get((arm, name, 16 << 20))
+      parts = [cells.get((arm, k, m)) for k, m in steps]
+      if not whole or not all(parts):
+        continue
+      total = sum(statistics.median(t) for t in parts)
+      bound = bound_s(name, p, 16 << 20)
+      w = statistics.median(whole)
+      lines.append(
+        f"| {FLAGS[arm]} | {name} | {_cell(whole)} | {total * 1e3:.0f} | {w / total:.2f} |"
+        f" {bound * 1e3:.0f} | {w / bound:.2f}× | {total / bound:.2f}× |"
+      )
+  return "\n".join(lines) + "\n"
+
+
+def full_table() -> str:
+  """Every hand-written algorithm (and psum) over MPI, the launcher's TCP flags, ms and /bound."""
+  cells: dict[tuple[int, str, int], list[float]] = {}
+  for _, r in _rows("collectives_table_run*.jsonl"):
+    cells.setdefault((r["n_devices"], r["algorithm"], r["bytes"]), []).append(r["time_us"] * 1e-6)
+  lines = [
+    "| p | size per host | algorithm | runs | over MPI, ms | bound, ms | / bound |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  for (p, name, n), ts in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1])):
+    bound = bound_s(name, p, n)
+    lines.append(
+      f"| {p} | {_size(n)} | {name} | {len(ts)} | {_cell(ts, 1 if n < 1 << 20 else 0)} |"
+      f" {'—' if bound is None else f'{bound * 1e3:.3g}'} | {_ratio(ts, bound)} |"
+    )
+  return "\n".join(lines) + "\n"
+
+
+def _size(n: int) -> str:
+  return f"{n / 2**20:g} MiB" if n >= 1 << 20 else f"{n / 2**10:g} KiB"
+
+
+def _cell(ts: list[float] | None, digits: int = 0) -> str:
   if not ts:
     return "—"
-  return f"{statistics.median(ts) * 1e3:.0f} [{min(ts) * 1e3:.0f}–{max(ts) * 1e3:.0f}]"
+  med, lo, hi = (v * 1e3 for v in (statistics.median(ts), min(ts), max(ts)))
+  return f"{med:.{digits}f} [{lo:.{digits}f}–{hi:.{digits}f}]"
 
 
-def _ratio(ts: list[float] | None, bound: float) -> str:
-  return f"{statistics.median(ts) / bound:.2f}×" if ts else "—"
+def _ratio(ts: list[float] | None, bound: float | None) -> str:
+  return f"{statistics.median(ts) / bound:.2f}×" if ts and bound else "—"
 
 
 if __name__ == "__main__":
   print(table(), end="")
+  for title, text in [
+    ("One step alone, ms", steps_table()),
+    ("Per-step cost (20 calls back to back), ms per call", chained_table()),
+    ("Whole against the sum of its steps", sums_table()),
+    ("Every hand-written algorithm over MPI (TCP send)", full_table()),
+  ]:
+    print(f"\n{title}\n\n{text}", end="")
