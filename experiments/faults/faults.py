@@ -14,7 +14,12 @@ host is named, and a training run that loses a host and recovers.
 
 Every measurement runs ``allreduce-jax cluster`` (root, or rootless), most on 4 hosts of a
 switch whose links run at 200 Mbit/s each way; faults come from ``cluster --fault``.
-ALGORITHMS: a comma list (default: those each step names).
+ALGORITHMS: a comma list (default: those each step names). Options: ``--seeds 0,1,2``
+(recovery, slow-host: one run per seed), ``--for 10,20`` and ``--runs N`` (down: those
+outages, N runs each, at JAX's default heartbeat timeout), ``--kill-at T`` or
+``--kill-after-step K`` (recovery: host 2 SIGKILLed T s after the hosts joined, or once
+step K's checkpoint is complete), ``--concurrent`` (``cluster --concurrent``: do not wait
+for another cluster run; the rows say so).
 """
 
 from __future__ import annotations
@@ -170,15 +175,23 @@ def next_retry(down_s: float) -> float:
   return RTO_S * (2**k - 1)
 
 
-def down(algorithms: list[str], then_give_up: bool = True) -> None:
-  """Host 1's link down for 0.5, 2 and 5 s about 2 s into a loop of back-to-back 1 MiB
-  calls (bench -I: every call's time), per algorithm (``algorithms``; default: ring,
-  psum, naive); ``then_give_up``: then one run where the outage, 8 s, outlasts JAX's heartbeat
-  timeout, 3 s, and the run gives up, naming a host."""
+def down(
+  algorithms: list[str],
+  then_give_up: bool = True,
+  durations: tuple[float, ...] = DOWN_S,
+  runs: int = 1,
+  extra: list[str] = (),
+) -> None:
+  """Host 1's link down for each of ``durations`` seconds (0.5, 2 and 5) about 2 s into a
+  loop of back-to-back 1 MiB calls (bench -I: every call's time), ``runs`` times, per
+  algorithm (``algorithms``; default: ring, psum, naive), JAX's heartbeat timeout at its
+  default (100 s); ``then_give_up``: then one run where the outage, 8 s, outlasts a heartbeat
+  timeout of 3 s, and the run gives up, naming a host; ``extra``: more cluster options."""
   for algorithm in algorithms or DOWN_ALGORITHMS:
     calls = "40" if algorithm == "naive" else "120"
-    for d in DOWN_S:
-      _append("link_down.jsonl", _down_run(algorithm, d, calls, []))
+    for d in durations:
+      for _ in range(runs):
+        _append("link_down.jsonl", _down_run(algorithm, d, calls, list(extra)))
   if then_give_up:
     give_up()
 
@@ -230,21 +243,33 @@ def _down_run(algorithm: str, d: float, calls: str, extra: list[str]) -> dict:
   return row
 
 
-def _train(name: str, extra: list[str], tmp: Path) -> dict:
+def _train(
+  name: str, extra: list[str], tmp: Path, seed: int = 0, kill_after: int | None = None
+) -> dict:
+  """One cluster run of train sync (``kill_after``: host 2's process SIGKILLed as soon as
+  the checkpoint of that step is complete) and its row."""
   ck = tmp / name
   argv = [*CLUSTER, "--log-dir", str(tmp / f"logs-{name}"), *extra, "--", "train", "sync",
           "--workers", str(HOSTS), "--steps", "1200", "--eval-every", "100", "--checkpoint-dir",
-          str(ck), "--checkpoint-every", "50", "--out", str(tmp / f"out-{name}")]  # fmt: skip
+          str(ck), "--checkpoint-every", "50", "--seeds", str(seed),
+          "--out", str(tmp / f"out-{name}")]  # fmt: skip
   t0 = time.monotonic()
-  res = subprocess.run(argv, capture_output=True, text=True)
-  wall = time.monotonic() - t0
-  line = next((x for x in res.stdout.splitlines() if x.startswith("seed 0:")), "")
+  with open(tmp / "stdout", "w+") as out, open(tmp / "stderr", "w+") as err:
+    proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True)
+    if kill_after is not None:
+      _kill_when(proc, ck / f"seed-{seed}" / str(kill_after), tmp / f"logs-{name}" / "pids.json")
+    proc.wait()
+    wall = time.monotonic() - t0
+    out.seek(0), err.seek(0)
+    res = subprocess.CompletedProcess(argv, proc.returncode, out.read(), err.read())
+  line = next((x for x in res.stdout.splitlines() if x.startswith(f"seed {seed}:")), "")
   restart = re.search(r"restart 1 of 1 after .*?\(([0-9.]+) s since the start\)", res.stderr)
   named = re.search(r"process (\d+) of \d+ \(pid \d+\) was killed by SIGKILL after ([0-9.]+)", res.stderr)  # fmt: skip
   joined = re.search(r"hosts joined ([0-9.]+) s after the start", res.stderr)
   resumed = re.search(r"resumed from step \[([0-9, ]+)\]", line)
   return {
-    "run": name, "hosts": HOSTS, "link": LINK, "options": extra, "returncode": res.returncode,
+    "run": name, "seed": seed, "hosts": HOSTS, "link": LINK, "options": extra,
+    "killed_after_step": kill_after, "returncode": res.returncode,
     "final_test_acc": float(re.search(r"test acc ([0-9.]+)", line)[1]) if line else None,
     "params_sha256": line.split("sha256 ")[1].strip() if "sha256" in line else None,
     "resumed_from": [int(s) for s in resumed[1].split(",")] if resumed else [],
@@ -256,15 +281,37 @@ def _train(name: str, extra: list[str], tmp: Path) -> dict:
   }  # fmt: skip
 
 
-def recovery(names: list[str]) -> None:
-  """train sync on 4 hosts: uninterrupted, host 2 killed 12 s after joining with
+def _kill_when(proc: subprocess.Popen, path: Path, pids: Path) -> None:
+  """SIGKILLs host 2's process (the launcher's ``pids.json``) once ``path`` exists (a
+  complete checkpoint's folder), unless ``proc`` ended first."""
+  import os
+  import signal
+
+  while proc.poll() is None and not path.exists():
+    time.sleep(0.02)
+  if proc.poll() is None:
+    os.kill(json.loads(pids.read_text())["2"], signal.SIGKILL)
+
+
+def recovery(
+  names: list[str],
+  seeds: list[int] = (0,),
+  kill_at: float = 12.0,
+  kill_after: int | None = None,
+  extra: list[str] = (),
+) -> None:
+  """train sync on 4 hosts: uninterrupted, host 2 killed ``kill_at`` s after joining
+  (``kill_after``: instead, as soon as that step's checkpoint is complete) with
   --restarts 1, and the same with --elastic (it finishes on 3 hosts); ``names``: only
-  those runs."""
-  kill = ["--fault", "kill:2@12", "--restarts", "1"]
-  runs = {"uninterrupted": [], "restart": kill, "elastic": [*kill, "--elastic"]}
-  for name in names or runs:
-    with tempfile.TemporaryDirectory() as tmp:
-      _append("recovery.jsonl", _train(name, runs[name], Path(tmp)))
+  those runs; one run each per seed of ``seeds``; ``extra``: more cluster options."""
+  fault = ["--fault", f"kill:2@{kill_at:g}"] if kill_after is None else []
+  kill = [*extra, *fault, "--restarts", "1"]
+  runs = {"uninterrupted": [*extra], "restart": kill, "elastic": [*kill, "--elastic"]}
+  for seed in seeds:
+    for name in names or runs:
+      with tempfile.TemporaryDirectory() as tmp:
+        after = None if name == "uninterrupted" else kill_after
+        _append("recovery.jsonl", _train(name, runs[name], Path(tmp), seed, after))
 
 
 SLOW_HOST_RUNS = {  # name -> (hosts, cluster options, train options)
@@ -274,17 +321,19 @@ SLOW_HOST_RUNS = {  # name -> (hosts, cluster options, train options)
 }
 
 
-def slow_host(names: list[str]) -> None:
+def slow_host(names: list[str], seeds: list[int] = (0,)) -> None:
   """train sync, 600 steps: on 4 healthy hosts, with host 1's process held to 1/4 of a
   core from the start (kept in the job), and on the 3 others alone (isolated: the learning
-  rate scaled by 3/4, as ``--elastic`` does); the time to 95 % test accuracy of each."""
-  for name in names or SLOW_HOST_RUNS:
+  rate scaled by 3/4, as ``--elastic`` does); the time to 95 % test accuracy of each, one
+  run per seed of ``seeds``."""
+  for seed, name in ((s, n) for s in seeds for n in names or SLOW_HOST_RUNS):
     hosts, extra, train = SLOW_HOST_RUNS[name]
     with tempfile.TemporaryDirectory() as tmp:
       argv = [sys.executable, "-m", "allreduce_jax", "cluster", "--hosts", str(hosts), "--link",
               LINK, "--timeout", "900", "--log-dir", f"{tmp}/logs", *extra, "--", "train",
               "sync", "--workers", str(hosts), "--steps", "600", "--eval-every", "50",
-              "--target", "0.95", *train, "--out", f"{tmp}/out"]  # fmt: skip
+              "--target", "0.95", "--seeds", str(seed), *train,
+              "--out", f"{tmp}/out"]  # fmt: skip
       t0 = time.monotonic()
       res = subprocess.run(argv, capture_output=True, text=True)
       wall = time.monotonic() - t0
@@ -295,7 +344,7 @@ def slow_host(names: list[str]) -> None:
     per_step = row["wall_s"] / row["config"]["steps"]
     hit = row["steps_to_target"]
     _append("slow_host.jsonl", {
-      "run": name, "hosts": hosts, "link": LINK, "options": extra + train,
+      "run": name, "seed": seed, "hosts": hosts, "link": LINK, "options": extra + train,
       "returncode": res.returncode, "steps": row["config"]["steps"],
       "eval_steps": row["eval_steps"], "test_acc": row["test_acc"],
       "final_test_acc": row["final_test_acc"], "steps_to_target": hit,
@@ -326,35 +375,20 @@ def slow_host_table() -> str:
   return "\n".join(lines)
 
 
-# A process that saves 16 MiB checkpoints in a loop; step k's arrays all hold k.
-SAVER = """
-import sys
-import numpy as np
-from allreduce_jax.training import checkpoint
-ck = checkpoint.Checkpoints(sys.argv[1], 1, {"run": "torn"})
-start = (ck.latest() or 0) + 1
-print("saving", flush=True)
-for step in range(start, start + 100_000):
-  a = np.full((1 << 22,), step, np.float32)
-  ck.save(checkpoint.State(step, {"w": a}, {}, examples=step, workers=1, learning_rate=0.1,
-                           losses=[float(step)]))
-"""
-
-
 def torn(kills: int = 20) -> None:
-  """SIGKILLs the saver at ``kills`` random moments (0.1-2 s after it started saving);
-  after each, whether a save was torn (a temporary folder left), and whether the restore
+  """SIGKILLs the saver (``python -m allreduce_jax.tools.saver``: 16 MiB checkpoints, step
+  k's values all k) at ``kills`` random moments (0.1-2 s after it started saving); after
+  each, whether a save was torn (a temporary folder left), and whether the restore
   succeeded from a complete checkpoint (every value its step's) leaving no torn folder."""
   import random
 
-  import numpy as np
-
-  from allreduce_jax.training import checkpoint
+  from allreduce_jax.tools import saver
 
   rng = random.Random(1)
   with tempfile.TemporaryDirectory() as d:
     for i in range(kills):
-      p = subprocess.Popen([sys.executable, "-c", SAVER, d], stdout=subprocess.PIPE, text=True)
+      p = subprocess.Popen([sys.executable, "-m", "allreduce_jax.tools.saver", d],
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
       assert p.stdout.readline().strip() == "saving"
       wait = rng.uniform(0.1, 2.0)
       time.sleep(wait)
@@ -362,11 +396,8 @@ def torn(kills: int = 20) -> None:
       p.wait()
       p.stdout.close()
       left = sorted(q.name for q in Path(d).iterdir() if "tmp" in q.name)
-      ck = checkpoint.Checkpoints(d, 1, {"run": "torn"})
-      state = ck.restore({"w": np.zeros((1 << 22,), np.float32)}, {})
-      ck.close()
-      complete = bool(state is not None and np.all(state.params["w"] == state.step)
-                      and state.losses == [float(state.step)])  # fmt: skip
+      state = saver.restore(d)
+      complete = saver.complete(state)
       _append("torn_saves.jsonl", {
         "kill": i, "after_s": wait, "torn_folders": left, "restored_step": state.step if state else None,
         "restore_complete": complete, "torn_left_after": any("tmp" in q.name for q in Path(d).iterdir()),
@@ -488,15 +519,56 @@ def _unhealthy(row: dict) -> str | None:
 
 def recovery_table() -> str:
   rows = _read("recovery.jsonl")
-  lines = ["| run | hosts at the end | resumed from step | test acc | parameters sha256 | killed |"
-           " named at (s) | restarted at (s) | wall (s) |",
-           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-  for r in rows:
-    killed = "host 2, 12 s after joining" if r["options"] else "–"
+  lines = ["| run | seed | hosts at the end | resumed from step | test acc | parameters sha256 |"
+           " killed | named at (s) | restarted at (s) | wall (s) |",
+           "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+  for r in sorted(rows, key=lambda r: (r.get("seed", 0), r["run"])):
+    at = re.search(r"kill:2@([0-9.]+)", " ".join(r["options"]))
+    killed = f"host 2, {at[1]} s after joining" if at else "–"
+    if r.get("killed_after_step") is not None:
+      killed = f"host 2, after step {r['killed_after_step']}'s checkpoint"
     f = lambda v: "–" if v is None else f"{v:.1f}"  # noqa: E731
-    lines.append(f"| {r['run']} | {r['hosts_final']} | {r['resumed_from'] or '–'} |"
+    lines.append(f"| {r['run']} | {r.get('seed', 0)} | {r['hosts_final']} |"
+                 f" {r['resumed_from'] or '–'} |"
                  f" {r['final_test_acc']:.4f} | `{r['params_sha256']}` | {killed} |"
                  f" {f(r['named_after_s'])} | {f(r['restarted_after_s'])} | {r['wall_s']:.1f} |")  # fmt: skip
+  return "\n".join(lines)
+
+
+def _run_label(r: dict) -> str:
+  """The run's name and its faults: ``elastic (kill:2@12)``."""
+  faults = [o for o in r["options"] if re.match(r"[a-z]+:\d", o)]
+  if r.get("killed_after_step") is not None:
+    faults.append(f"kill:2 after step {r['killed_after_step']}")
+  return f"{r['run']} ({', '.join(faults)})" if faults else r["run"]
+
+
+def seed_spread(rows: list[dict], key: str, per_seed: bool = True) -> str:
+  """Per run (name and faults, in order of appearance; the first the reference): the
+  seeds, ``key``'s min–max and mean ± sd over the values (``per_seed``: one a seed, the
+  last row of a seed run twice; else every row); and how many lie within the first
+  run's min–max."""
+  import statistics
+
+  by: dict[str, dict] = {}
+  for i, r in enumerate(rows):
+    if r.get(key) is not None:
+      seed = r.get("seed", 0)
+      by.setdefault(_run_label(r), {})[seed if per_seed else i] = (seed, r[key])
+  if not by:
+    return "(not measured)"
+  runs = list(by)
+  first = [x for _, x in by[runs[0]].values()]
+  lo, hi = min(first), max(first)
+  lines = [f"| run | seeds | values | {key} min–max | mean ± sd | within {runs[0]}'s min–max |",
+           "|---|---|---|---|---|---|"]  # fmt: skip
+  for name in runs:
+    seeds = sorted({s for s, _ in by[name].values()})
+    v = [x for _, x in by[name].values()]
+    sd = statistics.stdev(v) if len(v) > 1 else 0.0
+    inside = sum(lo <= x <= hi for x in v)
+    lines.append(f"| {name} | {', '.join(map(str, seeds))} | {len(v)} | {_span(v, '.4f')} |"
+                 f" {statistics.mean(v):.4f} ± {sd:.4f} | {inside} of {len(v)} |")  # fmt: skip
   return "\n".join(lines)
 
 
@@ -621,11 +693,17 @@ def tables() -> dict[str, str]:
            " calls (1 MiB: they start 2 s or more after joining); times: min–max over the runs"
            " (the launcher prints its time to 0.1 s).", "", kill_table(), "",
            "## train sync on 4 hosts, a host killed mid-run", "", recovery_table(), "",
+           "Final test accuracy over the seeds (one run per seed; each run's own seed for"
+           " initialization and data order):", "",
+           seed_spread(_read("recovery.jsonl"), "final_test_acc"), "",
            "## A kill during checkpoint saves", "", torn_table(), "",
            "## A slowed host kept in the job or isolated (train sync, 600 steps)", "",
            "Host 1's process held to 1/4 of a core (cpu:1=0.25@0); time to 95 %: steps to 95 %"
            " × the training loop's seconds a step (compile and evaluations included).", "",
-           slow_host_table(), ""]  # fmt: skip
+           slow_host_table(), "", "Over the seeds (accuracy: the last run of each seed; time"
+           " to 95 %: every run):", "",
+           seed_spread(_read("slow_host.jsonl"), "final_test_acc"), "",
+           seed_spread(_read("slow_host.jsonl"), "time_to_target_s", per_seed=False), ""]  # fmt: skip
   return {"tables.md": "\n".join(parts)}
 
 
@@ -666,17 +744,50 @@ def _names(args: list[str]) -> list[str]:
   return [a for x in args for a in x.split(",") if a]
 
 
+def _take(argv: list[str], flag: str) -> tuple[list[str], list[float] | None]:
+  """``argv`` without ``flag VALUE``, and VALUE's comma list as numbers (None: no flag)."""
+  if flag not in argv:
+    return argv, None
+  i = argv.index(flag)
+  try:
+    return argv[:i] + argv[i + 2 :], [float(x) for x in argv[i + 1].split(",") if x]
+  except (IndexError, ValueError):
+    raise SystemExit(
+      f"faults.py: {flag} expects a comma list of numbers, e.g. {flag} 1,2,3."
+    ) from None
+
+
 def main(argv: list[str]) -> None:
+  argv, seeds = _take(argv, "--seeds")
+  argv, durations = _take(argv, "--for")
+  argv, runs = _take(argv, "--runs")
+  argv, kill_at = _take(argv, "--kill-at")
+  argv, kill_after = _take(argv, "--kill-after-step")
+  extra = [a for a in argv if a == "--concurrent"]  # cluster --concurrent: do not wait
+  argv = [a for a in argv if a != "--concurrent"]
+  seeds = [int(x) for x in seeds or [0]]
   what = argv[0] if argv else "tables"
   steps = {
     "slow-link": slow_link,
     "kill": lambda: kill(_names(argv[1:])),
     "stop": lambda: kill(_names(argv[1:]), "stop", (4.5,) * 3, ("--heartbeat-timeout", "5")),
-    "down": lambda: down(_names(argv[1:]), then_give_up=not argv[1:]),
+    "down": lambda: down(
+      _names(argv[1:]),
+      not argv[1:] and not durations,
+      tuple(durations or DOWN_S),
+      int(runs[0]) if runs else 1,
+      extra,
+    ),
     "give-up": give_up,
     "slow-cases": lambda: slow_cases(argv[1:]),
-    "recovery": lambda: recovery(argv[1:]),
-    "slow-host": lambda: slow_host(argv[1:]),
+    "recovery": lambda: recovery(
+      argv[1:],
+      seeds,
+      kill_at[0] if kill_at else 12.0,
+      int(kill_after[0]) if kill_after else None,
+      extra,
+    ),
+    "slow-host": lambda: slow_host(argv[1:], seeds),
     "torn": torn,
   }
   if what in steps:
