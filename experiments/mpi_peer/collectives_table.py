@@ -25,7 +25,12 @@ HERE = Path(__file__).resolve().parent
 ALGORITHMS = ("ring", "halving_doubling", "recursive_doubling")
 RATE = 25e6  # bytes/s each way: the 200 Mbit/s links of collectives.sh
 ARMS = {"mpi": "over MPI", "mpi_send": "over MPI, TCP send", "gloo": "over gloo"}
-FLAGS = {"mpi": "Open MPI's default (put)", "mpi_send": "send (the launcher's default)"}
+FLAGS = {  # steps.py's arms: Open MPI's TCP flags, and what else differed from the default
+  "mpi": "put (Open MPI's default)",
+  "mpi_send": "send (the launcher's)",
+  "mpi_send_noidle": "send, no slow start after idle",
+  "mpi_send_cubic": "send, TCP cubic",
+}
 STEPS = ("one_way", "exchange", "exchange_add", "shift", "add")
 
 
