@@ -321,13 +321,14 @@ SLOW_HOST_RUNS = {  # name -> (hosts, cluster options, train options)
 }
 
 
-def slow_host(names: list[str], seeds: list[int] = (0,)) -> None:
+def slow_host(names: list[str], seeds: list[int] = (0,), more: list[str] = ()) -> None:
   """train sync, 600 steps: on 4 healthy hosts, with host 1's process held to 1/4 of a
   core from the start (kept in the job), and on the 3 others alone (isolated: the learning
   rate scaled by 3/4, as ``--elastic`` does); the time to 95 % test accuracy of each, one
-  run per seed of ``seeds``."""
+  run per seed of ``seeds``; ``more``: more cluster options."""
   for seed, name in ((s, n) for s in seeds for n in names or SLOW_HOST_RUNS):
     hosts, extra, train = SLOW_HOST_RUNS[name]
+    extra = [*more, *extra]
     with tempfile.TemporaryDirectory() as tmp:
       argv = [sys.executable, "-m", "allreduce_jax", "cluster", "--hosts", str(hosts), "--link",
               LINK, "--timeout", "900", "--log-dir", f"{tmp}/logs", *extra, "--", "train",
@@ -356,8 +357,9 @@ def slow_host(names: list[str], seeds: list[int] = (0,)) -> None:
 def slow_host_table() -> str:
   """Per run name: the runs, and min–max over them."""
   groups: dict[str, list[dict]] = {}
-  for r in _read("slow_host.jsonl"):
-    groups.setdefault(r["run"], []).append(r)
+  for r in _read("slow_host.jsonl"):  # runs that did not wait for other clusters apart
+    concurrent = " (--concurrent)" if "--concurrent" in r["options"] else ""
+    groups.setdefault(r["run"] + concurrent, []).append(r)
   if not groups:
     return "(not measured)"
   lines = ["| run | hosts | options | runs | final test acc | steps to 95 % | training (s) |"
@@ -535,26 +537,29 @@ def recovery_table() -> str:
   return "\n".join(lines)
 
 
-def _run_label(r: dict) -> str:
-  """The run's name and its faults: ``elastic (kill:2@12)``."""
+def _run_label(r: dict, concurrent: bool = False) -> str:
+  """The run's name and its faults: ``elastic (kill:2@12)`` (``concurrent``: and
+  ``--concurrent`` when the run did not wait for other cluster runs)."""
   faults = [o for o in r["options"] if re.match(r"[a-z]+:\d", o)]
   if r.get("killed_after_step") is not None:
     faults.append(f"kill:2 after step {r['killed_after_step']}")
+  if concurrent and "--concurrent" in r["options"]:
+    faults.append("--concurrent")
   return f"{r['run']} ({', '.join(faults)})" if faults else r["run"]
 
 
 def seed_spread(rows: list[dict], key: str, per_seed: bool = True) -> str:
   """Per run (name and faults, in order of appearance; the first the reference): the
   seeds, ``key``'s min–max and mean ± sd over the values (``per_seed``: one a seed, the
-  last row of a seed run twice; else every row); and how many lie within the first
-  run's min–max."""
+  last row of a seed run twice; else every row, and runs with ``--concurrent`` apart:
+  times); and how many lie within the first run's min–max."""
   import statistics
 
   by: dict[str, dict] = {}
   for i, r in enumerate(rows):
     if r.get(key) is not None:
       seed = r.get("seed", 0)
-      by.setdefault(_run_label(r), {})[seed if per_seed else i] = (seed, r[key])
+      by.setdefault(_run_label(r, not per_seed), {})[seed if per_seed else i] = (seed, r[key])
   if not by:
     return "(not measured)"
   runs = list(by)
@@ -787,7 +792,7 @@ def main(argv: list[str]) -> None:
       int(kill_after[0]) if kill_after else None,
       extra,
     ),
-    "slow-host": lambda: slow_host(argv[1:], seeds),
+    "slow-host": lambda: slow_host(argv[1:], seeds, extra),
     "torn": torn,
   }
   if what in steps:
