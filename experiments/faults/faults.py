@@ -1,7 +1,8 @@
 """Faults on the emulated cluster: one slow link per algorithm, the time until a killed
 host is named, and a training run that loses a host and recovers.
 
-    python experiments/faults/faults.py slow-link   # bench rows: healthy, one link at 1/2, 1/10
+    python experiments/faults/faults.py slow-link   # bench rows: healthy, one link at 1/2, 1/10 [RUNS]
+    python experiments/faults/faults.py slow-queue  # 1/10, queues of 5 and 100 ms [PAIRS]
     python experiments/faults/faults.py slow-cases  # 1/100, torus:4, fat_tree:2:1, p = 8 [CASE...]
     python experiments/faults/faults.py kill        # a host killed mid-collective [ALGORITHMS]
     python experiments/faults/faults.py stop ring   # a host SIGSTOPped, --heartbeat-timeout 5
@@ -26,10 +27,12 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -62,21 +65,120 @@ def _append(name: str, row: dict) -> None:
     f.write(json.dumps(row) + "\n")
 
 
-def slow_link() -> None:
-  """Every algorithm at 1 and 4 MiB per host, healthy and with host 1's link at 1/2, 1/10."""
-  for rate in SLOW.values():
-    if rate != SLOW[100]:
-      _slow_bench(HOSTS, "switch", rate, ALGORITHMS, "4MiB")
+# The links' queue (tbf's latency) of the repeated slow-link runs: 5 ms, not the cluster's
+# default 100 ms, whose 250 kB at 20 Mbit/s delays each direction's ACKs behind the other's
+# data (the README); 1/10 is also taken at the default to show it.
+SLOW_QUEUE = "5ms"
+QUEUE_ALGORITHMS = "ring,bidirectional_ring,tree,halving_doubling,psum"  # also at 100 ms
+P8_ALGORITHMS = "ring,tree,naive,halving_doubling,psum"
 
 
-def _slow_bench(hosts: int, network: str, rate: str | None, algorithms: str, top: str) -> None:
+def slow_link(runs: int = 3) -> None:
+  """``runs`` rounds, each: every hand-written algorithm and ``psum`` at 1 and 4 MiB per
+  host with host 1's link at 1/10, 1/2 and healthy (queues of :data:`SLOW_QUEUE`), and
+  :data:`QUEUE_ALGORITHMS` at 1/10 with the default 100 ms; 8 hosts (:data:`P8_ALGORITHMS`,
+  1 MiB), 1/10 and healthy."""
+  every = every_algorithm()
+  for _ in range(runs):
+    _slow_bench(HOSTS, "switch", SLOW[10], every, "4MiB", SLOW_QUEUE)
+    _slow_bench(HOSTS, "switch", SLOW[10], QUEUE_ALGORITHMS, "4MiB", "100ms")
+    for k in (2, 1):
+      _slow_bench(HOSTS, "switch", SLOW[k], every, "4MiB", SLOW_QUEUE)
+    for k in (10, 1):
+      _slow_bench(8, "switch", SLOW[k], P8_ALGORITHMS, "1MiB", SLOW_QUEUE)
+
+
+def slow_queue(runs: int = 2) -> None:
+  """``runs`` pairs: :data:`QUEUE_ALGORITHMS` at 1 and 4 MiB with host 1 at 1/10, queues
+  of :data:`SLOW_QUEUE` then of 100 ms; after the first pair, 8 hosts at 1/10 and healthy
+  (:data:`P8_ALGORITHMS`, 1 MiB, 100 ms)."""
+  for i in range(runs):
+    for queue in (SLOW_QUEUE, "100ms"):
+      _slow_bench(HOSTS, "switch", SLOW[10], QUEUE_ALGORITHMS, "4MiB", queue)
+    if i == 0:
+      slow_cases(["switch-8"])
+
+
+def _slow_bench(
+  hosts: int, network: str, rate: str | None, algorithms: str, top: str, queue: str = "100ms"
+) -> None:
   faults = ["--fault", f"link:1={rate}@0"] if rate else []
-  subprocess.run([sys.executable, "-m", "allreduce_jax", "cluster", "--hosts", str(hosts),
-                  "--topology", network, "--link", LINK, "--timeout", "1800", *faults, "--",
-                  "bench", "-n", "3", "-w", "1", "--no-uneven", "-a", "3", "--algorithms",
-                  algorithms, "-b", "1MiB", "-e", top, "-f", "4",
-                  "--out", str(ROWS / "slow_link.jsonl"), "--plot",
-                  str(Path(tempfile.gettempdir()) / "slow_link_bench.png")], check=True)  # fmt: skip
+  argv = [sys.executable, "-m", "allreduce_jax", "cluster", "--hosts", str(hosts),
+          "--topology", network, "--link", LINK, "--queue", queue, "--timeout", "1800",
+          *faults, "--", "bench", "-n", "3", "-w", "1", "--no-uneven", "-a", "3",
+          "--algorithms", algorithms, "-b", "1MiB", "-e", top, "-f", "4", "--fresh",
+          "--out", "OUT", "--plot", str(Path(tempfile.gettempdir()) / "slow_link_bench.png")]  # fmt: skip
+  with tempfile.TemporaryDirectory() as tmp:  # bench skips rows its --out has: one file a run
+    argv[argv.index("OUT")] = out = f"{tmp}/rows.jsonl"
+    with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc:
+      samples: list[dict] = []
+      for line in proc.stderr:
+        sys.stderr.write(line)
+        tag = re.search(r"namespaces (\S+)-\*", line)
+        if tag and rate and network == "switch":
+          threading.Thread(target=_sample_tcp, args=(tag[1], proc, samples), daemon=True).start()
+    if proc.returncode:
+      raise SystemExit(f"faults.py: the cluster run exited {proc.returncode}: {' '.join(argv)}")
+    for row in _read_path(Path(out)):
+      _append("slow_link.jsonl", row)
+  if samples:
+    _append("slow_link_tcp.jsonl", _tcp_summary(hosts, rate, queue, algorithms, top, samples))
+
+
+SS_FIELDS = re.compile(r"\b(cwnd|rtt|unacked|notsent|minrtt):([0-9.]+)")
+
+
+def _sample_tcp(tag: str, proc: subprocess.Popen, samples: list[dict]) -> None:
+  """Every 0.25 s while ``proc`` runs: host 1's TCP sockets that have data in flight or
+  waiting (``ss -tin``: cwnd, smoothed RTT, unacked, delivery rate) and the backlog and
+  drops of the slow link's two queues (``tc -s qdisc``: host 1's ``eth0``, the switch's
+  ``p1``)."""
+  h1, sw = f"{tag}-h1", f"{tag}-sw"
+  while proc.poll() is None:
+    ss = subprocess.run(["ip", "netns", "exec", h1, "ss", "-tin"], capture_output=True, text=True)
+    socks = []
+    for info in re.findall(r"\n\s+(\S.*bytes_sent.*)", ss.stdout):
+      f = {k: float(v) for k, v in SS_FIELDS.findall(info)}
+      rate = re.search(r"delivery_rate (\d+)bps", info)
+      if f.get("unacked", 0) > 0 or f.get("notsent", 0) > 0:
+        socks.append({**f, "delivery_bps": float(rate[1]) if rate else None})
+    queues = {}
+    for ns, dev in ((h1, "eth0"), (sw, "p1")):
+      tc = subprocess.run(["tc", "-n", ns, "-s", "qdisc", "show", "dev", dev],
+                          capture_output=True, text=True).stdout  # fmt: skip
+      m = re.search(r"dropped (\d+).*?backlog (\d+)b", tc, re.S)
+      if m:
+        queues[dev] = {"drops": int(m[1]), "backlog": int(m[2])}
+    if socks or queues:
+      samples.append({"t": time.time(), "sending": socks, "queues": queues,
+                      "load": os.getloadavg()[0]})  # fmt: skip
+    time.sleep(0.25)
+
+
+def _tcp_summary(hosts, rate, queue, algorithms, top, samples) -> dict:
+  """One row: percentiles over the samples of host 1's sending sockets (smoothed RTT ms,
+  cwnd in segments, delivery rate Mbit/s) and of the two queues' backlog (bytes), with
+  the drops at the end."""
+
+  def pct(xs):
+    xs = sorted(x for x in xs if x is not None)
+    return {q: xs[min(len(xs) - 1, int(q / 100 * len(xs)))] for q in (10, 50, 90)} if xs else {}
+
+  socks = [x for s in samples for x in s["sending"]]
+  queues = {
+    dev: [s["queues"][dev] for s in samples if dev in s["queues"]] for dev in ("eth0", "p1")
+  }
+  return {
+    "hosts": hosts, "link": LINK, "slow": rate, "queue": queue, "algorithms": algorithms,
+    "sizes": f"1MiB-{top}", "samples": len(samples), "socket_samples": len(socks),
+    "rtt_ms": pct(x.get("rtt") for x in socks), "min_rtt_ms": pct(x.get("minrtt") for x in socks),
+    "cwnd": pct(x.get("cwnd") for x in socks),
+    "delivery_Mbps": pct(x["delivery_bps"] / 1e6 for x in socks if x["delivery_bps"]),
+    "backlog_bytes": {dev: pct(q["backlog"] for q in qs) for dev, qs in queues.items()},
+    "backlog_max": {dev: max((q["backlog"] for q in qs), default=None) for dev, qs in queues.items()},
+    "drops": {dev: qs[-1]["drops"] if qs else None for dev, qs in queues.items()},
+    "load_1min": pct(s.get("load") for s in samples),
+  }  # fmt: skip
 
 
 def every_algorithm() -> str:
@@ -91,7 +193,7 @@ def every_algorithm() -> str:
 SLOW_CASES = {
   "switch-more": (HOSTS, "switch", (None, "100Mbit", "20Mbit"), "more"),
   "switch-100": (HOSTS, "switch", ("2Mbit",), "first"),
-  "switch-8": (8, "switch", (None, "20Mbit"), "all"),
+  "switch-8": (8, "switch", ("20Mbit", None), "p8"),
   "fat-tree": (HOSTS, "fat_tree:2:1", (None, "20Mbit"), "all"),
   "torus": (HOSTS, "torus:4", (None, "20Mbit"), "all"),
 }
@@ -106,7 +208,7 @@ def slow_cases(names: list[str]) -> None:
   for name in names or SLOW_CASES:
     hosts, network, rates, which = SLOW_CASES[name]
     for rate in rates:
-      algorithms = {"first": ALGORITHMS, "more": more, "all": every}[which]
+      algorithms = {"first": ALGORITHMS, "more": more, "all": every, "p8": P8_ALGORITHMS}[which]
       _slow_bench(hosts, network, rate, algorithms, "1MiB")
 
 
@@ -410,45 +512,89 @@ def torn(kills: int = 20) -> None:
 
 
 def _slow_rows() -> list[dict]:
-  """Bench rows with the slow-link factor k (1: healthy) read off their network's faults,
-  and ``net``: the network and its hosts (``switch, 4 hosts``)."""
-  out = []
+  """One row per cell (network, hosts, queue, algorithm, size, slow-link factor k; 1:
+  healthy) over its runs: ``time_us`` their median, ``times_us`` each, ``runs``; ``net``:
+  the network, its hosts and its queue (``switch, 4 hosts, queues of 5 ms``)."""
+  cells: dict[str, dict] = {}
   for r in _read("slow_link.jsonl"):
+    if r.get("wrong") != 0:
+      continue
     network = json.loads(r["key"]).get("network", {})
     faults = network.get("faults", [])
     rate = faults[0].split("=")[1].split("@")[0] if faults else None
     k = next(k for k, v in SLOW.items() if v == rate)
-    out.append({**r, "k": k, "net": f"{network['network']}, {network['hosts']} hosts"})
-  return out
+    net = (f"{network['network']}, {network['hosts']} hosts, queues of"
+           f" {network['queue_s'] * 1e3:g} ms")  # fmt: skip
+    cell = cells.setdefault(r["key"], {**r, "k": k, "net": net, "times_us": []})
+    cell["times_us"].append(r["time_us"])
+  for c in cells.values():
+    c["runs"] = len(c["times_us"])
+    c["time_us"] = _median(c["times_us"])
+  return list(cells.values())
+
+
+def _median(xs: list[float]) -> float:
+  xs = sorted(xs)
+  return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
 
 
 def slow_link_table(net: str) -> str:
   rows = [r for r in _slow_rows() if r["net"] == net]
   ks = [k for k in SLOW if any(r["k"] == k for r in rows)]
   slow = [k for k in ks if k > 1]
-  cols = ["algorithm", "MiB", *(f"1/{k} ms" for k in ks), *(f"1/{k} × healthy" for k in slow),
-          *(f"1/{k} in n·k/B" for k in ks)]  # fmt: skip
+  cols = ["algorithm", "MiB", "runs", *(f"1/{k} ms" for k in ks),
+          *(f"1/{k} × healthy" for k in slow), *(f"1/{k} in n·k/B" for k in ks)]  # fmt: skip
   head = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
   lines = []
   for alg in dict.fromkeys(r["algorithm"] for r in rows):
     for size in sorted({r["bytes"] for r in rows}):
-      t = {r["k"]: r["time_us"] for r in rows if r["algorithm"] == alg and r["bytes"] == size}
-      if not t:
+      c = {r["k"]: r for r in rows if r["algorithm"] == alg and r["bytes"] == size}
+      if not c:
         continue
-      ms = [f"{t[k] / 1e3:.0f}" if k in t else "–" for k in ks]
+      t = {k: r["time_us"] for k, r in c.items()}
+      runs = ", ".join(dict.fromkeys(str(c[k]["runs"]) for k in ks if k in c))
+      ms = [_ms(c[k]["times_us"]) if k in c else "–" for k in ks]
       ratio = [f"{t[k] / t[1]:.1f}" if k in t and 1 in t else "–" for k in slow]
       bound = [f"{t[k] / 1e6 / (size * k / RATE):.2f}" if k in t else "–" for k in ks]
-      lines.append("| " + " | ".join([alg, f"{size / 2**20:g}", *ms, *ratio, *bound]) + " |")
+      lines.append("| " + " | ".join([alg, f"{size / 2**20:g}", runs, *ms, *ratio, *bound]) + " |")
   return "\n".join(head + lines)
 
 
+def _ms(times_us: list[float]) -> str:
+  """The median of runs in ms, and their min–max when more than one."""
+  med = f"{_median(times_us) / 1e3:.0f}"
+  return med if len(times_us) == 1 else f"{med} ({_span([t / 1e3 for t in times_us], '.0f')})"
+
+
 def slow_link_tables() -> list[str]:
-  """One section per network measured, the 4-host switch first."""
+  """One section per network and queue measured, the 4-host switch first."""
   nets = list(dict.fromkeys(r["net"] for r in _slow_rows()))
+  nets.sort(key=lambda n: not n.startswith("switch, 4 hosts"))
   out = []
   for net in nets:
     out += [f"### {net}", "", slow_link_table(net), ""]
   return out
+
+
+def tcp_table() -> str:
+  """Host 1's sending sockets and the slow link's two queues while the runs went on."""
+  rows = _read("slow_link_tcp.jsonl")
+  if not rows:
+    return "(not measured)"
+  p = lambda d, f=".0f": "–" if not d else "/".join(format(d[q], f) for q in ("10", "50", "90"))  # noqa: E731
+  lines = ["| hosts | host 1's link | queue | samples | RTT ms (p10/50/90) | cwnd (segments) |"
+           " delivery rate Mbit/s | backlog toward host 1, kB (p10/50/90; max) |"
+           " backlog from host 1, kB | drops toward / from host 1 |",
+           "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+  kb = lambda d: {q: v / 1e3 for q, v in d.items()}  # noqa: E731
+  for r in rows:
+    bl, mx, dr = r["backlog_bytes"], r["backlog_max"], r["drops"]
+    lines.append(f"| {r['hosts']} | {r['slow']} | {r['queue']} | {r['socket_samples']} |"
+                 f" {p(r['rtt_ms'], '.1f')} | {p(r['cwnd'])} | {p(r['delivery_Mbps'], '.1f')} |"
+                 f" {p(kb(bl.get('p1', {})))}; {(mx.get('p1') or 0) / 1e3:.0f} |"
+                 f" {p(kb(bl.get('eth0', {})))}; {(mx.get('eth0') or 0) / 1e3:.0f} |"
+                 f" {dr.get('p1')} / {dr.get('eth0')} |")  # fmt: skip
+  return "\n".join(lines)
 
 
 def _span(xs: list[float], fmt: str = ".2f") -> str:
@@ -614,43 +760,64 @@ def _link_label(c: dict) -> str:
 
 
 def replay_tables() -> list[str]:
-  """Every slow-link row against the replay with that link's rate (half duplex, α of a
-  healthy run) and the cut bound, then ``auto`` told the rates against the best measured."""
+  """Every slow-link cell (the median of its runs) against the replay with that link's rate
+  (half duplex, α of a healthy run) and the cut bound, then ``auto`` told the rates against
+  the best measured, per queue."""
   from allreduce_jax import cost_model, gloo_model
   from allreduce_jax.tools import faults
 
-  rows = _read("slow_link.jsonl")
-  with cost_model.use_params(gloo_model.traced_params(rows)):
-    cells = faults.link_rate_cells(rows, _alpha)
-    picks = {d: faults.auto_picks(cells, _alpha, d) for d in ("half", "full")}
+  rows = _slow_rows()
+  cells = []
+  with cost_model.use_params(gloo_model.traced_params(_read("slow_link.jsonl"))):
+    for row in rows:
+      for c in faults.link_rate_cells([row], _alpha):
+        queue = json.loads(row["key"])["network"]["queue_s"]
+        cells.append({**c, "queue_ms": queue * 1e3, "times_s": [t / 1e6 for t in row["times_us"]]})
+    queues = sorted({c["queue_ms"] for c in cells}, reverse=True)
+    picks = {(q, d): faults.auto_picks([c for c in cells if c["queue_ms"] == q], _alpha, d)
+             for q in queues for d in ("half", "full")}  # fmt: skip
   f = lambda v: "–" if v is None else f"{v * 1e3:.0f}"  # noqa: E731
   r = lambda a, b: "–" if b is None else f"{a / b:.2f}"  # noqa: E731
-  lines = ["| network | slow link | algorithm | MiB | measured ms | replay ms | measured / replay"
-           " | bound ms | measured / bound |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-  order = lambda c: (c["network"], c["hosts"], c["bytes"],  # noqa: E731
+  lines = ["| network | queue ms | slow link | algorithm | MiB | runs | measured ms (min–max) |"
+           " replay ms | measured / replay | bound ms | measured / bound |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+  order = lambda c: (c["network"], c["hosts"], -c["queue_ms"], c["bytes"],  # noqa: E731
                      -min(c["link_rates"].values(), default=float("inf")))  # fmt: skip
   for c in sorted(cells, key=order):
-    lines.append(f"| {c['network']}, {c['hosts']} hosts | {_link_label(c)} | {c['algorithm']} |"
-                 f" {c['bytes'] / 2**20:g} | {f(c['measured_s'])} | {f(c['replay_s'])} |"
+    lines.append(f"| {c['network']}, {c['hosts']} hosts | {c['queue_ms']:g} | {_link_label(c)} |"
+                 f" {c['algorithm']} | {c['bytes'] / 2**20:g} | {len(c['times_s'])} |"
+                 f" {_ms([t * 1e6 for t in c['times_s']])} | {f(c['replay_s'])} |"
                  f" {r(c['measured_s'], c['replay_s'])} | {f(c['bound_s'])} |"
                  f" {r(c['measured_s'], c['bound_s'])} |")  # fmt: skip
-  mine = [c for c in cells if c["replay_s"] and c["algorithm"] != "psum" and c["bytes"] >= 2**20]
   near = lambda cs: sum(0.8 <= c["measured_s"] / c["replay_s"] <= 1.2 for c in cs)  # noqa: E731
-  per_alg = ", ".join(
-    f"{a} {near([c for c in mine if c['algorithm'] == a])} of"
-    f" {sum(c['algorithm'] == a for c in mine)}"
-    for a in dict.fromkeys(c["algorithm"] for c in mine)
-  )
+  summary = []
+  for net, p, q in dict.fromkeys((c["network"], c["hosts"], c["queue_ms"]) for c in cells):
+    mine = [c for c in cells if c["replay_s"] and c["algorithm"] != "psum" and c["bytes"] >= 2**20
+            and (c["network"], c["hosts"], c["queue_ms"]) == (net, p, q)]  # fmt: skip
+    slow = [c for c in mine if c["link_rates"]]
+    per_alg = ", ".join(
+      f"{a} {near([c for c in slow if c['algorithm'] == a])} of"
+      f" {sum(c['algorithm'] == a for c in slow)}"
+      for a in dict.fromkeys(c["algorithm"] for c in slow)
+    )
+    if not mine:
+      continue
+    summary += [f"{net}, {p} hosts, queues of {q:g} ms: measured within 20 % of the replay in"
+                f" {near(mine)} of"
+                f" {len(mine)} hand-written cells (healthy {near(mine) - near(slow)} of"
+                f" {len(mine) - len(slow)}, with the slow link {near(slow)} of {len(slow)});"
+                f" with the slow link, per algorithm: {per_alg or '–'}.", ""]  # fmt: skip
   alphas = ", ".join(f"{n}, {p} hosts {_alpha(n, p) * 1e3:.2f} ms"
                      for n, p in dict.fromkeys((c["network"], c["hosts"]) for c in cells))  # fmt: skip
-  auto = ["| network | slow link | MiB | auto's pick (half-duplex replay) | its time / best"
-          " measured | best measured | best / best candidate | pick of the full-duplex replay"
-          " / best |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-  for h, full in zip(picks["half"], picks["full"], strict=True):
-    auto.append(f"| {h['network']}, {h['hosts']} hosts | {_link_label(h)} | {h['bytes'] / 2**20:g}"
-                f" | {h['pick']} | {h['pick_s'] / h['best_s']:.2f} | {h['best']} |"
-                f" {h['best_s'] / h['best_candidate_s']:.2f} | {full['pick']}"
-                f" {full['pick_s'] / full['best_s']:.2f} |")  # fmt: skip
+  auto = ["| network | queue ms | slow link | MiB | auto's pick (half-duplex replay) | its time"
+          " / best measured | best measured | best / best candidate | pick of the full-duplex"
+          " replay / best |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+  for q in queues:
+    for h, full in zip(picks[q, "half"], picks[q, "full"], strict=True):
+      auto.append(f"| {h['network']}, {h['hosts']} hosts | {q:g} | {_link_label(h)} |"
+                  f" {h['bytes'] / 2**20:g} | {h['pick']} | {h['pick_s'] / h['best_s']:.2f} |"
+                  f" {h['best']} | {h['best_s'] / h['best_candidate_s']:.2f} | {full['pick']}"
+                  f" {full['pick_s'] / full['best_s']:.2f} |")  # fmt: skip
   return [
     "## The replay with the slow link, and the bound any exact algorithm meets", "",
     "Replay: `gloo_model.emulated_seconds(..., link_rates={host: bytes/s})`, the algorithm's"
@@ -665,10 +832,16 @@ def replay_tables() -> list[str]:
     " bytes cross h's links each way (c_h: their rate together, one link on a switch or a"
     " fat tree, two on a ring of links; s = 0.956, the payload share at a 1500-byte MTU);"
     " on a switch the ring moves 2(p−1)/p·n through the slow link (1.5× at p = 4).", "",
-    f"Measured within 20 % of the replay: {near(mine)} of {len(mine)} hand-written cells"
-    f" (healthy {near([c for c in mine if not c['link_rates']])} of"
-    f" {sum(not c['link_rates'] for c in mine)}); per algorithm: {per_alg}.", "",
+    "Measured: the median of the cell's runs (each the median of 3 calls of the slowest"
+    " process).", "",
+    *summary,
     *lines, "",
+    "### Host 1's TCP and the slow link's queues during the 1/10 runs", "",
+    "Sampled every 0.25 s in host 1's namespace while a run went on (every algorithm, 1 and"
+    " 4 MiB): `ss -tin` of its sockets with data unacknowledged or waiting (smoothed RTT,"
+    " cwnd, delivery rate) and `tc -s qdisc` of the slow link's two ends (the switch's port"
+    " toward host 1 and host 1's `eth0`); one row a run.", "",
+    tcp_table(), "",
     "### `auto` told the link rates", "",
     "`cost_model.use_topology(topology.with_link_rates(topology.switch(1), {1: 0.1}),"
     ' duplex="half")` around the tracing: `choose` among the measured candidates of `auto`,'
@@ -682,7 +855,11 @@ def tables() -> dict[str, str]:
   """``{"tables.md": text}`` from the committed rows."""
   parts = ["# Faults: tables (generated by faults.py from rows/)", "",
            "## One slow link (host 1 at 1/k of 200 Mbit/s)", "",
-           "Median of 3 calls, of the slowest process (bench -a 3), one run per cell; n·k/B:"
+           "Queues: each link's `tbf` queue (`cluster --queue`), 100 ms the cluster's default;"
+           " the repeated 4- and 8-host runs at 5 ms (the README says why).", "",
+           "Each run: the median of 3 calls of the slowest process (bench -a 3); a cell: the"
+           " median of its runs (min–max over them), taken beside other work on the same CPU"
+           " (runs: how many; 1 for the 1/100, fat-tree and ring-of-links cells); n·k/B:"
            " the time for n bytes through the slow link (the exact-algorithm bound is ≈ 1,"
            " the ring ≈ 1.5, the parameter server ≈ 2 at k = 10). fat_tree:2:1: two leaves"
            " of 2 hosts; torus:4: a ring of 4 links, host 1's two links slowed.", "",
@@ -721,12 +898,17 @@ def figure(path: Path) -> None:
 
   from allreduce_jax.palette import style
 
-  rows = [r for r in _slow_rows() if r["bytes"] == 2**20 and r["net"] == "switch, 4 hosts"]
+  rows = [r for r in _slow_rows() if r["bytes"] == 2**20 and r["net"].startswith("switch, 4 hosts")]
+  short = f"switch, 4 hosts, queues of {SLOW_QUEUE.removesuffix('ms')} ms"
   fig, ax = plt.subplots(figsize=(6.4, 4.4))
   for alg in dict.fromkeys(r["algorithm"] for r in rows):
-    pts = sorted((r["k"], r["time_us"] / 1e6) for r in rows if r["algorithm"] == alg)
-    if pts:
-      ax.plot([k for k, _ in pts], [t for _, t in pts], label=alg, **style(alg))
+    for net in dict.fromkeys(r["net"] for r in rows):
+      pts = sorted((r["k"], r["time_us"] / 1e6) for r in rows if r["algorithm"] == alg
+                   and r["net"] == net)  # fmt: skip
+      if pts:
+        look = style(alg) if net == short else {**style(alg), "linestyle": ":", "alpha": 0.5}
+        ax.plot([k for k, _ in pts], [t for _, t in pts], label=alg if net == short else None,
+                markersize=4, **look)  # fmt: skip
   ks = sorted({r["k"] for r in rows})
   n = 2**20
   ax.plot(ks, [n * k / RATE for k in ks], "k--", label="bound n·k/B")
@@ -738,7 +920,7 @@ def figure(path: Path) -> None:
   ax.set_yticks([0.1, 0.3, 1, 3, 10])
   ax.set_xlabel("host 1's link rate (of 200 Mbit/s)")
   ax.set_ylabel("all-reduce time (s), 1 MiB per host")
-  ax.set_title("One slow link, 4 hosts on a switch")
+  ax.set_title("One slow link, 4 hosts on a switch: queues of 5 ms (100 ms dotted)", fontsize=10)
   ax.legend(fontsize=7, ncol=2)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -773,7 +955,8 @@ def main(argv: list[str]) -> None:
   seeds = [int(x) for x in seeds or [0]]
   what = argv[0] if argv else "tables"
   steps = {
-    "slow-link": slow_link,
+    "slow-link": lambda: slow_link(int(argv[1]) if argv[1:] else 3),
+    "slow-queue": lambda: slow_queue(int(argv[1]) if argv[1:] else 2),
     "kill": lambda: kill(_names(argv[1:])),
     "stop": lambda: kill(_names(argv[1:]), "stop", (4.5,) * 3, ("--heartbeat-timeout", "5")),
     "down": lambda: down(
