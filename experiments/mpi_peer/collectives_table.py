@@ -29,7 +29,9 @@ FLAGS = {  # steps.py's arms: Open MPI's TCP flags, and what else differed from 
   "mpi": "put (Open MPI's default)",
   "mpi_send": "send (the launcher's)",
   "mpi_send_noidle": "send, no slow start after idle",
-  "mpi_send_cubic": "send, TCP cubic",
+  "mpi_send_reno": "send, TCP reno",
+  "mpi_send_1MiBfrag": "send, 1 MiB fragments",
+  "mpi_send_32KiBfrag": "send, 32 KiB fragments",
 }
 STEPS = ("one_way", "exchange", "exchange_add", "shift", "add")
 
@@ -101,15 +103,17 @@ def steps_table() -> str:
   cells = step_times()
   lines = [
     "| TCP flags | m | m/B, ms | one way | exchange | exchange + add | shift | add alone"
-    " | exchange / one way |",
-    "|---|---|---|---|---|---|---|---|---|",
+    " | exchange / one way | exchange / shift |",
+    "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for arm in FLAGS:
     for m in sorted({n for a, k, n in cells if a == arm and k in STEPS}):
       row = [FLAGS[arm], _size(m), f"{m / RATE * 1e3:.1f}"]
       row += [_cell(cells.get((arm, k, m)), 1) for k in STEPS]
-      one, ex = cells.get((arm, "one_way", m)), cells.get((arm, "exchange", m))
-      row.append(f"{statistics.median(ex) / statistics.median(one):.2f}" if one and ex else "—")
+      ex = cells.get((arm, "exchange", m))
+      for other in ("one_way", "shift"):
+        t = cells.get((arm, other, m))
+        row.append(f"{statistics.median(ex) / statistics.median(t):.2f}" if t and ex else "—")
       lines.append("| " + " | ".join(row) + " |")
   return "\n".join(lines) + "\n"
 

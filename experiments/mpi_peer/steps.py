@@ -20,7 +20,7 @@ calls):
 - ``halving_doubling``, ``recursive_doubling``, ``ring``: the whole all-reduce of n bytes.
 
 Each row names the collectives that carried it (``collectives``: gloo or mpi, from JAX's
-config) and Open MPI's ``btl_tcp_flags`` where set.
+config), Open MPI's ``btl_tcp_flags`` and every ``OMPI_MCA_btl_tcp_*`` set, and ``--sysctl``.
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ def main(argv=None) -> int:
   spec = P("i")
   collectives = jax.config.jax_cpu_collectives_implementation
   flags = os.environ.get("OMPI_MCA_btl_tcp_flags")
+  tcp = {k: v for k, v in os.environ.items() if k.startswith("OMPI_MCA_btl_tcp_")}
 
   def timed(fn, x) -> list[float]:
     """Each call's time, the longest over the processes (a receiver waits longest)."""
@@ -138,7 +139,8 @@ def main(argv=None) -> int:
   def record(kind: str, m: int, ts: list[float]) -> None:
     rows.append({
       "kind": kind, "bytes": m, "p": p, "reps": len(ts), "collectives": collectives,
-      "btl_tcp_flags": flags, "sysctl": sysctls or None, "time_s": statistics.median(ts),
+      "btl_tcp_flags": flags, "tcp_mca": tcp, "sysctl": sysctls or None,
+      "time_s": statistics.median(ts),
       "time_s_min": min(ts), "time_s_max": max(ts), "times_s": ts,
     })  # fmt: skip
     if jax.process_index() == 0:
