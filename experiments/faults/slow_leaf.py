@@ -2,7 +2,7 @@
 tree and ``psum`` on the emulated 4-host switch, host 1's link healthy, at 1/10 and 1/100,
 each time against the cut bound (:func:`allreduce_jax.gloo_model.cut_bound_seconds`).
 
-    python experiments/faults/slow_leaf.py run [RUNS]   # as root: every cell RUNS times (3)
+    python experiments/faults/slow_leaf.py run [RUNS] [SLOW,...]  # as root: each cell RUNS times
     python experiments/faults/slow_leaf.py table        # the table from rows/slow_leaf.jsonl
 
 ``run`` starts ``allreduce-jax cluster --hosts 4 --link 200Mbit [--fault link:1=RATE@0] --
@@ -123,11 +123,14 @@ def _block(index, n: int):
   return rng.integers(-8, 9, size=n).astype(np.float32)
 
 
-def run(runs: int = 3) -> None:
-  """Every cell of CELLS ``runs`` times, one cluster each."""
+def run(runs: int = 3, slows: list[int] | None = None) -> None:
+  """The cells of CELLS (``slows``: those of host 1 at these 1/k) until each has ``runs``
+  runs in the rows, one cluster each."""
   ROWS.parent.mkdir(exist_ok=True)
-  for r in range(runs):
-    for slow, (rate, sizes) in CELLS.items():
+  for slow in slows or list(CELLS):
+    rate, sizes = CELLS[slow]
+    done = {r["run"] for r in _rows() if r["slow"] == slow}
+    for r in sorted(set(range(runs)) - done):
       fault = ["--fault", f"link:{LEAF}={rate}@0"] if rate else []
       cmd = [sys.executable, "-m", "allreduce_jax", "cluster", "--hosts", str(HOSTS), "--link",
              "200Mbit", "--timeout", "900", *fault, "--", sys.executable, str(Path(__file__)),
@@ -137,9 +140,15 @@ def run(runs: int = 3) -> None:
       print(f"# 1/{slow} run {r}: {time.time() - t0:.0f} s", flush=True)
 
 
+def _rows() -> list[dict]:
+  return (
+    [json.loads(x) for x in ROWS.read_text().splitlines() if x.strip()] if ROWS.exists() else []
+  )
+
+
 def table() -> str:
   """Median over runs (and min–max) of each cell's time, and its ratio to the bound."""
-  rows = [json.loads(x) for x in ROWS.read_text().splitlines() if x.strip()]
+  rows = _rows()
   cells: dict[tuple, list[dict]] = {}
   for r in rows:
     name = r["algorithm"] + (f" k={r['chunks']}" if r["chunks"] else "")
@@ -168,7 +177,8 @@ def main(argv: list[str]) -> None:
   if argv[:1] == ["measure"]:
     measure(int(argv[1]), [int(s) for s in argv[2].split(",")], Path(argv[3]), int(argv[4]))
   elif argv[:1] == ["run"]:
-    run(int(argv[1]) if len(argv) > 1 else 3)
+    slows = [int(k) for k in argv[2].split(",")] if len(argv) > 2 else None
+    run(int(argv[1]) if len(argv) > 1 else 3, slows)
   elif argv[:1] == ["table"]:
     print(table())
   else:
