@@ -54,7 +54,7 @@ def measure(slow: int, sizes: list[int], out: Path, run: int) -> None:
 
   from allreduce_jax import all_reduce, devices, distributed, gloo_model
   from allreduce_jax.slow_leaf import slow_leaf_all_reduce, slow_leaf_seconds
-  from allreduce_jax.tools._timing import time_round_robin
+  from allreduce_jax.tools.bench import time_round_robin
 
   if not distributed.initialize_from_env():
     devices.use_cpu_devices(HOSTS)  # a dry run in one process
