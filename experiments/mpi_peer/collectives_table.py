@@ -8,7 +8,7 @@
   steps' measured times;
 - every hand-written algorithm over MPI at 1 KiB-64 MiB, p = 4 and 8.
 
-A cell is the median [min–max] over the runs of each run's median.
+A cell is the median [min–max] over the runs of each run's median (one run: its median).
 
     python experiments/mpi_peer/collectives_table.py
 """
@@ -169,21 +169,29 @@ def sums_table(p: int = 4) -> str:
 
 
 def full_table() -> str:
-  """Every hand-written algorithm (and psum) over MPI, the launcher's TCP flags, ms and /bound."""
+  """Every hand-written algorithm (and psum) over MPI, the launcher's TCP flags: one row per
+  (p, algorithm), ms per size (median [min–max] over the runs), and the largest size / bound."""
   cells: dict[tuple[int, str, int], list[float]] = {}
   for _, r in _rows("collectives_table_run*.jsonl"):
     cells.setdefault((r["n_devices"], r["algorithm"], r["bytes"]), []).append(r["time_us"] * 1e-6)
-  lines = [
-    "| p | size per host | algorithm | runs | over MPI, ms | bound, ms | / bound |",
-    "|---|---|---|---|---|---|---|",
-  ]
-  for (p, name, n), ts in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1])):
-    bound = bound_s(name, p, n)
-    lines.append(
-      f"| {p} | {_size(n)} | {name} | {len(ts)} | {_cell(ts, 1 if n < 1 << 20 else 0)} |"
-      f" {'—' if bound is None else f'{bound * 1e3:.3g}'} | {_ratio(ts, bound)} |"
-    )
-  return "\n".join(lines) + "\n"
+  lines = []
+  for p in sorted({k[0] for k in cells}):
+    sizes = sorted({n for q, _, n in cells if q == p})
+    runs = max(len(ts) for k, ts in cells.items() if k[0] == p)
+    lines += [
+      f"| p = {p}, runs: {runs} | "
+      + " | ".join(_size(n) for n in sizes)
+      + f" | {_size(sizes[-1])} / bound |",
+      "|---|" + "---|" * (len(sizes) + 1),
+    ]
+    for name in sorted({a for q, a, _ in cells if q == p}):
+      row = [_cell(cells.get((p, name, n)), 1 if n < 1 << 20 else 0) for n in sizes]
+      last = cells.get((p, name, sizes[-1]))
+      lines.append(
+        f"| {name} | " + " | ".join(row) + f" | {_ratio(last, bound_s(name, p, sizes[-1]))} |"
+      )
+    lines.append("")
+  return "\n".join(lines)
 
 
 def _size(n: int) -> str:
@@ -194,6 +202,8 @@ def _cell(ts: list[float] | None, digits: int = 0) -> str:
   if not ts:
     return "—"
   med, lo, hi = (v * 1e3 for v in (statistics.median(ts), min(ts), max(ts)))
+  if len(ts) == 1:  # one run: its median alone
+    return f"{med:.{digits}f}"
   return f"{med:.{digits}f} [{lo:.{digits}f}–{hi:.{digits}f}]"
 
 
