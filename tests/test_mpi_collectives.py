@@ -151,7 +151,7 @@ def test_bench_rows_and_json_name_the_collectives(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("user", [None, "send,put,inplace,need-ack,need-csum"])
-def test_collectives_mpi_gives_the_ranks_tcp_send_flags_unless_the_user_set_them(
+def test_collectives_mpi_gives_the_ranks_tcp_send_settings_unless_the_user_set_them(
   monkeypatch, tmp_path, user
 ):
   from allreduce_jax import netns
@@ -159,12 +159,16 @@ def test_collectives_mpi_gives_the_ranks_tcp_send_flags_unless_the_user_set_them
   wrapper = tmp_path / "libmpiwrapper.so"
   wrapper.write_bytes(b"")
   monkeypatch.setenv(distributed.ENV_MPIWRAPPER, str(wrapper))
+  monkeypatch.delenv("OMPI_MCA_btl_tcp_max_send_size", raising=False)
   if user:
     monkeypatch.setenv("OMPI_MCA_btl_tcp_flags", user)
   else:
     monkeypatch.delenv("OMPI_MCA_btl_tcp_flags", raising=False)
-  flags = user or "send,inplace,need-ack,need-csum"  # no put: see engines.MPI_TCP_FLAGS
-  assert engines.collectives_env("mpi")["OMPI_MCA_btl_tcp_flags"] == flags
+  # no put, 32 KiB fragments: see engines.MPI_TCP_MCA; the user's flags win
+  want = {"OMPI_MCA_btl_tcp_flags": user or "send,inplace,need-ack,need-csum",
+          "OMPI_MCA_btl_tcp_max_send_size": "32768"}  # fmt: skip
+  env = engines.collectives_env("mpi")
+  assert {k: env[k] for k in want} == want
   runs = []
   monkeypatch.setattr(engines, "_run", lambda argv, env, *rest: runs.append((argv, env)) or 0)
   monkeypatch.setattr(engines.shutil, "which", lambda name: f"/usr/bin/{name}")
@@ -173,8 +177,7 @@ def test_collectives_mpi_gives_the_ranks_tcp_send_flags_unless_the_user_set_them
   plan = netns.plan("switch", 2, 25e6)
   assert engines.mpirun(plan, ["verify"], 1, None, err, "mpi") == 0  # cluster
   (local, local_env), (cluster, _) = runs
-  assert local[local.index("OMPI_MCA_btl_tcp_flags") - 1] == "-x"
-  assert local_env["OMPI_MCA_btl_tcp_flags"] == flags
-  assert f"OMPI_MCA_btl_tcp_flags={flags}" in cluster
-  assert cluster[cluster.index(f"OMPI_MCA_btl_tcp_flags={flags}") - 1] == "-x"
+  for k, v in want.items():
+    assert local[local.index(k) - 1] == "-x" and local_env[k] == v
+    assert cluster[cluster.index(f"{k}={v}") - 1] == "-x"
   assert engines.collectives_env("gloo") == {}

@@ -13,8 +13,9 @@ a cluster of real machines uses, each started inside the hosts' network namespac
   also goes on one of its links). Each rank gets
   ``JAX_NUM_CPU_DEVICES`` = ``--devices-per-host``; JAX's Open MPI detection joins them.
   ``--collectives mpi`` (mpirun only) also gives each rank the MPIwrapper library, so XLA's
-  collectives run over Open MPI, and TCP transport flags that send large messages rather
-  than put them (:func:`collectives_env`; ``OMPI_MCA_btl_tcp_flags`` set by the user wins).
+  collectives run over Open MPI, and TCP transport parameters that send large messages in
+  32 KiB fragments rather than put them (:func:`collectives_env`; the user's ``OMPI_MCA_*``
+  wins).
 - ``slurm``: a private SLURM (:class:`allreduce_jax.tools.slurm_local.Slurm`) with
   ``slurmctld`` on host 0 and one ``slurmd`` per host, each in its host's network
   namespace (entered with ``nsenter --net``: ``ip netns exec`` mounts a fresh ``/sys``
@@ -113,24 +114,29 @@ def _agent(plan: netns.Plan, folder: Path) -> Path:
   return path
 
 
-#: ``--collectives mpi``'s Open MPI TCP transport flags: large messages sent in fragments, not
-#: put (Open MPI's default has ``put``, under which a pairwise exchange takes turns; see
-#: ``experiments/mpi_peer/README.md``). ``OMPI_MCA_btl_tcp_flags`` in the environment wins.
-MPI_TCP_FLAGS = "send,inplace,need-ack,need-csum"
+#: ``--collectives mpi``'s Open MPI TCP transport parameters: large messages sent in 32 KiB
+#: fragments, not put (Open MPI's default flags have ``put``, under which a pairwise exchange
+#: takes turns, and its fragments are 128 KiB, under which it still half does; see
+#: ``experiments/mpi_peer/README.md``). ``OMPI_MCA_<name>`` in the environment wins.
+MPI_TCP_MCA = {
+  "btl_tcp_flags": "send,inplace,need-ack,need-csum",
+  "btl_tcp_max_send_size": "32768",
+}
 
 
 def collectives_env(collectives: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
   """The variables every rank needs for ``--collectives`` (the MPIwrapper library must be
-  in the environment before JAX loads); for ``mpi`` also Open MPI's TCP transport flags,
-  ``OMPI_MCA_btl_tcp_flags`` from ``environ`` (default ``os.environ``) where set, else
-  :data:`MPI_TCP_FLAGS`."""
+  in the environment before JAX loads); for ``mpi`` also Open MPI's TCP transport
+  parameters :data:`MPI_TCP_MCA`, each ``OMPI_MCA_<name>`` from ``environ`` (default
+  ``os.environ``) where set."""
   if collectives != "mpi":
     return {}
   environ = os.environ if environ is None else environ
+  tcp = {f"OMPI_MCA_{k}": environ.get(f"OMPI_MCA_{k}") or v for k, v in MPI_TCP_MCA.items()}
   return {
     distributed.ENV_COLLECTIVES: "mpi",
     distributed.ENV_MPIWRAPPER: distributed.mpiwrapper(environ),
-    "OMPI_MCA_btl_tcp_flags": environ.get("OMPI_MCA_btl_tcp_flags") or MPI_TCP_FLAGS,
+    **tcp,
   }
 
 

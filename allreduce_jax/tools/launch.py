@@ -832,9 +832,11 @@ def add_collectives_option(parser: argparse.ArgumentParser, mpi_needs: str) -> N
     choices=distributed.COLLECTIVES,
     help="what moves the data between processes on CPU: gloo (the default; TCP) or mpi"
     f" (XLA's MPI collectives over the local Open MPI; {mpi_needs}; Open MPI's TCP transport"
-    f" gets btl_tcp_flags={engines.MPI_TCP_FLAGS}, large messages sent rather than put, so a"
-    " pairwise exchange runs both ways at once; OMPI_MCA_btl_tcp_flags in the environment wins;"
-    f" build MPIwrapper first: {distributed.BUILD_MPIWRAPPER})",
+    " gets "
+    + " ".join(f"{k}={v}" for k, v in engines.MPI_TCP_MCA.items())
+    + ", large messages sent in small fragments rather than put, so the two directions of a"
+    " pairwise exchange overlap; OMPI_MCA_<name> in the environment wins; build MPIwrapper first:"
+    f" {distributed.BUILD_MPIWRAPPER})",
   )
 
 
