@@ -6,12 +6,13 @@
 # Arms (run in the order given, alternating within each repetition):
 #   mpi       ring, halving-doubling, recursive doubling at 1-16 MiB over MPI with Open MPI's
 #             default TCP transport flags (large messages put: btl_tcp_flags=send,put,...)
-#   mpi_send  the same with the launcher's flags (btl_tcp_flags=send,inplace,need-ack,need-csum)
+#   mpi_send  the same with large messages sent (btl_tcp_flags=send,inplace,need-ack,need-csum)
+#             in Open MPI's 128 KiB fragments
 #   gloo      the same over gloo
 #   steps     one message step alone (steps.py: one way, exchange, exchange + add, shift, the
 #             add alone) at 1 KiB-16 MiB and the whole all-reduces at 16 MiB, both flag settings
 #   table     every hand-written algorithm that runs with one device per host, and psum, over
-#             MPI (the launcher's flags): p = 4 at 1 KiB-16 MiB (3 calls) and 64 MiB (1 call),
+#             MPI (sent in 128 KiB fragments): p = 4 at 1 KiB-16 MiB (3 calls) and 64 MiB (1 call),
 #             p = 8 at 1 and 16 MiB
 # Usage: bash experiments/mpi_peer/collectives.sh [REPS [ARMS]]   (ARMS default "mpi gloo mpi_send")
 set -euo pipefail
@@ -20,7 +21,8 @@ reps=${1:-3}
 arms=${2:-mpi gloo mpi_send}
 rows=experiments/mpi_peer/rows
 put=send,put,inplace,need-ack,need-csum,hetero-rdma  # Open MPI 4.1's default btl_tcp_flags
-send=send,inplace,need-ack,need-csum                 # --collectives mpi's default
+send=send,inplace,need-ack,need-csum                 # --collectives mpi's default flags
+export OMPI_MCA_btl_tcp_max_send_size=131072          # Open MPI's default (the launcher's: 32 KiB)
 every=ring,bidirectional_ring,tree,recursive_doubling,halving_doubling,halving_doubling_near
 every+=,naive,two_shot,swing,double_binary_tree,psum
 cluster() {  # HOSTS COLLECTIVES -- COMMAND...
