@@ -11,6 +11,8 @@
 #   gloo      the same over gloo
 #   steps     one message step alone (steps.py: one way, exchange, exchange + add, shift, the
 #             add alone) at 1 KiB-16 MiB and the whole all-reduces at 16 MiB, both flag settings
+#   variants  steps with the send flags and one more change each: tcp_slow_start_after_idle=0
+#             in every host, TCP reno, 1 MiB and 32 KiB fragments (32 KiB: the launcher's default)
 #   table     every hand-written algorithm that runs with one device per host, and psum, over
 #             MPI (sent in 128 KiB fragments): p = 4 at 1 KiB-16 MiB (3 calls) and 64 MiB (1 call),
 #             p = 8 at 1 and 16 MiB
@@ -55,7 +57,21 @@ for rep in $(seq "$reps"); do
           --out "$out"
         cluster 8 mpi -- bench --algorithms "$every" -b 1MiB -e 16MiB -f 16 --no-uneven -n 3 -w 1 \
           --out "$out" ;;
-      *) echo "collectives.sh: unknown arm '$arm' (mpi, mpi_send, gloo, steps, table)" >&2; exit 2 ;;
+      variants)  # steps with one more change each (rows collectives_steps_mpi_send_CHANGE_runR)
+        for v in noidle reno 1MiBfrag 32KiBfrag; do
+          size=131072 extra=() ccargs=()
+          [[ $v == noidle ]] && extra=(--sysctl tcp_slow_start_after_idle=0)
+          [[ $v == reno ]] && ccargs=(--congestion-control reno)
+          [[ $v == 1MiBfrag ]] && size=1048576
+          [[ $v == 32KiBfrag ]] && size=32768
+          OMPI_MCA_btl_tcp_flags=$send OMPI_MCA_btl_tcp_max_send_size=$size \
+            JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 4 --link 200Mbit \
+            "${ccargs[@]}" --launcher mpirun --collectives mpi --timeout 900 -- .venv/bin/python \
+            experiments/mpi_peer/steps.py --sizes 1KiB,2MiB,4MiB,8MiB,16MiB --reps 5 "${extra[@]}" \
+            --out "$rows/collectives_steps_mpi_send_${v}_run${rep}.jsonl"
+        done ;;
+      *) echo "collectives.sh: unknown arm '$arm' (mpi, mpi_send, gloo, steps, variants, table)" >&2
+         exit 2 ;;
     esac
   done
 done
