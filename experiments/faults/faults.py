@@ -65,9 +65,9 @@ def _append(name: str, row: dict) -> None:
     f.write(json.dumps(row) + "\n")
 
 
-# The links' queue (tbf's latency) of the repeated slow-link runs: 5 ms, not the cluster's
-# default 100 ms, whose 250 kB at 20 Mbit/s delays each direction's ACKs behind the other's
-# data (the README); 1/10 is also taken at the default to show it.
+# A short queue (tbf's latency) against the cluster's default 100 ms, whose 250 kB at
+# 20 Mbit/s delays each direction's ACKs behind the other's data: does it close the rings'
+# gap to the replay (the README: no)?
 SLOW_QUEUE = "5ms"
 QUEUE_ALGORITHMS = "ring,bidirectional_ring,tree,halving_doubling,psum"  # also at 100 ms
 P8_ALGORITHMS = "ring,tree,naive,halving_doubling,psum"
@@ -75,39 +75,55 @@ P8_ALGORITHMS = "ring,tree,naive,halving_doubling,psum"
 
 def slow_link(runs: int = 3) -> None:
   """``runs`` rounds, each: every hand-written algorithm and ``psum`` at 1 and 4 MiB per
-  host with host 1's link at 1/10, 1/2 and healthy (queues of :data:`SLOW_QUEUE`), and
-  :data:`QUEUE_ALGORITHMS` at 1/10 with the default 100 ms; 8 hosts (:data:`P8_ALGORITHMS`,
-  1 MiB), 1/10 and healthy."""
+  host with host 1's link at 1/10, 1/2 and healthy, and 8 hosts (:data:`P8_ALGORITHMS`,
+  1 MiB) at 1/10 and healthy; the cluster's default queues (100 ms)."""
   every = every_algorithm()
   for _ in range(runs):
-    _slow_bench(HOSTS, "switch", SLOW[10], every, "4MiB", SLOW_QUEUE)
-    _slow_bench(HOSTS, "switch", SLOW[10], QUEUE_ALGORITHMS, "4MiB", "100ms")
-    for k in (2, 1):
-      _slow_bench(HOSTS, "switch", SLOW[k], every, "4MiB", SLOW_QUEUE)
-    for k in (10, 1):
-      _slow_bench(8, "switch", SLOW[k], P8_ALGORITHMS, "1MiB", SLOW_QUEUE)
+    for k in (10, 2, 1):
+      _slow_bench(HOSTS, "switch", SLOW[k], every, "4MiB")
+    slow_cases(["switch-8"])
 
 
-def slow_queue(runs: int = 2) -> None:
-  """``runs`` pairs: :data:`QUEUE_ALGORITHMS` at 1 and 4 MiB with host 1 at 1/10, queues
-  of :data:`SLOW_QUEUE` then of 100 ms; after the first pair, 8 hosts at 1/10 and healthy
-  (:data:`P8_ALGORITHMS`, 1 MiB, 100 ms)."""
-  for i in range(runs):
+def slow_alone(every: bool = False) -> None:
+  """The ring alone (no other algorithm's calls between its calls: bench ``--order
+  blocks``, 6 calls), 4 MiB, host 1 at 1/10, queues of 100 ms and :data:`SLOW_QUEUE`;
+  ``every``: instead every algorithm so (3 calls each, 1 and 4 MiB, 100 ms)."""
+  if every:
+    _slow_bench(HOSTS, "switch", SLOW[10], every_algorithm(), "4MiB", "100ms",
+                "slow_link_alone.jsonl", ("--order", "blocks"))  # fmt: skip
+    return
+  for queue in ("100ms", SLOW_QUEUE):
+    _slow_bench(HOSTS, "switch", SLOW[10], "ring", "4MiB", queue, "slow_link_alone.jsonl",
+                ("-b", "4MiB", "-n", "6", "--order", "blocks"))  # fmt: skip
+
+
+def slow_queue(runs: int = 2, algorithms: str = QUEUE_ALGORITHMS) -> None:
+  """``runs`` pairs: ``algorithms`` at 1 and 4 MiB with host 1 at 1/10, queues of
+  :data:`SLOW_QUEUE` then of 100 ms."""
+  for _ in range(runs):
     for queue in (SLOW_QUEUE, "100ms"):
-      _slow_bench(HOSTS, "switch", SLOW[10], QUEUE_ALGORITHMS, "4MiB", queue)
-    if i == 0:
-      slow_cases(["switch-8"])
+      _slow_bench(HOSTS, "switch", SLOW[10], algorithms, "4MiB", queue)
 
 
 def _slow_bench(
-  hosts: int, network: str, rate: str | None, algorithms: str, top: str, queue: str = "100ms"
+  hosts: int,
+  network: str,
+  rate: str | None,
+  algorithms: str,
+  top: str,
+  queue: str = "100ms",
+  name: str = "slow_link.jsonl",
+  more: tuple[str, ...] = (),
 ) -> None:
+  """One cluster run of ``bench``, its rows appended to ``rows/name`` (``more``: more
+  bench options); host 1 sampled (:func:`_sample_tcp`) when its link is slowed."""
   faults = ["--fault", f"link:1={rate}@0"] if rate else []
   argv = [sys.executable, "-m", "allreduce_jax", "cluster", "--hosts", str(hosts),
           "--topology", network, "--link", LINK, "--queue", queue, "--timeout", "1800",
           *faults, "--", "bench", "-n", "3", "-w", "1", "--no-uneven", "-a", "3",
           "--algorithms", algorithms, "-b", "1MiB", "-e", top, "-f", "4", "--fresh",
-          "--out", "OUT", "--plot", str(Path(tempfile.gettempdir()) / "slow_link_bench.png")]  # fmt: skip
+          "--out", "OUT", "--plot", str(Path(tempfile.gettempdir()) / "slow_link_bench.png"),
+          *more]  # fmt: skip
   with tempfile.TemporaryDirectory() as tmp:  # bench skips rows its --out has: one file a run
     argv[argv.index("OUT")] = out = f"{tmp}/rows.jsonl"
     with subprocess.Popen(argv, stderr=subprocess.PIPE, text=True) as proc:
@@ -120,9 +136,10 @@ def _slow_bench(
     if proc.returncode:
       raise SystemExit(f"faults.py: the cluster run exited {proc.returncode}: {' '.join(argv)}")
     for row in _read_path(Path(out)):
-      _append("slow_link.jsonl", row)
+      _append(name, row)
   if samples:
-    _append("slow_link_tcp.jsonl", _tcp_summary(hosts, rate, queue, algorithms, top, samples))
+    row = _tcp_summary(hosts, rate, queue, algorithms, top, samples)
+    _append("slow_link_tcp.jsonl", {**row, "bench": list(more)})
 
 
 SS_FIELDS = re.compile(r"\b(cwnd|rtt|unacked|notsent|minrtt):([0-9.]+)")
@@ -511,6 +528,27 @@ def torn(kills: int = 20) -> None:
 # ------------------------------------------------------------------ tables and the figure
 
 
+def alone_table() -> str:
+  """The ring alone (:func:`slow_alone`): each run against the replay."""
+  from allreduce_jax import cost_model, gloo_model
+  from allreduce_jax.tools import faults
+
+  rows = _read("slow_link_alone.jsonl")
+  if not rows:
+    return "(not measured)"
+  lines = ["| queue ms | algorithm | MiB | calls | measured ms (median; min–max of the calls) |"
+           " replay ms | measured / replay |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+  with cost_model.use_params(gloo_model.traced_params(_read("slow_link.jsonl"))):
+    for r in rows:
+      (c,) = faults.link_rate_cells([r], _alpha)
+      q = json.loads(r["key"])["network"]["queue_s"] * 1e3
+      lines.append(f"| {q:g} | {c['algorithm']} | {c['bytes'] / 2**20:g} | {r['iters']} |"
+                   f" {r['time_us'] / 1e3:.0f}; {r['time_us_min'] / 1e3:.0f}–"
+                   f"{r['time_us_max'] / 1e3:.0f} | {c['replay_s'] * 1e3:.0f} |"
+                   f" {c['measured_s'] / c['replay_s']:.2f} |")  # fmt: skip
+  return "\n".join(lines)
+
+
 def _slow_rows() -> list[dict]:
   """One row per cell (network, hosts, queue, algorithm, size, slow-link factor k; 1:
   healthy) over its runs: ``time_us`` their median, ``times_us`` each, ``runs``; ``net``:
@@ -562,8 +600,8 @@ def slow_link_table(net: str) -> str:
 
 def _ms(times_us: list[float]) -> str:
   """The median of runs in ms, and their min–max when more than one."""
-  med = f"{_median(times_us) / 1e3:.0f}"
-  return med if len(times_us) == 1 else f"{med} ({_span([t / 1e3 for t in times_us], '.0f')})"
+  med, lo, hi = (f"{x / 1e3:.0f}" for x in (_median(times_us), min(times_us), max(times_us)))
+  return med if len(times_us) == 1 else f"{med} ({lo}–{hi})"
 
 
 def slow_link_tables() -> list[str]:
@@ -836,6 +874,10 @@ def replay_tables() -> list[str]:
     " process).", "",
     *summary,
     *lines, "",
+    "### The ring alone, host 1 at 1/10", "",
+    "`faults.py slow-alone`: 6 calls of the ring back to back (bench `--order blocks`: no"
+    " other algorithm's calls between them), 4 MiB per host, 4-host switch.", "",
+    alone_table(), "",
     "### Host 1's TCP and the slow link's queues during the 1/10 runs", "",
     "Sampled every 0.25 s in host 1's namespace while a run went on (every algorithm, 1 and"
     " 4 MiB): `ss -tin` of its sockets with data unacknowledged or waiting (smoothed RTT,"
@@ -855,8 +897,8 @@ def tables() -> dict[str, str]:
   """``{"tables.md": text}`` from the committed rows."""
   parts = ["# Faults: tables (generated by faults.py from rows/)", "",
            "## One slow link (host 1 at 1/k of 200 Mbit/s)", "",
-           "Queues: each link's `tbf` queue (`cluster --queue`), 100 ms the cluster's default;"
-           " the repeated 4- and 8-host runs at 5 ms (the README says why).", "",
+           "Queues: each link's `tbf` queue (`cluster --queue`), 100 ms the cluster's default"
+           " (the study's setting); 5 ms to test whether the queue is what the rings pay.", "",
            "Each run: the median of 3 calls of the slowest process (bench -a 3); a cell: the"
            " median of its runs (min–max over them), taken beside other work on the same CPU"
            " (runs: how many; 1 for the 1/100, fat-tree and ring-of-links cells); n·k/B:"
@@ -899,15 +941,15 @@ def figure(path: Path) -> None:
   from allreduce_jax.palette import style
 
   rows = [r for r in _slow_rows() if r["bytes"] == 2**20 and r["net"].startswith("switch, 4 hosts")]
-  short = f"switch, 4 hosts, queues of {SLOW_QUEUE.removesuffix('ms')} ms"
+  main = "switch, 4 hosts, queues of 100 ms"  # the cluster's default
   fig, ax = plt.subplots(figsize=(6.4, 4.4))
   for alg in dict.fromkeys(r["algorithm"] for r in rows):
     for net in dict.fromkeys(r["net"] for r in rows):
       pts = sorted((r["k"], r["time_us"] / 1e6) for r in rows if r["algorithm"] == alg
                    and r["net"] == net)  # fmt: skip
       if pts:
-        look = style(alg) if net == short else {**style(alg), "linestyle": ":", "alpha": 0.5}
-        ax.plot([k for k, _ in pts], [t for _, t in pts], label=alg if net == short else None,
+        look = style(alg) if net == main else {**style(alg), "linestyle": "", "alpha": 0.5}
+        ax.plot([k for k, _ in pts], [t for _, t in pts], label=alg if net == main else None,
                 markersize=4, **look)  # fmt: skip
   ks = sorted({r["k"] for r in rows})
   n = 2**20
@@ -920,7 +962,7 @@ def figure(path: Path) -> None:
   ax.set_yticks([0.1, 0.3, 1, 3, 10])
   ax.set_xlabel("host 1's link rate (of 200 Mbit/s)")
   ax.set_ylabel("all-reduce time (s), 1 MiB per host")
-  ax.set_title("One slow link, 4 hosts on a switch: queues of 5 ms (100 ms dotted)", fontsize=10)
+  ax.set_title("One slow link, 4 hosts on a switch (faint markers: queues of 5 ms)", fontsize=10)
   ax.legend(fontsize=7, ncol=2)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -956,7 +998,11 @@ def main(argv: list[str]) -> None:
   what = argv[0] if argv else "tables"
   steps = {
     "slow-link": lambda: slow_link(int(argv[1]) if argv[1:] else 3),
-    "slow-queue": lambda: slow_queue(int(argv[1]) if argv[1:] else 2),
+    "slow-queue": lambda: slow_queue(
+      int(argv[1]) if argv[1:] else 2,
+      every_algorithm() if argv[2:] == ["every"] else QUEUE_ALGORITHMS,
+    ),
+    "slow-alone": lambda: slow_alone(argv[1:] == ["every"]),
     "kill": lambda: kill(_names(argv[1:])),
     "stop": lambda: kill(_names(argv[1:]), "stop", (4.5,) * 3, ("--heartbeat-timeout", "5")),
     "down": lambda: down(
