@@ -32,6 +32,7 @@ FLAGS = {  # steps.py's arms: Open MPI's TCP flags, and what else differed from 
   "mpi_send_reno": "send, TCP reno",
   "mpi_send_1MiBfrag": "send, 1 MiB fragments",
   "mpi_send_32KiBfrag": "send, 32 KiB fragments",
+  "mpi_send_8KiBfrag": "send, 8 KiB fragments",
 }
 STEPS = ("one_way", "exchange", "exchange_add", "shift", "add")
 
