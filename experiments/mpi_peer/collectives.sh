@@ -12,7 +12,7 @@
 #   steps     one message step alone (steps.py: one way, exchange, exchange + add, shift, the
 #             add alone) at 1 KiB-16 MiB and the whole all-reduces at 16 MiB, both flag settings
 #   variants  steps with the send flags and one more change each: tcp_slow_start_after_idle=0
-#             in every host, TCP reno, 1 MiB and 32 KiB fragments (32 KiB: the launcher's default)
+#             in every host, TCP reno, 1 MiB, 32 KiB and 8 KiB fragments (32 KiB: the launcher's)
 #   table     every hand-written algorithm that runs with one device per host, and psum, over
 #             MPI (sent in 128 KiB fragments): p = 4 at 1 KiB-16 MiB (3 calls) and 64 MiB (1 call),
 #             p = 8 at 1 and 16 MiB
@@ -58,12 +58,13 @@ for rep in $(seq "$reps"); do
         cluster 8 mpi -- bench --algorithms "$every" -b 1MiB -e 16MiB -f 16 --no-uneven -n 3 -w 1 \
           --out "$out" ;;
       variants)  # steps with one more change each (rows collectives_steps_mpi_send_CHANGE_runR)
-        for v in noidle reno 1MiBfrag 32KiBfrag; do
+        for v in noidle reno 1MiBfrag 32KiBfrag 8KiBfrag; do
           size=131072 extra=() ccargs=()
           [[ $v == noidle ]] && extra=(--sysctl tcp_slow_start_after_idle=0)
           [[ $v == reno ]] && ccargs=(--congestion-control reno)
           [[ $v == 1MiBfrag ]] && size=1048576
           [[ $v == 32KiBfrag ]] && size=32768
+          [[ $v == 8KiBfrag ]] && size=8192
           OMPI_MCA_btl_tcp_flags=$send OMPI_MCA_btl_tcp_max_send_size=$size \
             JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 4 --link 200Mbit \
             "${ccargs[@]}" --launcher mpirun --collectives mpi --timeout 900 -- .venv/bin/python \
