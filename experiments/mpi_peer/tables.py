@@ -64,11 +64,13 @@ def times(data: list[dict]) -> dict[tuple[str, int], dict[str, float]]:
   return cells
 
 
-def _spread(xs, fmt: str = ".0f", scale: float = 1e3) -> str:
+def _spread(xs, fmt: str | None = None, scale: float = 1e3) -> str:
+  """median [min–max] of ``xs`` times ``scale``; milliseconds below 10 with two decimals."""
   xs = list(xs)
   if not xs:
     return "—"
   m, lo, hi = statistics.median(xs) * scale, min(xs) * scale, max(xs) * scale
+  fmt = fmt or (".2f" if m < 10 else ".1f" if m < 100 else ".0f")
   return f"{m:{fmt}} [{lo:{fmt}}–{hi:{fmt}}]"
 
 
