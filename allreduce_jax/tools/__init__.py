@@ -40,6 +40,7 @@ API_MODULES: tuple[str, ...] = (
   "allreduce_jax.fusion",
   "allreduce_jax.gradients",
   "allreduce_jax.compression",
+  "allreduce_jax.slow_leaf",
   "allreduce_jax.distributed",
   "allreduce_jax.hlo",
   "allreduce_jax.trace",
