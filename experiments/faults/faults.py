@@ -3,6 +3,7 @@ host is named, and a training run that loses a host and recovers.
 
     python experiments/faults/faults.py slow-link   # bench rows: healthy, one link at 1/2, 1/10 [RUNS]
     python experiments/faults/faults.py slow-queue  # 1/10, queues of 5 and 100 ms [PAIRS]
+    python experiments/faults/faults.py slow-idle   # 1/10, tcp_slow_start_after_idle 1, 0 [PAIRS [CC]]
     python experiments/faults/faults.py slow-cases  # 1/100, torus:4, fat_tree:2:1, p = 8 [CASE...]
     python experiments/faults/faults.py kill        # a host killed mid-collective [ALGORITHMS]
     python experiments/faults/faults.py stop ring   # a host SIGSTOPped, --heartbeat-timeout 5
@@ -71,6 +72,8 @@ def _append(name: str, row: dict) -> None:
 SLOW_QUEUE = "5ms"
 QUEUE_ALGORITHMS = "ring,bidirectional_ring,tree,halving_doubling,psum"  # also at 100 ms
 P8_ALGORITHMS = "ring,tree,naive,halving_doubling,psum"
+# Linux restarts an idle TCP connection's window (RFC 2861) unless this is 0; per namespace.
+IDLE_SYSCTL = "/proc/sys/net/ipv4/tcp_slow_start_after_idle"
 
 
 def slow_link(runs: int = 3) -> None:
@@ -105,6 +108,22 @@ def slow_queue(runs: int = 2, algorithms: str = QUEUE_ALGORITHMS) -> None:
       _slow_bench(HOSTS, "switch", SLOW[10], algorithms, "4MiB", queue)
 
 
+def slow_idle(runs: int = 3, cc: str | None = None) -> None:
+  """``runs`` pairs, their order alternating: :data:`ALGORITHMS` at 1 and 4 MiB with host
+  1 at 1/10 (100 ms queues, round-robin), Linux's ``tcp_slow_start_after_idle`` on (its
+  default) and off in every host (rows: ``"slow_start_after_idle"`` 1 or 0); ``cc``: the
+  hosts' TCP congestion control (None: the machine's; Linux skips the idle restart for
+  one that sets the rate itself, as BBR does)."""
+  for i in range(runs):
+    for idle_restart in (True, False)[:: 1 if i % 2 else -1]:
+      _slow_bench(HOSTS, "switch", SLOW[10], ALGORITHMS, "4MiB", idle_restart=idle_restart, cc=cc)
+
+
+# Run as each host's process: sets the knob in the host's own network namespace, checks
+# it took, then execs the bench (its argv after the script: "$0" "$@").
+NO_IDLE_RESTART = f'echo 0 > {IDLE_SYSCTL} && [ "$(cat {IDLE_SYSCTL})" = 0 ] && exec "$0" "$@"'
+
+
 def _slow_bench(
   hosts: int,
   network: str,
@@ -114,13 +133,23 @@ def _slow_bench(
   queue: str = "100ms",
   name: str = "slow_link.jsonl",
   more: tuple[str, ...] = (),
+  idle_restart: bool = True,
+  cc: str | None = None,
 ) -> None:
   """One cluster run of ``bench``, its rows appended to ``rows/name`` (``more``: more
-  bench options); host 1 sampled (:func:`_sample_tcp`) when its link is slowed."""
+  bench options); host 1 sampled (:func:`_sample_tcp`) when its link is slowed.
+  ``idle_restart=False``: ``tcp_slow_start_after_idle`` set to 0 in every host first
+  (:data:`NO_IDLE_RESTART`); with a slow link the rows say which (1: Linux's default).
+  ``cc``: ``cluster --congestion-control``."""
   faults = ["--fault", f"link:1={rate}@0"] if rate else []
+  faults += ["--congestion-control", cc] if cc else []  # with the faults: before "--"
+  bench = (
+    [] if idle_restart else ["sh", "-c", NO_IDLE_RESTART, sys.executable, "-m", "allreduce_jax"]
+  )
+  mark = {"slow_start_after_idle": int(idle_restart)} if rate else {}
   argv = [sys.executable, "-m", "allreduce_jax", "cluster", "--hosts", str(hosts),
           "--topology", network, "--link", LINK, "--queue", queue, "--timeout", "1800",
-          *faults, "--", "bench", "-n", "3", "-w", "1", "--no-uneven", "-a", "3",
+          *faults, "--", *bench, "bench", "-n", "3", "-w", "1", "--no-uneven", "-a", "3",
           "--algorithms", algorithms, "-b", "1MiB", "-e", top, "-f", "4", "--fresh",
           "--out", "OUT", "--plot", str(Path(tempfile.gettempdir()) / "slow_link_bench.png"),
           *more]  # fmt: skip
@@ -136,10 +165,12 @@ def _slow_bench(
     if proc.returncode:
       raise SystemExit(f"faults.py: the cluster run exited {proc.returncode}: {' '.join(argv)}")
     for row in _read_path(Path(out)):
-      _append(name, row)
+      _append(name, {**row, **mark})
   if samples:
     row = _tcp_summary(hosts, rate, queue, algorithms, top, samples)
-    _append("slow_link_tcp.jsonl", {**row, "bench": list(more)})
+    _append(
+      "slow_link_tcp.jsonl", {**row, "bench": list(more), **mark, **({"cc": cc} if cc else {})}
+    )
 
 
 SS_FIELDS = re.compile(r"\b(cwnd|rtt|unacked|notsent|minrtt):([0-9.]+)")
@@ -550,10 +581,11 @@ def alone_table() -> str:
 
 
 def _slow_rows() -> list[dict]:
-  """One row per cell (network, hosts, queue, algorithm, size, slow-link factor k; 1:
-  healthy) over its runs: ``time_us`` their median, ``times_us`` each, ``runs``; ``net``:
-  the network, its hosts and its queue (``switch, 4 hosts, queues of 5 ms``)."""
-  cells: dict[str, dict] = {}
+  """One row per cell (network, hosts, queue, ``tcp_slow_start_after_idle``, algorithm,
+  size, slow-link factor k; 1: healthy) over its runs: ``time_us`` their median,
+  ``times_us`` each, ``runs``; ``net``: the network, its hosts and its queue (``switch, 4
+  hosts, queues of 5 ms``; :func:`_idle_label` for the ``slow-idle`` pairs)."""
+  cells: dict[tuple, dict] = {}
   for r in _read("slow_link.jsonl"):
     if r.get("wrong") != 0:
       continue
@@ -561,9 +593,10 @@ def _slow_rows() -> list[dict]:
     faults = network.get("faults", [])
     rate = faults[0].split("=")[1].split("@")[0] if faults else None
     k = next(k for k, v in SLOW.items() if v == rate)
+    idle = r.get("slow_start_after_idle")
     net = (f"{network['network']}, {network['hosts']} hosts, queues of"
-           f" {network['queue_s'] * 1e3:g} ms")  # fmt: skip
-    cell = cells.setdefault(r["key"], {**r, "k": k, "net": net, "times_us": []})
+           f" {network['queue_s'] * 1e3:g} ms{_idle_label(r)}")  # fmt: skip
+    cell = cells.setdefault((r["key"], idle), {**r, "k": k, "net": net, "times_us": []})
     cell["times_us"].append(r["time_us"])
   for c in cells.values():
     c["runs"] = len(c["times_us"])
@@ -627,7 +660,8 @@ def tcp_table() -> str:
   kb = lambda d: {q: v / 1e3 for q, v in d.items()}  # noqa: E731
   for r in rows:
     bl, mx, dr = r["backlog_bytes"], r["backlog_max"], r["drops"]
-    lines.append(f"| {r['hosts']} | {r['slow']} | {r['queue']} | {r['socket_samples']} |"
+    queue = r["queue"] + _idle_label(r)
+    lines.append(f"| {r['hosts']} | {r['slow']} | {queue} | {r['socket_samples']} |"
                  f" {p(r['rtt_ms'], '.1f')} | {p(r['cwnd'])} | {p(r['delivery_Mbps'], '.1f')} |"
                  f" {p(kb(bl.get('p1', {})))}; {(mx.get('p1') or 0) / 1e3:.0f} |"
                  f" {p(kb(bl.get('eth0', {})))}; {(mx.get('eth0') or 0) / 1e3:.0f} |"
@@ -797,6 +831,23 @@ def _link_label(c: dict) -> str:
   return ", ".join(f"h{h} {v * 8 / 1e6:g} Mbit/s" for h, v in c["link_rates"].items()) or "healthy"
 
 
+def _idle_label(row: dict) -> str:
+  """``, tcp_slow_start_after_idle 1`` (or 0) for the ``slow-idle`` pairs' rows (and their
+  congestion control where one was asked for), else nothing."""
+  if "slow_start_after_idle" not in row:
+    return ""
+  cc = (
+    json.loads(row["key"])["network"].get("congestion_control") if "key" in row else row.get("cc")
+  )
+  return f", tcp_slow_start_after_idle {row['slow_start_after_idle']}" + (f", {cc}" if cc else "")
+
+
+def _queue_order(c: dict) -> tuple:
+  """The deeper queue first, then the study's runs before the ``slow-idle`` pairs (knob on,
+  then off)."""
+  return -c["queue_ms"], c["idle"] is not None, c["queue"].count(","), -(c["idle"] or 0)
+
+
 def replay_tables() -> list[str]:
   """Every slow-link cell (the median of its runs) against the replay with that link's rate
   (half duplex, α of a healthy run) and the cut bound, then ``auto`` told the rates against
@@ -809,29 +860,31 @@ def replay_tables() -> list[str]:
   with cost_model.use_params(gloo_model.traced_params(_read("slow_link.jsonl"))):
     for row in rows:
       for c in faults.link_rate_cells([row], _alpha):
-        queue = json.loads(row["key"])["network"]["queue_s"]
-        cells.append({**c, "queue_ms": queue * 1e3, "times_s": [t / 1e6 for t in row["times_us"]]})
-    queues = sorted({c["queue_ms"] for c in cells}, reverse=True)
-    picks = {(q, d): faults.auto_picks([c for c in cells if c["queue_ms"] == q], _alpha, d)
+        queue = json.loads(row["key"])["network"]["queue_s"] * 1e3
+        cells.append({**c, "queue_ms": queue, "queue": f"{queue:g}{_idle_label(row)}",
+                      "idle": row.get("slow_start_after_idle"),
+                      "times_s": [t / 1e6 for t in row["times_us"]]})  # fmt: skip
+    queues = list(dict.fromkeys(c["queue"] for c in sorted(cells, key=_queue_order)))
+    picks = {(q, d): faults.auto_picks([c for c in cells if c["queue"] == q], _alpha, d)
              for q in queues for d in ("half", "full")}  # fmt: skip
   f = lambda v: "–" if v is None else f"{v * 1e3:.0f}"  # noqa: E731
   r = lambda a, b: "–" if b is None else f"{a / b:.2f}"  # noqa: E731
   lines = ["| network | queue ms | slow link | algorithm | MiB | runs | measured ms (min–max) |"
            " replay ms | measured / replay | bound ms | measured / bound |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-  order = lambda c: (c["network"], c["hosts"], -c["queue_ms"], c["bytes"],  # noqa: E731
+  order = lambda c: (c["network"], c["hosts"], *_queue_order(c), c["bytes"],  # noqa: E731
                      -min(c["link_rates"].values(), default=float("inf")))  # fmt: skip
   for c in sorted(cells, key=order):
-    lines.append(f"| {c['network']}, {c['hosts']} hosts | {c['queue_ms']:g} | {_link_label(c)} |"
+    lines.append(f"| {c['network']}, {c['hosts']} hosts | {c['queue']} | {_link_label(c)} |"
                  f" {c['algorithm']} | {c['bytes'] / 2**20:g} | {len(c['times_s'])} |"
                  f" {_ms([t * 1e6 for t in c['times_s']])} | {f(c['replay_s'])} |"
                  f" {r(c['measured_s'], c['replay_s'])} | {f(c['bound_s'])} |"
                  f" {r(c['measured_s'], c['bound_s'])} |")  # fmt: skip
   near = lambda cs: sum(0.8 <= c["measured_s"] / c["replay_s"] <= 1.2 for c in cs)  # noqa: E731
   summary = []
-  for net, p, q in dict.fromkeys((c["network"], c["hosts"], c["queue_ms"]) for c in cells):
+  for net, p, q in dict.fromkeys((c["network"], c["hosts"], c["queue"]) for c in cells):
     mine = [c for c in cells if c["replay_s"] and c["algorithm"] != "psum" and c["bytes"] >= 2**20
-            and (c["network"], c["hosts"], c["queue_ms"]) == (net, p, q)]  # fmt: skip
+            and (c["network"], c["hosts"], c["queue"]) == (net, p, q)]  # fmt: skip
     slow = [c for c in mine if c["link_rates"]]
     per_alg = ", ".join(
       f"{a} {near([c for c in slow if c['algorithm'] == a])} of"
@@ -840,8 +893,9 @@ def replay_tables() -> list[str]:
     )
     if not mine:
       continue
-    summary += [f"{net}, {p} hosts, queues of {q:g} ms: measured within 20 % of the replay in"
-                f" {near(mine)} of"
+    head, _, tail = q.partition(",")
+    summary += [f"{net}, {p} hosts, queues of {head} ms{tail and ',' + tail}: measured within"
+                f" 20 % of the replay in {near(mine)} of"
                 f" {len(mine)} hand-written cells (healthy {near(mine) - near(slow)} of"
                 f" {len(mine) - len(slow)}, with the slow link {near(slow)} of {len(slow)});"
                 f" with the slow link, per algorithm: {per_alg or '–'}.", ""]  # fmt: skip
@@ -852,7 +906,7 @@ def replay_tables() -> list[str]:
           " replay / best |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
   for q in queues:
     for h, full in zip(picks[q, "half"], picks[q, "full"], strict=True):
-      auto.append(f"| {h['network']}, {h['hosts']} hosts | {q:g} | {_link_label(h)} |"
+      auto.append(f"| {h['network']}, {h['hosts']} hosts | {q} | {_link_label(h)} |"
                   f" {h['bytes'] / 2**20:g} | {h['pick']} | {h['pick_s'] / h['best_s']:.2f} |"
                   f" {h['best']} | {h['best_s'] / h['best_candidate_s']:.2f} | {full['pick']}"
                   f" {full['pick_s'] / full['best_s']:.2f} |")  # fmt: skip
@@ -898,7 +952,10 @@ def tables() -> dict[str, str]:
   parts = ["# Faults: tables (generated by faults.py from rows/)", "",
            "## One slow link (host 1 at 1/k of 200 Mbit/s)", "",
            "Queues: each link's `tbf` queue (`cluster --queue`), 100 ms the cluster's default"
-           " (the study's setting); 5 ms to test whether the queue is what the rings pay.", "",
+           " (the study's setting); 5 ms to test whether the queue is what the rings pay."
+           " `tcp_slow_start_after_idle 1` and `0`: the `slow-idle` pairs (6 algorithms, 1/10,"
+           " their order alternating), Linux's restart of an idle connection's window on (its"
+           " default) and off in every host, to test whether that restart is what they pay.", "",
            "Each run: the median of 3 calls of the slowest process (bench -a 3); a cell: the"
            " median of its runs (min–max over them), taken beside other work on the same CPU"
            " (runs: how many; 1 for the 1/100, fat-tree and ring-of-links cells); n·k/B:"
@@ -940,7 +997,8 @@ def figure(path: Path) -> None:
 
   from allreduce_jax.palette import style
 
-  rows = [r for r in _slow_rows() if r["bytes"] == 2**20 and r["net"].startswith("switch, 4 hosts")]
+  rows = [r for r in _slow_rows() if r["bytes"] == 2**20 and r["net"].startswith("switch, 4 hosts")
+          and "idle" not in r["net"]]  # fmt: skip
   main = "switch, 4 hosts, queues of 100 ms"  # the cluster's default
   fig, ax = plt.subplots(figsize=(6.4, 4.4))
   for alg in dict.fromkeys(r["algorithm"] for r in rows):
@@ -1003,6 +1061,7 @@ def main(argv: list[str]) -> None:
       every_algorithm() if argv[2:] == ["every"] else QUEUE_ALGORITHMS,
     ),
     "slow-alone": lambda: slow_alone(argv[1:] == ["every"]),
+    "slow-idle": lambda: slow_idle(int(argv[1]) if argv[1:] else 3, argv[2] if argv[2:] else None),
     "kill": lambda: kill(_names(argv[1:])),
     "stop": lambda: kill(_names(argv[1:]), "stop", (4.5,) * 3, ("--heartbeat-timeout", "5")),
     "down": lambda: down(
