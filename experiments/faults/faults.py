@@ -133,20 +133,23 @@ def _slow_bench(
   queue: str = "100ms",
   name: str = "slow_link.jsonl",
   more: tuple[str, ...] = (),
-  idle_restart: bool = True,
+  idle_restart: bool | None = None,
   cc: str | None = None,
 ) -> None:
   """One cluster run of ``bench``, its rows appended to ``rows/name`` (``more``: more
   bench options); host 1 sampled (:func:`_sample_tcp`) when its link is slowed.
-  ``idle_restart=False``: ``tcp_slow_start_after_idle`` set to 0 in every host first
-  (:data:`NO_IDLE_RESTART`); with a slow link the rows say which (1: Linux's default).
+  ``idle_restart``: for the ``slow-idle`` pairs, whose rows say which (1: Linux's default;
+  False: ``tcp_slow_start_after_idle`` set to 0 in every host first, :data:`NO_IDLE_RESTART`);
+  None: Linux's default, unmarked.
   ``cc``: ``cluster --congestion-control``."""
   faults = ["--fault", f"link:1={rate}@0"] if rate else []
   faults += ["--congestion-control", cc] if cc else []  # with the faults: before "--"
   bench = (
-    [] if idle_restart else ["sh", "-c", NO_IDLE_RESTART, sys.executable, "-m", "allreduce_jax"]
+    ["sh", "-c", NO_IDLE_RESTART, sys.executable, "-m", "allreduce_jax"]
+    if idle_restart is False
+    else []
   )
-  mark = {"slow_start_after_idle": int(idle_restart)} if rate else {}
+  mark = {"slow_start_after_idle": int(idle_restart)} if idle_restart is not None else {}
   argv = [sys.executable, "-m", "allreduce_jax", "cluster", "--hosts", str(hosts),
           "--topology", network, "--link", LINK, "--queue", queue, "--timeout", "1800",
           *faults, "--", *bench, "bench", "-n", "3", "-w", "1", "--no-uneven", "-a", "3",
