@@ -4,6 +4,7 @@ host is named, and a training run that loses a host and recovers.
     python experiments/faults/faults.py slow-link   # bench rows: healthy, one link at 1/2, 1/10 [RUNS]
     python experiments/faults/faults.py slow-queue  # 1/10, queues of 5 and 100 ms [PAIRS]
     python experiments/faults/faults.py slow-idle   # 1/10, tcp_slow_start_after_idle 1, 0 [PAIRS [CC]]
+    python experiments/faults/faults.py slow-cc 3 cubic  # 1/10 under that congestion control [ALGORITHMS]
     python experiments/faults/faults.py slow-cases  # 1/100, torus:4, fat_tree:2:1, p = 8 [CASE...]
     python experiments/faults/faults.py kill        # a host killed mid-collective [ALGORITHMS]
     python experiments/faults/faults.py stop ring   # a host SIGSTOPped, --heartbeat-timeout 5
@@ -20,7 +21,8 @@ ALGORITHMS: a comma list (default: those each step names). Options: ``--seeds 0,
 (recovery, slow-host: one run per seed), ``--for 10,20`` and ``--runs N`` (down: those
 outages, N runs each, at JAX's default heartbeat timeout), ``--kill-at T`` or
 ``--kill-after-step K`` (recovery: host 2 SIGKILLed T s after the hosts joined, or once
-step K's checkpoint is complete), ``--concurrent`` (``cluster --concurrent``: do not wait
+step K's checkpoint is complete), ``--slow 2,10`` (slow-cc: host 1 at those 1/k;
+default 10), ``--concurrent`` (``cluster --concurrent``: do not wait
 for another cluster run; the rows say so).
 """
 
@@ -117,6 +119,26 @@ def slow_idle(runs: int = 3, cc: str | None = None) -> None:
   for i in range(runs):
     for idle_restart in (True, False)[:: 1 if i % 2 else -1]:
       _slow_bench(HOSTS, "switch", SLOW[10], ALGORITHMS, "4MiB", idle_restart=idle_restart, cc=cc)
+
+
+def slow_cc(runs: int, cc: str, algorithms: str, slow: tuple[float, ...] = (10,)) -> None:
+  """``runs`` rounds, each: ``algorithms`` (default: :func:`every_algorithm`) at 1 and 4 MiB
+  with host 1 at each 1/k of ``slow`` (100 ms queues, round-robin), every host's TCP
+  congestion control ``cc`` (``cluster --congestion-control``; the rows' key says which)."""
+  bad = [k for k in slow if k not in SLOW or k == 1]
+  if bad:
+    raise SystemExit(
+      f"faults.py: --slow expects host 1's link at 1/k for k in"
+      f" {', '.join(str(k) for k in SLOW if k > 1)}, got {', '.join(f'{k:g}' for k in bad)}."
+    )
+  from allreduce_jax import netns
+
+  problem = netns.congestion_control_problem(cc)
+  if problem:
+    raise SystemExit(f"faults.py slow-cc: {problem}")
+  for _ in range(runs):
+    for k in slow:
+      _slow_bench(HOSTS, "switch", SLOW[k], algorithms or every_algorithm(), "4MiB", cc=cc)
 
 
 # Run as each host's process: sets the knob in the host's own network namespace, checks
@@ -835,14 +857,21 @@ def _link_label(c: dict) -> str:
 
 
 def _idle_label(row: dict) -> str:
-  """``, tcp_slow_start_after_idle 1`` (or 0) for the ``slow-idle`` pairs' rows (and their
-  congestion control where one was asked for), else nothing."""
-  if "slow_start_after_idle" not in row:
-    return ""
-  cc = (
+  """``, tcp_slow_start_after_idle 1`` (or 0) for the ``slow-idle`` pairs' rows, and the
+  congestion control where one was asked for (``, cubic``), else nothing."""
+  cc = _cc(row)
+  idle = row.get("slow_start_after_idle")
+  return (f", tcp_slow_start_after_idle {idle}" if idle is not None else "") + (
+    f", {cc}" if cc else ""
+  )
+
+
+def _cc(row: dict) -> str | None:
+  """The congestion control a row's run asked for (``cluster --congestion-control``), or
+  None: the hosts inherited the default of the machine running the study."""
+  return (
     json.loads(row["key"])["network"].get("congestion_control") if "key" in row else row.get("cc")
   )
-  return f", tcp_slow_start_after_idle {row['slow_start_after_idle']}" + (f", {cc}" if cc else "")
 
 
 def _queue_order(c: dict) -> tuple:
@@ -1001,7 +1030,7 @@ def figure(path: Path) -> None:
   from allreduce_jax.palette import style
 
   rows = [r for r in _slow_rows() if r["bytes"] == 2**20 and r["net"].startswith("switch, 4 hosts")
-          and "idle" not in r["net"]]  # fmt: skip
+          and "idle" not in r["net"] and not _cc(r)]  # fmt: skip
   main = "switch, 4 hosts, queues of 100 ms"  # the cluster's default
   fig, ax = plt.subplots(figsize=(6.4, 4.4))
   for alg in dict.fromkeys(r["algorithm"] for r in rows):
@@ -1047,12 +1076,32 @@ def _take(argv: list[str], flag: str) -> tuple[list[str], list[float] | None]:
     ) from None
 
 
+def _cc_args(args: list[str]) -> tuple[int, str, str]:
+  """``slow-cc RUNS CC [ALGORITHMS]`` -> (runs, cc, algorithms; "" for the default)."""
+  if len(args) < 2 or not args[0].isdigit() or int(args[0]) < 1:
+    raise SystemExit(
+      "faults.py slow-cc expects RUNS (a positive whole number) and a congestion control,"
+      f" e.g. slow-cc 3 cubic [ring,tree], got {' '.join(args) or 'nothing'}."
+    )
+  from allreduce_jax import registry
+
+  names = _names(args[2:])
+  unknown = [a for a in names if a not in registry.ALGORITHMS]
+  if unknown:
+    raise SystemExit(
+      f"faults.py slow-cc: ALGORITHMS expects registered algorithms"
+      f" ({', '.join(every_algorithm().split(','))}...), got {', '.join(unknown)}."
+    )
+  return int(args[0]), args[1], ",".join(names)
+
+
 def main(argv: list[str]) -> None:
   argv, seeds = _take(argv, "--seeds")
   argv, durations = _take(argv, "--for")
   argv, runs = _take(argv, "--runs")
   argv, kill_at = _take(argv, "--kill-at")
   argv, kill_after = _take(argv, "--kill-after-step")
+  argv, slow = _take(argv, "--slow")
   extra = [a for a in argv if a == "--concurrent"]  # cluster --concurrent: do not wait
   argv = [a for a in argv if a != "--concurrent"]
   seeds = [int(x) for x in seeds or [0]]
@@ -1065,6 +1114,7 @@ def main(argv: list[str]) -> None:
     ),
     "slow-alone": lambda: slow_alone(argv[1:] == ["every"]),
     "slow-idle": lambda: slow_idle(int(argv[1]) if argv[1:] else 3, argv[2] if argv[2:] else None),
+    "slow-cc": lambda: slow_cc(*_cc_args(argv[1:]), tuple(slow or [10])),
     "kill": lambda: kill(_names(argv[1:])),
     "stop": lambda: kill(_names(argv[1:]), "stop", (4.5,) * 3, ("--heartbeat-timeout", "5")),
     "down": lambda: down(
