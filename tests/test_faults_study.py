@@ -1,0 +1,36 @@
+"""The faults study's ``slow-cc`` subcommand: bad input is one line naming the argument."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "faults" / "faults.py"
+
+
+def _faults():
+  spec = importlib.util.spec_from_file_location("study_faults_faults", SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize(
+  "argv, says",
+  [
+    (["slow-cc"], "expects RUNS (a positive whole number) and a congestion control"),
+    (["slow-cc", "x", "cubic"], "got x cubic"),
+    (["slow-cc", "0", "cubic"], "expects RUNS"),
+    (["slow-cc", "1", "cubic", "ring,nope"], "ALGORITHMS expects registered algorithms"),
+    (["slow-cc", "1", "cubic", "--slow", "3"], "--slow expects host 1's link at 1/k"),
+    (["slow-cc", "1", "cubic", "--slow", "x"], "--slow expects a comma list of numbers"),
+    (["slow-cc", "1", "no_such_cc"], "--congestion-control no_such_cc:"),
+  ],
+)
+def test_slow_cc_bad_input_is_one_line_naming_it(argv, says):
+  with pytest.raises(SystemExit) as e:
+    _faults().main(argv)
+  message = str(e.value)
+  assert says in message and "\n" not in message
