@@ -1,0 +1,215 @@
+"""When each process enters and leaves each call of the parameter server (``naive``) and of
+``psum``, and each of the parameter server's ``ppermute`` steps, with host 1's link slowed:
+what the replay of their schedules misprices.
+
+Runs on every host of an emulated cluster (one process and one device per host), e.g.
+
+    allreduce-jax cluster --hosts 4 --link 200Mbit --fault link:1=20Mbit@0 \\
+      --congestion-control reno -- python experiments/faults/replay_trace.py run \\
+      --out experiments/faults/rows/replay_trace.jsonl
+    python experiments/faults/replay_trace.py table   # the table from the rows
+
+Every process stamps the wall clock (one clock: the hosts are network namespaces of one
+machine) as it starts and ends each call:
+
+- ``whole``: the all-reduce called ``--reps`` times back to back after one warm-up and a
+  barrier, no barrier between the calls (bench's ``--order blocks``);
+- ``steps`` (``naive``): its 2(p−1) ``ppermute`` steps, each its own jitted program, called
+  in the schedule's order ``--reps`` times back to back (a step's program ends when its own
+  process's part of it does: a sender once gloo has written its buffer to the socket).
+
+One row per (kind, algorithm, size): every process's start and end of every call or step,
+seconds after the first process started the first; the network's key from the cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROWS = HERE / "rows" / "replay_trace.jsonl"
+
+
+def naive_steps(p: int) -> list[tuple[int, int]]:
+  """The parameter server's ``ppermute`` pairs in order: k → 0 for k = 1..p−1, then 0 → k.
+
+  Example:
+    >>> naive_steps(4)
+    [(1, 0), (2, 0), (3, 0), (0, 1), (0, 2), (0, 3)]
+  """
+  return [(k, 0) for k in range(1, p)] + [(0, k) for k in range(1, p)]
+
+
+def run(argv) -> int:
+  ap = argparse.ArgumentParser(prog="replay_trace.py run")
+  ap.add_argument("--sizes", default="1MiB,4MiB", help="bytes per host")
+  ap.add_argument(
+    "--round-robin",
+    default="ring,bidirectional_ring,tree,halving_doubling,naive,psum",
+    help="algorithms called in turn, as bench's default order calls them ('' : none)",
+  )
+  ap.add_argument("--alone", default="naive,psum", help="algorithms called alone, in blocks")
+  ap.add_argument("--reps", type=int, default=3)
+  ap.add_argument("--out", required=True)
+  args = ap.parse_args(argv)
+  from allreduce_jax import distributed
+
+  distributed.initialize_from_env()
+  import jax
+  import numpy as np
+  from jax import lax
+  from jax.experimental import multihost_utils
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from allreduce_jax import devices, results
+  from allreduce_jax.tools.bench import programs, verifiable_block
+  from allreduce_jax.units import parse_size
+
+  p = jax.device_count()
+  mesh = Mesh(np.array(jax.devices()), ("i",))
+  spec = P("i")
+  context = results.run_context()
+
+  def put(count: int, mesh=mesh, spec=spec):
+    return devices.put(
+      (p, count), "float32", NamedSharding(mesh, spec), lambda idx: verifiable_block(idx, p, count)
+    )
+
+  def stamps(calls, tag: str):
+    """Calls ``calls`` (``(fn, x)``) in turn ``--reps`` times after one warm-up round and
+    a barrier; every process's (start, end) of each call: ``[process][rep][call][2]``."""
+    for fn, x in calls:
+      jax.block_until_ready(fn(x))
+    multihost_utils.sync_global_devices(tag)
+    out = []
+    for _ in range(args.reps):
+      for fn, x in calls:
+        t0 = time.time()
+        jax.block_until_ready(fn(x))
+        out.append((t0, time.time()))
+    # float64 seconds travel as int32 pairs: JAX would narrow them to float32
+    bits = np.asarray(out, np.float64).view(np.int32)
+    every = np.asarray(multihost_utils.process_allgather(bits)).view(np.float64)
+    return every.reshape(p, args.reps, len(calls), 2)
+
+  def step(pair):
+    body = lambda b: lax.ppermute(b, "i", [pair])  # noqa: E731
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
+
+  def whole(alg: str, n: int):
+    alg_mesh, alg_spec, fn, _ = programs(alg, p, "sum")
+    return fn, put(n // 4, alg_mesh, alg_spec)
+
+  rows = []
+
+  def record(order: str, names: list[str], n: int, t) -> None:
+    t0 = float(t.min())
+    rows.append({
+      "kind": "replay_trace", "order": order, "calls": names, "bytes": n, "p": p,
+      "reps": args.reps, "stamps": np.round(t - t0, 5).tolist(), **context,
+    })  # fmt: skip
+    if jax.process_index() == 0:
+      own = np.median(t[..., 1] - t[..., 0], axis=1)  # [process][call]: each one's median
+      for k, name in enumerate(names):
+        print(f"{order:11s} {name:20s} {n:>8d} B  slowest process's median"
+              f" {own[:, k].max() * 1e3:8.1f} ms  (each: {np.round(own[:, k] * 1e3)})",
+              flush=True)  # fmt: skip
+
+  for n in (parse_size(s) for s in args.sizes.split(",")):
+    order = [a for a in args.round_robin.split(",") if a]
+    if order:
+      record("round-robin", order, n, stamps([whole(a, n) for a in order], f"rr-{n}"))
+    for alg in (a for a in args.alone.split(",") if a):
+      record("blocks", [alg], n, stamps([whole(alg, n)], f"alone-{alg}-{n}"))
+      if alg == "naive":
+        x = put(n // 4)
+        names = [f"{s}->{d}" for s, d in naive_steps(p)]
+        record("steps", names, n, stamps([(step(pr), x) for pr in naive_steps(p)], f"st-{n}"))
+  if jax.process_index() == 0:
+    with open(args.out, "a") as f:
+      for r in rows:
+        f.write(json.dumps(r) + "\n")
+  return 0
+
+
+def _cells(rows: list[dict]) -> dict:
+  """``{(order, bytes, calls, call): [run, ...]}``, a run: ``(each process's median time of
+  that call, its entry spread)``: the median over the run's reps of how much later the last
+  process started the call than the first, and which process was last most often."""
+  import numpy as np
+
+  out: dict = {}
+  for r in rows:
+    t = np.asarray(r["stamps"])  # [process][rep][call][start, end]
+    for k, name in enumerate(r["calls"]):
+      own = np.median(t[:, :, k, 1] - t[:, :, k, 0], axis=1)
+      starts = t[:, :, k, 0]
+      spread = float(np.median(starts.max(axis=0) - starts.min(axis=0)))
+      last = int(np.bincount(starts.argmax(axis=0)).argmax())
+      out.setdefault((r["order"], r["bytes"], tuple(r["calls"]), name), []).append(
+        (own, spread, last, r)
+      )
+  return out
+
+
+def _span(xs, scale: float = 1e3) -> str:
+  xs = sorted(xs)
+  mid = statistics.median(xs) * scale
+  return f"{mid:.0f}" if len(xs) == 1 else f"{mid:.0f} ({xs[0] * scale:.0f}–{xs[-1] * scale:.0f})"
+
+
+def table(rows: list[dict]) -> str:
+  """The calls' table: per order, size and algorithm, each process's median time (the
+  median over runs), the slowest process's against the replay, and the entry spread."""
+  sys.path.insert(0, str(HERE))
+  import faults as study  # the study's α and the traced parameters
+
+  from allreduce_jax import cost_model, gloo_model
+  from allreduce_jax.tools import faults
+
+  lines = [
+    "| order | MiB | call | runs | each process's median ms (host 0, 1, 2, 3) |"
+    " slowest process ms (min–max) | replay ms | slowest / replay | last to start |"
+    " entry spread ms |",
+    "|---|---|---|---|---|---|---|---|---|---|",
+  ]
+  with cost_model.use_params(gloo_model.traced_params(study._read("slow_link.jsonl"))):
+    for (order, n, _, name), runs in _cells(rows).items():
+      r = runs[0][3]
+      net, p, rate, slow = faults.row_links({"key": json.dumps({"network": r["network"]})})
+      each = [statistics.median(float(run[0][h]) for run in runs) for h in range(p)]
+      slowest = [float(run[0].max()) for run in runs]
+      replay = None
+      if order != "steps":
+        replay = gloo_model.emulated_seconds(
+          name, p, n, net, rate=rate, alpha=study._alpha(net, p), link_rates=slow
+        )
+      ratio = "–" if replay is None else f"{statistics.median(slowest) / replay:.2f}"
+      last = statistics.mode(run[2] for run in runs)
+      lines.append(
+        f"| {order} | {n / 2**20:g} | {name} | {len(runs)} |"
+        f" {', '.join(f'{e * 1e3:.0f}' for e in each)} | {_span(slowest)} |"
+        f" {'–' if replay is None else f'{replay * 1e3:.0f}'} | {ratio} | host {last} |"
+        f" {_span([run[1] for run in runs])} |"
+      )
+  return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+  if argv[:1] == ["table"]:
+    rows = [json.loads(x) for x in ROWS.read_text().splitlines() if x.strip()]
+    print(table(rows))
+    return 0
+  if argv[:1] == ["run"]:
+    return run(argv[1:])
+  raise SystemExit("replay_trace.py: expected 'run' (on a cluster's hosts) or 'table'.")
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
