@@ -10,16 +10,19 @@ Runs on every host of an emulated cluster (one process and one device per host),
     python experiments/faults/replay_trace.py table   # replay_trace.md from the rows
 
 Every process stamps the wall clock (one clock: the hosts are network namespaces of one
-machine) as it starts and ends each call:
+machine) as it starts and ends each call, after one warm-up round and a barrier, with no
+barrier between the calls (as ``bench`` times them: a process's time of a call runs from the
+end of its previous call):
 
-- ``whole``: the all-reduce called ``--reps`` times back to back after one warm-up and a
-  barrier, no barrier between the calls (bench's ``--order blocks``);
-- ``steps`` (``naive``): its 2(p−1) ``ppermute`` steps, each its own jitted program, called
-  in the schedule's order ``--reps`` times back to back (a step's program ends when its own
-  process's part of it does: a sender once gloo has written its buffer to the socket).
+- ``round-robin``: one call of each of ``--round-robin`` in turn, ``--reps`` rounds (bench's
+  default order);
+- ``blocks``: ``--reps`` calls of each of ``--alone`` back to back (bench's ``--order blocks``);
+- ``steps`` (``naive`` among ``--alone``): its 2(p−1) ``ppermute`` steps, each its own jitted
+  program, called in the schedule's order, ``--reps`` rounds (a step's program ends when its
+  own process's part of it does: a sender's once gloo has written its last byte to the socket).
 
-One row per (kind, algorithm, size): every process's start and end of every call or step,
-seconds after the first process started the first; the network's key from the cluster.
+One row per (order, size, calls): every process's start and end of every call, seconds after
+the first process started the first, and the network's key from the cluster.
 """
 
 from __future__ import annotations
