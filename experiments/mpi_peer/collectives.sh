@@ -13,10 +13,16 @@
 #             add alone) at 1 KiB-16 MiB and the whole all-reduces at 16 MiB, both flag settings
 #   variants  steps with the send flags and one more change each: tcp_slow_start_after_idle=0
 #             in every host, TCP reno, 1 MiB, 32 KiB and 8 KiB fragments (32 KiB: the launcher's)
+#   mca       steps at 4-16 MiB with the launcher's settings (send flags, 32 KiB fragments) and
+#             one Open MPI parameter more each (steps.py --mca): a progress thread for the TCP
+#             transport, two TCP connections per pair of ranks (hangs: no step done in 10 min),
+#             fixed 256 KiB socket buffers, ranks yielding the CPU while waiting (the launcher's
+#             since); VARIANTS (default all, "base": none more) picks some
 #   table     every hand-written algorithm that runs with one device per host, and psum, over
 #             MPI (sent in 128 KiB fragments): p = 4 at 1 KiB-16 MiB (3 calls) and 64 MiB (1 call),
 #             p = 8 at 1 and 16 MiB
-# Usage: bash experiments/mpi_peer/collectives.sh [REPS [ARMS]]   (ARMS default "mpi gloo mpi_send")
+# Usage: [FIRST=R] [VARIANTS=...] bash experiments/mpi_peer/collectives.sh [REPS [ARMS]]
+#   (ARMS default "mpi gloo mpi_send"; repetitions FIRST..FIRST+REPS-1, FIRST default 1)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 reps=${1:-3}
@@ -25,6 +31,7 @@ rows=experiments/mpi_peer/rows
 put=send,put,inplace,need-ack,need-csum,hetero-rdma  # Open MPI 4.1's default btl_tcp_flags
 send=send,inplace,need-ack,need-csum                 # --collectives mpi's default flags
 export OMPI_MCA_btl_tcp_max_send_size=131072          # Open MPI's default (the launcher's: 32 KiB)
+export OMPI_MCA_mpi_yield_when_idle=0                # Open MPI's default here (the launcher's: 1)
 every=ring,bidirectional_ring,tree,recursive_doubling,halving_doubling,halving_doubling_near
 every+=,naive,two_shot,swing,double_binary_tree,psum
 cluster() {  # HOSTS COLLECTIVES -- COMMAND...
@@ -35,7 +42,8 @@ cluster() {  # HOSTS COLLECTIVES -- COMMAND...
 }
 bench=(bench --algorithms ring,halving_doubling,recursive_doubling -b 1MiB -e 16MiB -f 4
        --no-uneven -n 3 -w 1)
-for rep in $(seq "$reps"); do
+first=${FIRST:-1}  # the first repetition's number
+for rep in $(seq "$first" $((first + reps - 1))); do
   for arm in $arms; do
     case $arm in
       mpi) OMPI_MCA_btl_tcp_flags=$put cluster 4 mpi -- "${bench[@]}" \
@@ -71,7 +79,24 @@ for rep in $(seq "$reps"); do
             experiments/mpi_peer/steps.py --sizes 1KiB,2MiB,4MiB,8MiB,16MiB --reps 5 "${extra[@]}" \
             --out "$rows/collectives_steps_mpi_send_${v}_run${rep}.jsonl"
         done ;;
-      *) echo "collectives.sh: unknown arm '$arm' (mpi, mpi_send, gloo, steps, variants, table)" >&2
+      mca)  # rows collectives_steps_mpi_send_32KiBfrag[_CHANGE]_runR
+        for v in ${VARIANTS:-base progress links2 buf256k yield}; do
+          case $v in
+            base) extra=() ;;
+            progress) extra=(--mca btl_tcp_progress_thread=1) ;;
+            links2) extra=(--mca btl_tcp_links=2) ;;
+            buf256k) extra=(--mca btl_tcp_sndbuf=262144 --mca btl_tcp_rcvbuf=262144) ;;
+            yield) extra=() ;;  # the launcher's (OMPI_MCA_mpi_yield_when_idle=1 below)
+            *) echo "collectives.sh: unknown variant '$v'" >&2; exit 2 ;;
+          esac
+          name=32KiBfrag
+          [[ $v == base ]] || name+=_$v
+          OMPI_MCA_mpi_yield_when_idle=$([[ $v == yield ]] && echo 1 || echo 0) \
+          OMPI_MCA_btl_tcp_flags=$send OMPI_MCA_btl_tcp_max_send_size=32768 cluster 4 mpi -- \
+            .venv/bin/python experiments/mpi_peer/steps.py --sizes 4MiB,8MiB,16MiB --reps 5 \
+            "${extra[@]}" --out "$rows/collectives_steps_mpi_send_${name}_run${rep}.jsonl"
+        done ;;
+      *) echo "collectives.sh: unknown arm '$arm' (mpi, mpi_send, gloo, steps, variants, mca, table)" >&2
          exit 2 ;;
     esac
   done

@@ -33,6 +33,10 @@ FLAGS = {  # steps.py's arms: Open MPI's TCP flags, and what else differed from 
   "mpi_send_1MiBfrag": "send, 1 MiB fragments",
   "mpi_send_32KiBfrag": "send, 32 KiB fragments",
   "mpi_send_8KiBfrag": "send, 8 KiB fragments",
+  "mpi_send_32KiBfrag_progress": "send, 32 KiB, TCP progress thread",
+  "mpi_send_32KiBfrag_links2": "send, 32 KiB, two TCP connections a pair",
+  "mpi_send_32KiBfrag_buf256k": "send, 32 KiB, 256 KiB socket buffers",
+  "mpi_send_32KiBfrag_yield": "send, 32 KiB, yield when idle",
 }
 STEPS = ("one_way", "exchange", "exchange_add", "shift", "add")
 

@@ -6,8 +6,9 @@
 # runs at p = 8 (the ring, the bidirectional ring, halving-doubling, recursive doubling, the
 # tree), psum over gloo and MPI_Allreduce; with its ring (4): the two rings, psum and
 # MPI_Allreduce (the others take 1.7-3x the ring's time at 4 and 16 MiB in the first runs).
-# NETWORKS (default both) picks some. Needs root, Open MPI, the extra mpi.
-# Usage: bash experiments/mpi_peer/eight_hosts.sh [REPS] [FIRST] [NETWORKS]
+# NETWORKS (default both) picks some; FORCED (default "0 4") Open MPI's algorithms, FROM (default
+# 1MiB) the smallest size. Needs root, Open MPI, the extra mpi.
+# Usage: [FORCED=...] [FROM=SIZE] bash experiments/mpi_peer/eight_hosts.sh [REPS] [FIRST] [NETWORKS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 reps=${1:-3}
@@ -21,11 +22,11 @@ declare -A algorithms=(
 )
 for rep in $(seq "$first" $((first + reps - 1))); do
   for net in $nets; do
-    for alg in 0 4; do
+    for alg in ${FORCED:-0 4}; do
       OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allreduce_algorithm=$alg \
       JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 8 --topology "$net" \
         --link 200Mbit --launcher mpirun --timeout 900 -- \
-        bench --algorithms "${algorithms[$alg]}" -b 1MiB -e "${max[$net]}" -f 4 --no-uneven \
+        bench --algorithms "${algorithms[$alg]}" -b "${FROM:-1MiB}" -e "${max[$net]}" -f 4 --no-uneven \
         -n 3 -w 1 --out "$rows/${net%%:*}8_run${rep}_alg${alg}.jsonl"
     done
   done

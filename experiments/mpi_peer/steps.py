@@ -20,7 +20,8 @@ calls):
 - ``halving_doubling``, ``recursive_doubling``, ``ring``: the whole all-reduce of n bytes.
 
 Each row names the collectives that carried it (``collectives``: gloo or mpi, from JAX's
-config), Open MPI's ``btl_tcp_flags`` and every ``OMPI_MCA_btl_tcp_*`` set, and ``--sysctl``.
+config), Open MPI's ``btl_tcp_flags``, every ``OMPI_MCA_btl_tcp_*`` set,
+``mpi_yield_when_idle``, ``--mca`` and ``--sysctl``.
 """
 
 from __future__ import annotations
@@ -68,9 +69,20 @@ def main(argv=None) -> int:
     help="set a net.ipv4 sysctl of this host's network namespace first (as root), e.g."
     " tcp_slow_start_after_idle=0; recorded in the rows",
   )
+  ap.add_argument(
+    "--mca",
+    action="append",
+    default=[],
+    metavar="NAME=VALUE",
+    help="an Open MPI MCA parameter for this rank (OMPI_MCA_NAME, set before MPI starts), e.g."
+    " mpi_yield_when_idle=1; recorded in the rows",
+  )
   ap.add_argument("--out", required=True)
   args = ap.parse_args(argv)
   sysctls = dict(kv.split("=", 1) for kv in args.sysctl)
+  mca = dict(kv.split("=", 1) for kv in args.mca)
+  for name, value in mca.items():  # read by Open MPI when XLA's collectives start it
+    os.environ[f"OMPI_MCA_{name}"] = value
   for name, value in sysctls.items():  # the namespace's own copy: gone with the cluster
     Path("/proc/sys/net/ipv4", name).write_text(value)
   distributed.initialize_from_env()
@@ -139,7 +151,8 @@ def main(argv=None) -> int:
   def record(kind: str, m: int, ts: list[float]) -> None:
     rows.append({
       "kind": kind, "bytes": m, "p": p, "reps": len(ts), "collectives": collectives,
-      "btl_tcp_flags": flags, "tcp_mca": tcp, "sysctl": sysctls or None,
+      "btl_tcp_flags": flags, "tcp_mca": tcp, "mca": mca or None, "sysctl": sysctls or None,
+      "yield_when_idle": os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
       "time_s": statistics.median(ts),
       "time_s_min": min(ts), "time_s_max": max(ts), "times_s": ts,
     })  # fmt: skip
