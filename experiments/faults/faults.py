@@ -5,6 +5,7 @@ host is named, and a training run that loses a host and recovers.
     python experiments/faults/faults.py slow-queue  # 1/10, queues of 5 and 100 ms [PAIRS]
     python experiments/faults/faults.py slow-idle   # 1/10, tcp_slow_start_after_idle 1, 0 [PAIRS [CC]]
     python experiments/faults/faults.py slow-cc 3 cubic  # 1/10 under that congestion control [ALGORITHMS]
+    python experiments/faults/faults.py slow-alone every 3  # every algorithm in blocks, 1/10 [RUNS [CC]]
     python experiments/faults/faults.py slow-cases  # 1/100, torus:4, fat_tree:2:1, p = 8 [CASE...]
     python experiments/faults/faults.py kill        # a host killed mid-collective [ALGORITHMS]
     python experiments/faults/faults.py stop ring   # a host SIGSTOPped, --heartbeat-timeout 5
@@ -89,13 +90,15 @@ def slow_link(runs: int = 3) -> None:
     slow_cases(["switch-8"])
 
 
-def slow_alone(every: bool = False) -> None:
+def slow_alone(every: bool = False, runs: int = 1, cc: str | None = None) -> None:
   """The ring alone (no other algorithm's calls between its calls: bench ``--order
   blocks``, 6 calls), 4 MiB, host 1 at 1/10, queues of 100 ms and :data:`SLOW_QUEUE`;
-  ``every``: instead every algorithm so (3 calls each, 1 and 4 MiB, 100 ms)."""
+  ``every``: instead ``runs`` runs of every algorithm so (3 calls each, 1 and 4 MiB, 100 ms),
+  every host's TCP congestion control ``cc`` (None: the machine's; the rows' key says which)."""
   if every:
-    _slow_bench(HOSTS, "switch", SLOW[10], every_algorithm(), "4MiB", "100ms",
-                "slow_link_alone.jsonl", ("--order", "blocks"))  # fmt: skip
+    for _ in range(runs):
+      _slow_bench(HOSTS, "switch", SLOW[10], every_algorithm(), "4MiB", "100ms",
+                  "slow_link_alone.jsonl", ("--order", "blocks"), cc=cc)  # fmt: skip
     return
   for queue in ("100ms", SLOW_QUEUE):
     _slow_bench(HOSTS, "switch", SLOW[10], "ring", "4MiB", queue, "slow_link_alone.jsonl",
@@ -1095,6 +1098,24 @@ def _cc_args(args: list[str]) -> tuple[int, str, str]:
   return int(args[0]), args[1], ",".join(names)
 
 
+def _alone_args(args: list[str]) -> tuple[bool, int, str | None]:
+  """``slow-alone`` or ``slow-alone every [RUNS] [CC]`` -> (every, runs, cc; None: the
+  machine's)."""
+  every, runs, cc = args[:1] == ["every"], args[1:2], args[2:3]
+  if (args and not every) or len(args) > 3 or (runs and not (runs[0].isdigit() and int(runs[0]))):
+    raise SystemExit(
+      "faults.py slow-alone expects nothing, or every [RUNS] [CC] (RUNS a positive whole"
+      f" number), e.g. slow-alone every 3 reno, got {' '.join(args)}."
+    )
+  if cc:
+    from allreduce_jax import netns
+
+    problem = netns.congestion_control_problem(cc[0])
+    if problem:
+      raise SystemExit(f"faults.py slow-alone: {problem}")
+  return every, int(runs[0]) if runs else 1, cc[0] if cc else None
+
+
 def main(argv: list[str]) -> None:
   argv, seeds = _take(argv, "--seeds")
   argv, durations = _take(argv, "--for")
@@ -1112,7 +1133,7 @@ def main(argv: list[str]) -> None:
       int(argv[1]) if argv[1:] else 2,
       every_algorithm() if argv[2:] == ["every"] else QUEUE_ALGORITHMS,
     ),
-    "slow-alone": lambda: slow_alone(argv[1:] == ["every"]),
+    "slow-alone": lambda: slow_alone(*_alone_args(argv[1:])),
     "slow-idle": lambda: slow_idle(int(argv[1]) if argv[1:] else 3, argv[2] if argv[2:] else None),
     "slow-cc": lambda: slow_cc(*_cc_args(argv[1:]), tuple(slow or [10])),
     "kill": lambda: kill(_names(argv[1:])),
