@@ -592,7 +592,7 @@ def alone_table() -> str:
   from allreduce_jax import cost_model, gloo_model
   from allreduce_jax.tools import faults
 
-  rows = _read("slow_link_alone.jsonl")
+  rows = [r for r in _read("slow_link_alone.jsonl") if r["iters"] == 6]  # every's: 3 calls
   if not rows:
     return "(not measured)"
   lines = ["| queue ms | algorithm | MiB | calls | measured ms (median; min–max of the calls) |"
@@ -606,6 +606,94 @@ def alone_table() -> str:
                    f"{r['time_us_max'] / 1e3:.0f} | {c['replay_s'] * 1e3:.0f} |"
                    f" {c['measured_s'] / c['replay_s']:.2f} |")  # fmt: skip
   return "\n".join(lines)
+
+
+def _blocks_cells() -> list[dict]:
+  """``slow-alone every``'s rows (3 calls a run, unlike the ring alone's 6), one dict a cell
+  (congestion control, queue, algorithm, size) of :func:`~allreduce_jax.tools.faults.link_rate_cells`
+  with ``cc``, ``queue_ms``, ``runs_s`` (each run's measured seconds; a key's n-th row is run
+  n), ``measured_s`` their median and ``rr`` the round-robin cell's measured / replay (the
+  median of its runs in ``slow_link.jsonl``, same congestion control and queue; None if none)."""
+  from allreduce_jax import cost_model, gloo_model
+  from allreduce_jax.tools import faults
+
+  rows = [r for r in _read("slow_link_alone.jsonl") if r.get("wrong") == 0 and r["iters"] != 6]
+  cells: dict[str, dict] = {}
+  with cost_model.use_params(gloo_model.traced_params(_read("slow_link.jsonl"))):
+    for r in rows:
+      if r["key"] not in cells:
+        (c,) = faults.link_rate_cells([r], _alpha)
+        cells[r["key"]] = {**c, "cc": _cc(r), "runs_s": [],
+                           "queue_ms": json.loads(r["key"])["network"]["queue_s"] * 1e3}  # fmt: skip
+      cells[r["key"]]["runs_s"].append(r["time_us"] / 1e6)
+    rr = {}
+    for r in _slow_rows():
+      if r["k"] == 10 and r.get("slow_start_after_idle") is None:
+        for c in faults.link_rate_cells([r], _alpha):
+          q = json.loads(r["key"])["network"]["queue_s"] * 1e3
+          rr[_cc(r), q, c["network"], c["hosts"], c["algorithm"], c["bytes"]] = c
+  for c in cells.values():
+    c["measured_s"] = _median(c["runs_s"])
+    o = rr.get((c["cc"], c["queue_ms"], c["network"], c["hosts"], c["algorithm"], c["bytes"]))
+    c["rr"] = o["measured_s"] / o["replay_s"] if o and o["replay_s"] else None
+  return list(cells.values())
+
+
+def blocks_tables() -> list[str]:
+  """Every algorithm timed in blocks (:func:`slow_alone` ``every``) against the replay, per
+  congestion control: each cell's runs, the within-20 % count per algorithm, and ``auto``
+  told the rates against the best measured in the same runs."""
+  from allreduce_jax import cost_model, gloo_model
+  from allreduce_jax.tools import faults
+
+  cells = _blocks_cells()
+  if not cells:
+    return ["(not measured)", ""]
+  f = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
+  near = lambda x: 0.8 <= x <= 1.2  # noqa: E731
+  out = []
+  for cc, q in dict.fromkeys((c["cc"], c["queue_ms"]) for c in cells):
+    mine = [c for c in cells if (c["cc"], c["queue_ms"]) == (cc, q)]
+    hand = [c for c in mine if c["replay_s"] and c["algorithm"] != "psum"]
+    per_alg = ", ".join(
+      f"{a} {sum(near(c['measured_s'] / c['replay_s']) for c in hand if c['algorithm'] == a)} of"
+      f" {sum(c['algorithm'] == a for c in hand)}"
+      for a in dict.fromkeys(c["algorithm"] for c in hand)
+    )
+    n_rr = [c for c in hand if c["rr"] is not None]
+    lines = ["| algorithm | MiB | runs | measured ms (min–max) | replay ms | measured / replay"
+             " (min–max over runs) | round-robin / replay |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for c in sorted(mine, key=lambda c: c["bytes"]):
+      ratios = [t / c["replay_s"] for t in c["runs_s"]] if c["replay_s"] else []
+      span = f" ({_span(ratios)})" if len(ratios) > 1 else ""
+      lines.append(f"| {c['algorithm']} | {c['bytes'] / 2**20:g} | {len(c['runs_s'])} |"
+                   f" {_ms([t * 1e6 for t in c['runs_s']])} |"
+                   f" {'–' if not c['replay_s'] else format(c['replay_s'] * 1e3, '.0f')} |"
+                   f" {f(c['measured_s'] / c['replay_s']) if c['replay_s'] else '–'}{span} |"
+                   f" {f(c['rr'])} |")  # fmt: skip
+    runs = max(len(c["runs_s"]) for c in mine)
+    auto = ["| MiB | auto's pick (half-duplex replay) | its time / best measured (min–max over"
+            " runs) | best measured | best / best candidate |", "|---|---|---|---|---|"]  # fmt: skip
+    with cost_model.use_params(gloo_model.traced_params(_read("slow_link.jsonl"))):
+      for h in faults.auto_picks(mine, _alpha):
+        group = [c for c in mine if c["bytes"] == h["bytes"]]
+        each = []
+        for i in range(runs):
+          t = {c["algorithm"]: c["runs_s"][i] for c in group if len(c["runs_s"]) > i}
+          if h["pick"] in t:
+            each.append(t[h["pick"]] / min(t.values()))
+        auto.append(f"| {h['bytes'] / 2**20:g} | {h['pick']} | {h['pick_s'] / h['best_s']:.2f}"
+                    f" ({_span(each)}) | {h['best']} | {h['best_s'] / h['best_candidate_s']:.2f} |")  # fmt: skip
+    out += [
+      f"#### Queues of {q:g} ms, {f'`{cc}`' if cc else 'no `--congestion-control` (the hosts inherit the machine' + chr(39) + 's)'}", "",
+      f"Measured within 20 % of the replay (medians over runs) in"
+      f" {sum(near(c['measured_s'] / c['replay_s']) for c in hand)} of {len(hand)} hand-written"
+      f" cells; per algorithm: {per_alg}. The same cells in round-robin order:"
+      f" {sum(near(c['rr']) for c in n_rr)} of {len(n_rr)}.", "",
+      *lines, "", "`auto` told the rates (as below), against the same runs:", "", *auto, "",
+    ]  # fmt: skip
+  return out
 
 
 def _slow_rows() -> list[dict]:
@@ -967,6 +1055,15 @@ def replay_tables() -> list[str]:
     "`faults.py slow-alone`: 6 calls of the ring back to back (bench `--order blocks`: no"
     " other algorithm's calls between them), 4 MiB per host, 4-host switch.", "",
     alone_table(), "",
+    "### Every algorithm alone, host 1 at 1/10", "",
+    "`faults.py slow-alone every RUNS [CC]`: every algorithm in blocks (bench `--order blocks`:"
+    " each algorithm's 3 calls back to back, after its warm-up), 1 and 4 MiB per host, 4-host"
+    " switch; a run the median of 3 calls of the slowest process, a cell the median of its runs"
+    " (min–max over them), taken beside other work on the same CPU. Round-robin / replay: the"
+    " same cell of the round-robin runs above (same congestion control and queue), whose calls"
+    " each start with the skew between the processes that the call before left"
+    " ([replay_trace.md](replay_trace.md)).", "",
+    *blocks_tables(),
     "### Host 1's TCP and the slow link's queues during the 1/10 runs", "",
     "Sampled every 0.25 s in host 1's namespace while a run went on (every algorithm, 1 and"
     " 4 MiB): `ss -tin` of its sockets with data unacknowledged or waiting (smoothed RTT,"
