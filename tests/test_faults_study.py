@@ -1,4 +1,5 @@
-"""The faults study's ``slow-cc`` subcommand: bad input is one line naming the argument."""
+"""The faults study's ``slow-cc`` and ``slow-alone`` subcommands: bad input is one line
+naming the argument."""
 
 import importlib.util
 import sys
@@ -30,6 +31,23 @@ def _faults():
   ],
 )
 def test_slow_cc_bad_input_is_one_line_naming_it(argv, says):
+  with pytest.raises(SystemExit) as e:
+    _faults().main(argv)
+  message = str(e.value)
+  assert says in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+  "argv, says",
+  [
+    (["slow-alone", "all"], "slow-alone expects nothing, or every [RUNS] [CC]"),
+    (["slow-alone", "every", "0"], "got every 0"),
+    (["slow-alone", "every", "x"], "RUNS a positive whole number"),
+    (["slow-alone", "every", "2", "reno", "more"], "got every 2 reno more"),
+    (["slow-alone", "every", "2", "no_such_cc"], "--congestion-control no_such_cc:"),
+  ],
+)
+def test_slow_alone_bad_input_is_one_line_naming_it(argv, says):
   with pytest.raises(SystemExit) as e:
     _faults().main(argv)
   message = str(e.value)
