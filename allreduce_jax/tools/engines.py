@@ -114,20 +114,23 @@ def _agent(plan: netns.Plan, folder: Path) -> Path:
   return path
 
 
-#: ``--collectives mpi``'s Open MPI TCP transport parameters: large messages sent in 32 KiB
-#: fragments, not put (Open MPI's default flags have ``put``, under which a pairwise exchange
-#: takes turns, and its fragments are 128 KiB, under which it still half does; see
-#: ``experiments/mpi_peer/README.md``). ``OMPI_MCA_<name>`` in the environment wins.
+#: ``--collectives mpi``'s Open MPI parameters: large messages sent in 32 KiB fragments, not
+#: put (Open MPI's default flags have ``put``, under which a pairwise exchange takes turns, and
+#: its fragments are 128 KiB, under which it still half does), and a rank waiting on MPI
+#: yields the CPU rather than spinning (an emulated cluster's ranks share the machine's cores;
+#: spinning ones slow the exchange's two directions; see ``experiments/mpi_peer/README.md``).
+#: ``OMPI_MCA_<name>`` in the environment wins.
 MPI_TCP_MCA = {
   "btl_tcp_flags": "send,inplace,need-ack,need-csum",
   "btl_tcp_max_send_size": "32768",
+  "mpi_yield_when_idle": "1",
 }
 
 
 def collectives_env(collectives: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
   """The variables every rank needs for ``--collectives`` (the MPIwrapper library must be
-  in the environment before JAX loads); for ``mpi`` also Open MPI's TCP transport
-  parameters :data:`MPI_TCP_MCA`, each ``OMPI_MCA_<name>`` from ``environ`` (default
+  in the environment before JAX loads); for ``mpi`` also Open MPI's parameters
+  :data:`MPI_TCP_MCA`, each ``OMPI_MCA_<name>`` from ``environ`` (default
   ``os.environ``) where set."""
   if collectives != "mpi":
     return {}

@@ -27,7 +27,7 @@ RATE = 25e6  # bytes/s each way: the 200 Mbit/s links of collectives.sh
 ARMS = {"mpi": "over MPI", "mpi_send": "over MPI, TCP send", "gloo": "over gloo"}
 FLAGS = {  # steps.py's arms: Open MPI's TCP flags, and what else differed from the default
   "mpi": "put (Open MPI's default)",
-  "mpi_send": "send (the launcher's)",
+  "mpi_send": "send, 128 KiB fragments",
   "mpi_send_noidle": "send, no slow start after idle",
   "mpi_send_reno": "send, TCP reno",
   "mpi_send_1MiBfrag": "send, 1 MiB fragments",
@@ -36,7 +36,7 @@ FLAGS = {  # steps.py's arms: Open MPI's TCP flags, and what else differed from 
   "mpi_send_32KiBfrag_progress": "send, 32 KiB, TCP progress thread",
   "mpi_send_32KiBfrag_links2": "send, 32 KiB, two TCP connections a pair",
   "mpi_send_32KiBfrag_buf256k": "send, 32 KiB, 256 KiB socket buffers",
-  "mpi_send_32KiBfrag_yield": "send, 32 KiB, yield when idle",
+  "mpi_send_32KiBfrag_yield": "send, 32 KiB, yield when idle (the launcher's)",
 }
 STEPS = ("one_way", "exchange", "exchange_add", "shift", "add")
 
