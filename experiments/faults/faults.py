@@ -776,7 +776,7 @@ def tcp_table() -> str:
   kb = lambda d: {q: v / 1e3 for q, v in d.items()}  # noqa: E731
   for r in rows:
     bl, mx, dr = r["backlog_bytes"], r["backlog_max"], r["drops"]
-    queue = r["queue"] + _idle_label(r)
+    queue = r["queue"] + _idle_label(r) + (", in blocks" if "blocks" in r.get("bench", []) else "")
     lines.append(f"| {r['hosts']} | {r['slow']} | {queue} | {r['socket_samples']} |"
                  f" {p(r['rtt_ms'], '.1f')} | {p(r['cwnd'])} | {p(r['delivery_Mbps'], '.1f')} |"
                  f" {p(kb(bl.get('p1', {})))}; {(mx.get('p1') or 0) / 1e3:.0f} |"
