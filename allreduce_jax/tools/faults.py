@@ -281,6 +281,30 @@ def row_links(row: dict) -> tuple[str, int, float, dict[int, float]] | None:
   return net["network"], hosts, float(net["link_Bps"]), link_rates
 
 
+def healthy_alpha(rows_dir, network: str, hosts: int, *, rate: float) -> float:
+  """α per step of a healthy run: :func:`~allreduce_jax.gloo_model.fit_alpha` on the
+  ``bench`` rows (``wrong`` 0) of ``rows_dir/blocks_{network}_{hosts}.jsonl`` (``:`` as
+  ``_``; calls timed in blocks, as the emulated network study writes them), else of the
+  switch's with as many hosts (fitted as a switch); 0.0 if neither file exists.
+
+  Args:
+    rows_dir: the folder of those files.
+    network: the ``--topology`` spec, e.g. ``"switch"`` or ``"torus:4"``.
+    hosts: the host count.
+    rate: every link's rate in bytes/s, as the rows were measured.
+  """
+  from pathlib import Path
+
+  from allreduce_jax import gloo_model, results
+
+  for name in (network, "switch"):
+    path = Path(rows_dir) / f"blocks_{name.replace(':', '_')}_{hosts}.jsonl"
+    rows = [r for r in results.read_rows(path, "bench") if r.get("wrong") == 0]
+    if rows:
+      return gloo_model.fit_alpha(rows, hosts, name, rate=rate)
+  return 0.0
+
+
 def link_rate_cells(rows, alpha, duplex: str = "half") -> list[dict]:
   """Every ``bench`` row of ``rows`` with a steady emulated network (:func:`row_links`)
   beside its replay with those link rates (:func:`~allreduce_jax.gloo_model.emulated_seconds`) and the cut bound

@@ -36,6 +36,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROWS = HERE / "rows" / "replay_trace.jsonl"
+SLOW_LINK = HERE / "rows" / "slow_link.jsonl"  # the study's bench rows: their traced parameters
+EMULATED = HERE.parent / "emulated_network" / "rows" / "tcp_queue_16k"  # healthy runs: α
+RATE = 25e6  # bytes/s, 200 Mbit/s
+
+
+def _alpha(net: str, p: int) -> float:
+  """α per step of a healthy run of ``net`` on ``p`` hosts, as the study's tables take it."""
+  from allreduce_jax.tools.faults import healthy_alpha
+
+  return healthy_alpha(EMULATED, net, p, rate=RATE)
 
 
 def naive_steps(p: int) -> list[tuple[int, int]]:
@@ -178,10 +188,7 @@ def _span(xs, scale: float = 1e3) -> str:
 def table(rows: list[dict]) -> str:
   """The calls' table: per order, size and algorithm, each process's median time (the
   median over runs), the slowest process's against the replay, and the entry spread."""
-  sys.path.insert(0, str(HERE))
-  import faults as study  # the study's α and the traced parameters
-
-  from allreduce_jax import cost_model, gloo_model
+  from allreduce_jax import cost_model, gloo_model, results
   from allreduce_jax.tools import faults
 
   lines = [
@@ -191,7 +198,7 @@ def table(rows: list[dict]) -> str:
     " entry spread ms |",
     "|---|---|---|---|---|---|---|---|---|---|---|",
   ]
-  with cost_model.use_params(gloo_model.traced_params(study._read("slow_link.jsonl"))):
+  with cost_model.use_params(gloo_model.traced_params(results.read_rows(SLOW_LINK, "bench"))):
     for (_, order, n, _, name), runs in _cells(rows).items():
       r = runs[0][3]
       net, p, rate, slow = faults.row_links({"key": json.dumps({"network": r["network"]})})
@@ -200,7 +207,7 @@ def table(rows: list[dict]) -> str:
       replay = None
       if order != "steps":
         replay = gloo_model.emulated_seconds(
-          name, p, n, net, rate=rate, alpha=study._alpha(net, p), link_rates=slow
+          name, p, n, net, rate=rate, alpha=_alpha(net, p), link_rates=slow
         )
       ratio = "–" if replay is None else f"{statistics.median(slowest) / replay:.2f}"
       last = statistics.mode(run[2] for run in runs)
@@ -216,10 +223,7 @@ def table(rows: list[dict]) -> str:
 def bench_table(rows: list[dict]) -> str:
   """``bench --order blocks`` rows (every call of one algorithm back to back) against the
   replay: the slowest process's median of the calls."""
-  sys.path.insert(0, str(HERE))
-  import faults as study
-
-  from allreduce_jax import cost_model, gloo_model
+  from allreduce_jax import cost_model, gloo_model, results
   from allreduce_jax.tools import faults
 
   lines = [
@@ -227,9 +231,9 @@ def bench_table(rows: list[dict]) -> str:
     " measured / replay |",
     "|---|---|---|---|---|---|",
   ]
-  with cost_model.use_params(gloo_model.traced_params(study._read("slow_link.jsonl"))):
+  with cost_model.use_params(gloo_model.traced_params(results.read_rows(SLOW_LINK, "bench"))):
     for r in rows:
-      (c,) = faults.link_rate_cells([r], study._alpha)
+      (c,) = faults.link_rate_cells([r], _alpha)
       lines.append(
         f"| {c['algorithm']} | {c['bytes'] / 2**20:g} | {r['iters']} |"
         f" {r['time_us'] / 1e3:.0f}; {r['time_us_min'] / 1e3:.0f}–{r['time_us_max'] / 1e3:.0f} |"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROWS = HERE / "rows" / "slow_leaf.jsonl"
-EMULATED = HERE.parent / "emulated_network" / "rows" / "tcp_queue_16k" / "blocks_switch_4.jsonl"
+EMULATED = HERE.parent / "emulated_network" / "rows" / "tcp_queue_16k"  # healthy, in blocks
 HOSTS, LEAF, RATE = 4, 1, 25e6  # 200 Mbit/s links, bytes/s
 CELLS = {  # host 1's link at 1/k -> (its rate, sizes in MiB)
   10: ("20Mbit", (1, 4)),
@@ -37,10 +37,9 @@ OTHERS = ("ring", "tree", "psum")
 def alpha() -> float:
   """α per step: ``gloo_model.fit_alpha`` on the emulated network study's healthy 4-host
   switch rows (timed in blocks, 16 KiB TCP queue)."""
-  from allreduce_jax import gloo_model
+  from allreduce_jax.tools.faults import healthy_alpha
 
-  rows = [json.loads(x) for x in EMULATED.read_text().splitlines() if x.strip()]
-  return gloo_model.fit_alpha([r for r in rows if r.get("wrong") == 0], HOSTS, "switch", rate=RATE)
+  return healthy_alpha(EMULATED, "switch", HOSTS, rate=RATE)
 
 
 def measure(slow: int, sizes: list[int], out: Path, run: int) -> None:
