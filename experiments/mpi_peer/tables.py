@@ -74,6 +74,15 @@ def _spread(xs, fmt: str | None = None, scale: float = 1e3) -> str:
   return f"{m:{fmt}} [{lo:{fmt}}–{hi:{fmt}}]"
 
 
+def _runs(data: list[dict]) -> str:
+  """How many runs the cells are over: "3 runs", or "3 runs (4 at 16 MiB)" where some
+  sizes were repeated more."""
+  per = {n: len({r["run"] for r in data if r["bytes"] == n}) for n in {r["bytes"] for r in data}}
+  base = min(per.values())
+  more = [f"{k} at {_size(n)}" for n, k in sorted(per.items()) if k != base]
+  return f"{base} runs" + (f" ({', '.join(more)})" if more else "")
+
+
 def _size(n: int) -> str:
   return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
@@ -106,7 +115,7 @@ def network_lines(pattern: str, heading: str | None, what: str) -> list[str]:
   lines = [
     *head,
     f"{what}; time per all-reduce in ms, median [min–max] over"
-    f" {len({r['run'] for r in data})} runs (each the median of {'/'.join(map(str, iters))}"
+    f" {_runs(data)} (each the median of {'/'.join(map(str, iters))}"
     " calls after 1 warm-up); Open MPI's algorithm forced per run through coll_tuned; taken"
     " beside other work on the same CPU.",
     "",
