@@ -931,16 +931,11 @@ EMULATED = HERE.parent / "emulated_network" / "rows" / "tcp_queue_16k"
 def _alpha(net: str, p: int) -> float:
   """α per step of a healthy run of ``net`` on ``p`` hosts: ``gloo_model.fit_alpha`` on the
   emulated network study's 4 and 64 KiB rows (timed in blocks at the same 16 KiB TCP
-  queue); the switch's of ``p`` hosts where that study has no such network; 0 if neither."""
-  from allreduce_jax import gloo_model
+  queue); the switch's of ``p`` hosts where that study has no such network; 0 if neither
+  (:func:`allreduce_jax.tools.faults.healthy_alpha`)."""
+  from allreduce_jax.tools.faults import healthy_alpha
 
-  for name in (net, "switch"):
-    path = EMULATED / f"blocks_{name.replace(':', '_')}_{p}.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    rows = [r for r in map(json.loads, filter(str.strip, lines)) if r.get("wrong") == 0]
-    if rows:
-      return gloo_model.fit_alpha(rows, p, name, rate=RATE)
-  return 0.0
+  return healthy_alpha(EMULATED, net, p, rate=RATE)
 
 
 def _link_label(c: dict) -> str:
