@@ -45,6 +45,9 @@ def test_slow_cc_bad_input_is_one_line_naming_it(argv, says):
     (["slow-alone", "every", "x"], "RUNS a positive whole number"),
     (["slow-alone", "every", "2", "reno", "more"], "got every 2 reno more"),
     (["slow-alone", "every", "2", "no_such_cc"], "--congestion-control no_such_cc:"),
+    (["slow-alone", "every", "1", "--slow", "5"], "--slow expects host 1's link at 1/k"),
+    (["slow-alone", "every", "--slow", "x"], "--slow expects a comma list of numbers"),
+    (["slow-alone", "--slow", "2"], "--slow expects every"),
   ],
 )
 def test_slow_alone_bad_input_is_one_line_naming_it(argv, says):

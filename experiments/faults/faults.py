@@ -5,7 +5,7 @@ host is named, and a training run that loses a host and recovers.
     python experiments/faults/faults.py slow-queue  # 1/10, queues of 5 and 100 ms [PAIRS]
     python experiments/faults/faults.py slow-idle   # 1/10, tcp_slow_start_after_idle 1, 0 [PAIRS [CC]]
     python experiments/faults/faults.py slow-cc 3 cubic  # 1/10 under that congestion control [ALGORITHMS]
-    python experiments/faults/faults.py slow-alone every 3  # every algorithm in blocks, 1/10 [RUNS [CC]]
+    python experiments/faults/faults.py slow-alone every 3  # every algorithm in blocks [RUNS [CC]]
     python experiments/faults/faults.py slow-cases  # 1/100, torus:4, fat_tree:2:1, p = 8 [CASE...]
     python experiments/faults/faults.py kill        # a host killed mid-collective [ALGORITHMS]
     python experiments/faults/faults.py stop ring   # a host SIGSTOPped, --heartbeat-timeout 5
@@ -22,8 +22,9 @@ ALGORITHMS: a comma list (default: those each step names). Options: ``--seeds 0,
 (recovery, slow-host: one run per seed), ``--for 10,20`` and ``--runs N`` (down: those
 outages, N runs each, at JAX's default heartbeat timeout), ``--kill-at T`` or
 ``--kill-after-step K`` (recovery: host 2 SIGKILLed T s after the hosts joined, or once
-step K's checkpoint is complete), ``--slow 2,10`` (slow-cc: host 1 at those 1/k;
-default 10), ``--concurrent`` (``cluster --concurrent``: do not wait
+step K's checkpoint is complete), ``--slow 2,10`` (slow-cc, slow-alone every: host 1 at
+those 1/k; default 10; slow-alone every times 1 MiB only at 1/100, where 4 MiB would take
+~40 s a call), ``--concurrent`` (``cluster --concurrent``: do not wait
 for another cluster run; the rows say so).
 """
 
@@ -90,16 +91,24 @@ def slow_link(runs: int = 3) -> None:
     slow_cases(["switch-8"])
 
 
-def slow_alone(every: bool = False, runs: int = 1, cc: str | None = None) -> None:
+def slow_alone(
+  every: bool = False, runs: int = 1, cc: str | None = None, slow: tuple[float, ...] = (10,)
+) -> None:
   """The ring alone (no other algorithm's calls between its calls: bench ``--order
   blocks``, 6 calls), 4 MiB, host 1 at 1/10, queues of 100 ms and :data:`SLOW_QUEUE`;
-  ``every``: instead ``runs`` runs of every algorithm so (3 calls each, 1 and 4 MiB, 100 ms),
-  every host's TCP congestion control ``cc`` (None: the machine's; the rows' key says which)."""
+  ``every``: instead ``runs`` rounds of every algorithm so (3 calls each, 100 ms queues),
+  each round host 1 at each 1/k of ``slow`` (1 and 4 MiB; 1 MiB only at 1/100, where a
+  4 MiB call takes ~40 s), every host's TCP congestion control ``cc`` (None: the machine's;
+  the rows' key says which, and host 1's link fault its rate)."""
+  _check_slow(slow)
   if every:
     for _ in range(runs):
-      _slow_bench(HOSTS, "switch", SLOW[10], every_algorithm(), "4MiB", "100ms",
-                  "slow_link_alone.jsonl", ("--order", "blocks"), cc=cc)  # fmt: skip
+      for k in slow:
+        _slow_bench(HOSTS, "switch", SLOW[k], every_algorithm(), "1MiB" if k == 100 else "4MiB",
+                    "100ms", "slow_link_alone.jsonl", ("--order", "blocks"), cc=cc)  # fmt: skip
     return
+  if slow != (10,):
+    raise SystemExit("faults.py slow-alone: --slow expects every (the ring alone is at 1/10).")
   for queue in ("100ms", SLOW_QUEUE):
     _slow_bench(HOSTS, "switch", SLOW[10], "ring", "4MiB", queue, "slow_link_alone.jsonl",
                 ("-b", "4MiB", "-n", "6", "--order", "blocks"))  # fmt: skip
@@ -128,12 +137,7 @@ def slow_cc(runs: int, cc: str, algorithms: str, slow: tuple[float, ...] = (10,)
   """``runs`` rounds, each: ``algorithms`` (default: :func:`every_algorithm`) at 1 and 4 MiB
   with host 1 at each 1/k of ``slow`` (100 ms queues, round-robin), every host's TCP
   congestion control ``cc`` (``cluster --congestion-control``; the rows' key says which)."""
-  bad = [k for k in slow if k not in SLOW or k == 1]
-  if bad:
-    raise SystemExit(
-      f"faults.py: --slow expects host 1's link at 1/k for k in"
-      f" {', '.join(str(k) for k in SLOW if k > 1)}, got {', '.join(f'{k:g}' for k in bad)}."
-    )
+  _check_slow(slow)
   from allreduce_jax import netns
 
   problem = netns.congestion_control_problem(cc)
@@ -142,6 +146,16 @@ def slow_cc(runs: int, cc: str, algorithms: str, slow: tuple[float, ...] = (10,)
   for _ in range(runs):
     for k in slow:
       _slow_bench(HOSTS, "switch", SLOW[k], algorithms or every_algorithm(), "4MiB", cc=cc)
+
+
+def _check_slow(slow: tuple[float, ...]) -> None:
+  """``--slow``'s factors k: each one of :data:`SLOW`'s slowed rates (2, 10, 100)."""
+  bad = [k for k in slow if k not in SLOW or k == 1]
+  if bad:
+    raise SystemExit(
+      f"faults.py: --slow expects host 1's link at 1/k for k in"
+      f" {', '.join(str(k) for k in SLOW if k > 1)}, got {', '.join(f'{k:g}' for k in bad)}."
+    )
 
 
 # Run as each host's process: sets the knob in the host's own network namespace, checks
@@ -610,10 +624,11 @@ def alone_table() -> str:
 
 def _blocks_cells() -> list[dict]:
   """``slow-alone every``'s rows (3 calls a run, unlike the ring alone's 6), one dict a cell
-  (congestion control, queue, algorithm, size) of :func:`~allreduce_jax.tools.faults.link_rate_cells`
-  with ``cc``, ``queue_ms``, ``runs_s`` (each run's measured seconds; a key's n-th row is run
+  (host 1's slow factor k, congestion control, queue, algorithm, size) of :func:`~allreduce_jax.tools.faults.link_rate_cells`
+  with ``k``, ``cc``, ``queue_ms``, ``runs_s`` (each run's measured seconds; a key's n-th row is run
   n), ``measured_s`` their median and ``rr`` the round-robin cell's measured / replay (the
-  median of its runs in ``slow_link.jsonl``, same congestion control and queue; None if none)."""
+  median of its runs in ``slow_link.jsonl``, same k, congestion control and queue; None if
+  none)."""
   from allreduce_jax import cost_model, gloo_model
   from allreduce_jax.tools import faults
 
@@ -623,25 +638,27 @@ def _blocks_cells() -> list[dict]:
     for r in rows:
       if r["key"] not in cells:
         (c,) = faults.link_rate_cells([r], _alpha)
-        cells[r["key"]] = {**c, "cc": _cc(r), "runs_s": [],
+        cells[r["key"]] = {**c, "cc": _cc(r), "k": _k(r), "runs_s": [],
                            "queue_ms": json.loads(r["key"])["network"]["queue_s"] * 1e3}  # fmt: skip
       cells[r["key"]]["runs_s"].append(r["time_us"] / 1e6)
     rr = {}
     for r in _slow_rows():
-      if r["k"] == 10 and r.get("slow_start_after_idle") is None:
+      if r.get("slow_start_after_idle") is None:
         for c in faults.link_rate_cells([r], _alpha):
           q = json.loads(r["key"])["network"]["queue_s"] * 1e3
-          rr[_cc(r), q, c["network"], c["hosts"], c["algorithm"], c["bytes"]] = c
+          rr[r["k"], _cc(r), q, c["network"], c["hosts"], c["algorithm"], c["bytes"]] = c
   for c in cells.values():
     c["measured_s"] = _median(c["runs_s"])
-    o = rr.get((c["cc"], c["queue_ms"], c["network"], c["hosts"], c["algorithm"], c["bytes"]))
+    o = rr.get(
+      (c["k"], c["cc"], c["queue_ms"], c["network"], c["hosts"], c["algorithm"], c["bytes"])
+    )
     c["rr"] = o["measured_s"] / o["replay_s"] if o and o["replay_s"] else None
   return list(cells.values())
 
 
 def blocks_tables() -> list[str]:
   """Every algorithm timed in blocks (:func:`slow_alone` ``every``) against the replay, per
-  congestion control: each cell's runs, the within-20 % count per algorithm, and ``auto``
+  host 1's rate, congestion control and queue: each cell's runs, the within-20 % count per algorithm, and ``auto``
   told the rates against the best measured in the same runs."""
   from allreduce_jax import cost_model, gloo_model
   from allreduce_jax.tools import faults
@@ -652,8 +669,9 @@ def blocks_tables() -> list[str]:
   f = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
   near = lambda x: 0.8 <= x <= 1.2  # noqa: E731
   out = []
-  for cc, q in dict.fromkeys((c["cc"], c["queue_ms"]) for c in cells):
-    mine = [c for c in cells if (c["cc"], c["queue_ms"]) == (cc, q)]
+  for k, cc, q in sorted(dict.fromkeys((c["k"], c["cc"], c["queue_ms"]) for c in cells),
+                         key=lambda g: (g[0], g[1] or "", -g[2])):  # fmt: skip
+    mine = [c for c in cells if (c["k"], c["cc"], c["queue_ms"]) == (k, cc, q)]
     hand = [c for c in mine if c["replay_s"] and c["algorithm"] != "psum"]
     per_alg = ", ".join(
       f"{a} {sum(near(c['measured_s'] / c['replay_s']) for c in hand if c['algorithm'] == a)} of"
@@ -686,7 +704,7 @@ def blocks_tables() -> list[str]:
         auto.append(f"| {h['bytes'] / 2**20:g} | {h['pick']} | {h['pick_s'] / h['best_s']:.2f}"
                     f" ({_span(each)}) | {h['best']} | {h['best_s'] / h['best_candidate_s']:.2f} |")  # fmt: skip
     out += [
-      f"#### Queues of {q:g} ms, {f'`{cc}`' if cc else 'no `--congestion-control` (the hosts inherit the machine' + chr(39) + 's)'}", "",
+      f"#### Host 1 at 1/{k} ({RATE * 8e-6 / k:g} Mbit/s), queues of {q:g} ms, {f'`{cc}`' if cc else 'no `--congestion-control` (the hosts inherit the machine' + chr(39) + 's)'}", "",
       f"Measured within 20 % of the replay (medians over runs) in"
       f" {sum(near(c['measured_s'] / c['replay_s']) for c in hand)} of {len(hand)} hand-written"
       f" cells; per algorithm: {per_alg}. The same cells in round-robin order:"
@@ -706,9 +724,7 @@ def _slow_rows() -> list[dict]:
     if r.get("wrong") != 0:
       continue
     network = json.loads(r["key"]).get("network", {})
-    faults = network.get("faults", [])
-    rate = faults[0].split("=")[1].split("@")[0] if faults else None
-    k = next(k for k, v in SLOW.items() if v == rate)
+    k = _k(r)
     idle = r.get("slow_start_after_idle")
     net = (f"{network['network']}, {network['hosts']} hosts, queues of"
            f" {network['queue_s'] * 1e3:g} ms{_idle_label(r)}")  # fmt: skip
@@ -718,6 +734,13 @@ def _slow_rows() -> list[dict]:
     c["runs"] = len(c["times_us"])
     c["time_us"] = _median(c["times_us"])
   return list(cells.values())
+
+
+def _k(row: dict) -> int:
+  """Host 1's slow factor k (its link at 1/k; 1: healthy) from a bench row's key."""
+  faults = json.loads(row["key"]).get("network", {}).get("faults", [])
+  rate = faults[0].split("=")[1].split("@")[0] if faults else None
+  return next(k for k, v in SLOW.items() if v == rate)
 
 
 def _median(xs: list[float]) -> float:
@@ -1050,12 +1073,12 @@ def replay_tables() -> list[str]:
     "`faults.py slow-alone`: 6 calls of the ring back to back (bench `--order blocks`: no"
     " other algorithm's calls between them), 4 MiB per host, 4-host switch.", "",
     alone_table(), "",
-    "### Every algorithm alone, host 1 at 1/10", "",
-    "`faults.py slow-alone every RUNS [CC]`: every algorithm in blocks (bench `--order blocks`:"
-    " each algorithm's 3 calls back to back, after its warm-up), 1 and 4 MiB per host, 4-host"
-    " switch; a run the median of 3 calls of the slowest process, a cell the median of its runs"
+    "### Every algorithm alone, host 1 slowed", "",
+    "`faults.py slow-alone every RUNS [CC] [--slow K]`: every algorithm in blocks (bench"
+    " `--order blocks`: each algorithm's 3 calls back to back, after its warm-up), 1 and 4 MiB"
+    " per host (1 MiB only at 1/100), 4-host switch, host 1's link at 1/K; a run the median of 3 calls of the slowest process, a cell the median of its runs"
     " (min–max over them), taken beside other work on the same CPU. Round-robin / replay: the"
-    " same cell of the round-robin runs above (same congestion control and queue), whose calls"
+    " same cell of the round-robin runs above (same rate, congestion control and queue), whose calls"
     " each start with the skew between the processes that the call before left"
     " ([replay_trace.md](replay_trace.md)).", "",
     *blocks_tables(),
@@ -1225,7 +1248,7 @@ def main(argv: list[str]) -> None:
       int(argv[1]) if argv[1:] else 2,
       every_algorithm() if argv[2:] == ["every"] else QUEUE_ALGORITHMS,
     ),
-    "slow-alone": lambda: slow_alone(*_alone_args(argv[1:])),
+    "slow-alone": lambda: slow_alone(*_alone_args(argv[1:]), tuple(slow or [10])),
     "slow-idle": lambda: slow_idle(int(argv[1]) if argv[1:] else 3, argv[2] if argv[2:] else None),
     "slow-cc": lambda: slow_cc(*_cc_args(argv[1:]), tuple(slow or [10])),
     "kill": lambda: kill(_names(argv[1:])),
