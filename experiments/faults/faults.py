@@ -1082,9 +1082,9 @@ def replay_tables() -> list[str]:
     " each start with the skew between the processes that the call before left"
     " ([replay_trace.md](replay_trace.md)).", "",
     *blocks_tables(),
-    "### Host 1's TCP and the slow link's queues during the 1/10 runs", "",
-    "Sampled every 0.25 s in host 1's namespace while a run went on (every algorithm, 1 and"
-    " 4 MiB): `ss -tin` of its sockets with data unacknowledged or waiting (smoothed RTT,"
+    "### Host 1's TCP and the slow link's queues during the slow-link runs", "",
+    "Sampled every 0.25 s in host 1's namespace while a run went on (its algorithms and sizes;"
+    " host 1's link: the column): `ss -tin` of its sockets with data unacknowledged or waiting (smoothed RTT,"
     " cwnd, delivery rate) and `tc -s qdisc` of the slow link's two ends (the switch's port"
     " toward host 1 and host 1's `eth0`); one row a run.", "",
     tcp_table(), "",
