@@ -601,9 +601,28 @@ def torn(kills: int = 20) -> None:
 # ------------------------------------------------------------------ tables and the figure
 
 
+def _traced():
+  """``cost_model.use_params`` of the cost parameters the study's bench rows traced with
+  (``gloo_model.traced_params``: checked on every row, once)."""
+  from allreduce_jax import cost_model
+
+  return cost_model.use_params(_traced_params())
+
+
+@functools.cache
+def _traced_params():
+  from allreduce_jax import gloo_model
+
+  return gloo_model.traced_params(_read("slow_link.jsonl"))
+
+
+def _within_20(ratio: float) -> bool:
+  """A measured / replay ratio within 20 %."""
+  return 0.8 <= ratio <= 1.2
+
+
 def alone_table() -> str:
   """The ring alone (:func:`slow_alone`): each run against the replay."""
-  from allreduce_jax import cost_model, gloo_model
   from allreduce_jax.tools import faults
 
   rows = [r for r in _read("slow_link_alone.jsonl") if r["iters"] == 6]  # every's: 3 calls
@@ -611,7 +630,7 @@ def alone_table() -> str:
     return "(not measured)"
   lines = ["| queue ms | algorithm | MiB | calls | measured ms (median; min–max of the calls) |"
            " replay ms | measured / replay |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-  with cost_model.use_params(gloo_model.traced_params(_read("slow_link.jsonl"))):
+  with _traced():
     for r in rows:
       (c,) = faults.link_rate_cells([r], _alpha)
       q = json.loads(r["key"])["network"]["queue_s"] * 1e3
@@ -629,12 +648,11 @@ def _blocks_cells() -> list[dict]:
   n), ``measured_s`` their median and ``rr`` the round-robin cell's measured / replay (the
   median of its runs in ``slow_link.jsonl``, same k, congestion control and queue; None if
   none)."""
-  from allreduce_jax import cost_model, gloo_model
   from allreduce_jax.tools import faults
 
   rows = [r for r in _read("slow_link_alone.jsonl") if r.get("wrong") == 0 and r["iters"] != 6]
   cells: dict[str, dict] = {}
-  with cost_model.use_params(gloo_model.traced_params(_read("slow_link.jsonl"))):
+  with _traced():
     for r in rows:
       if r["key"] not in cells:
         (c,) = faults.link_rate_cells([r], _alpha)
@@ -660,21 +678,19 @@ def blocks_tables() -> list[str]:
   """Every algorithm timed in blocks (:func:`slow_alone` ``every``) against the replay, per
   host 1's rate, congestion control and queue: each cell's runs, the within-20 % count per algorithm, and ``auto``
   told the rates against the best measured in the same runs."""
-  from allreduce_jax import cost_model, gloo_model
   from allreduce_jax.tools import faults
 
   cells = _blocks_cells()
   if not cells:
     return ["(not measured)", ""]
   f = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
-  near = lambda x: 0.8 <= x <= 1.2  # noqa: E731
   out = []
   for k, cc, q in sorted(dict.fromkeys((c["k"], c["cc"], c["queue_ms"]) for c in cells),
                          key=lambda g: (g[0], g[1] or "", -g[2])):  # fmt: skip
     mine = [c for c in cells if (c["k"], c["cc"], c["queue_ms"]) == (k, cc, q)]
     hand = [c for c in mine if c["replay_s"] and c["algorithm"] != "psum"]
     per_alg = ", ".join(
-      f"{a} {sum(near(c['measured_s'] / c['replay_s']) for c in hand if c['algorithm'] == a)} of"
+      f"{a} {sum(_within_20(c['measured_s'] / c['replay_s']) for c in hand if c['algorithm'] == a)} of"
       f" {sum(c['algorithm'] == a for c in hand)}"
       for a in dict.fromkeys(c["algorithm"] for c in hand)
     )
@@ -693,7 +709,7 @@ def blocks_tables() -> list[str]:
     runs = max(len(c["runs_s"]) for c in mine)
     auto = ["| MiB | auto's pick (half-duplex replay) | its time / best measured (min–max over"
             " runs) | best measured | best / best candidate |", "|---|---|---|---|---|"]  # fmt: skip
-    with cost_model.use_params(gloo_model.traced_params(_read("slow_link.jsonl"))):
+    with _traced():
       for h in faults.auto_picks(mine, _alpha):
         group = [c for c in mine if c["bytes"] == h["bytes"]]
         each = []
@@ -706,9 +722,9 @@ def blocks_tables() -> list[str]:
     out += [
       f"#### Host 1 at 1/{k} ({RATE * 8e-6 / k:g} Mbit/s), queues of {q:g} ms, {f'`{cc}`' if cc else 'no `--congestion-control` (the hosts inherit the machine' + chr(39) + 's)'}", "",
       f"Measured within 20 % of the replay (medians over runs) in"
-      f" {sum(near(c['measured_s'] / c['replay_s']) for c in hand)} of {len(hand)} hand-written"
+      f" {sum(_within_20(c['measured_s'] / c['replay_s']) for c in hand)} of {len(hand)} hand-written"
       f" cells; per algorithm: {per_alg}. The same cells in round-robin order:"
-      f" {sum(near(c['rr']) for c in n_rr)} of {len(n_rr)}.", "",
+      f" {sum(_within_20(c['rr']) for c in n_rr)} of {len(n_rr)}.", "",
       *lines, "", "`auto` told the rates (as below), against the same runs:", "", *auto, "",
     ]  # fmt: skip
   return out
@@ -993,12 +1009,11 @@ def replay_tables() -> list[str]:
   """Every slow-link cell (the median of its runs) against the replay with that link's rate
   (half duplex, α of a healthy run) and the cut bound, then ``auto`` told the rates against
   the best measured, per queue."""
-  from allreduce_jax import cost_model, gloo_model
   from allreduce_jax.tools import faults
 
   rows = _slow_rows()
   cells = []
-  with cost_model.use_params(gloo_model.traced_params(_read("slow_link.jsonl"))):
+  with _traced():
     for row in rows:
       for c in faults.link_rate_cells([row], _alpha):
         queue = json.loads(row["key"])["network"]["queue_s"] * 1e3
@@ -1021,7 +1036,7 @@ def replay_tables() -> list[str]:
                  f" {_ms([t * 1e6 for t in c['times_s']])} | {f(c['replay_s'])} |"
                  f" {r(c['measured_s'], c['replay_s'])} | {f(c['bound_s'])} |"
                  f" {r(c['measured_s'], c['bound_s'])} |")  # fmt: skip
-  near = lambda cs: sum(0.8 <= c["measured_s"] / c["replay_s"] <= 1.2 for c in cs)  # noqa: E731
+  near = lambda cs: sum(_within_20(c["measured_s"] / c["replay_s"]) for c in cs)  # noqa: E731
   summary = []
   for net, p, q in dict.fromkeys((c["network"], c["hosts"], c["queue"]) for c in cells):
     mine = [c for c in cells if c["replay_s"] and c["algorithm"] != "psum" and c["bytes"] >= 2**20
