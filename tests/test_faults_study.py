@@ -35,7 +35,10 @@ def _faults():
     (["slow-alone", "every", "2", "no_such_cc"], "--congestion-control no_such_cc:"),
     (["slow-alone", "every", "1", "--slow", "5"], "--slow expects host 1's link at 1/k"),
     (["slow-alone", "every", "--slow", "x"], "--slow expects a comma list of numbers"),
-    (["slow-alone", "--slow", "2"], "--slow expects every"),
+    (["slow-alone", "--slow", "2"], "--slow and --net expect every"),
+    (["slow-alone", "every", "1", "--net", "ring"], "--net expects one of switch, switch-8"),
+    (["slow-alone", "--net", "torus"], "--slow and --net expect every"),
+    (["slow-alone", "every", "--net"], "--net expects a value"),
   ],
 )
 def test_bad_input_is_one_line_naming_it(argv, says):

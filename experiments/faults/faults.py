@@ -6,6 +6,7 @@ host is named, and a training run that loses a host and recovers.
     python experiments/faults/faults.py slow-idle   # 1/10, tcp_slow_start_after_idle 1, 0 [PAIRS [CC]]
     python experiments/faults/faults.py slow-cc 3 cubic  # 1/10 under that congestion control [ALGORITHMS]
     python experiments/faults/faults.py slow-alone every 3  # every algorithm in blocks [RUNS [CC]]
+    python experiments/faults/faults.py slow-alone every 1 --net torus  # on another network
     python experiments/faults/faults.py slow-cases  # 1/100, torus:4, fat_tree:2:1, p = 8 [CASE...]
     python experiments/faults/faults.py kill        # a host killed mid-collective [ALGORITHMS]
     python experiments/faults/faults.py stop ring   # a host SIGSTOPped, --heartbeat-timeout 5
@@ -24,7 +25,8 @@ outages, N runs each, at JAX's default heartbeat timeout), ``--kill-at T`` or
 ``--kill-after-step K`` (recovery: host 2 SIGKILLed T s after the hosts joined, or once
 step K's checkpoint is complete), ``--slow 2,10`` (slow-cc, slow-alone every: host 1 at
 those 1/k; default 10; slow-alone every times 1 MiB only at 1/100, where 4 MiB would take
-~40 s a call), ``--concurrent`` (``cluster --concurrent``: do not wait
+~40 s a call), ``--net switch-8|fat-tree|torus`` (slow-alone every: on 8 hosts of a switch,
+fat_tree:2:1 or torus:4 instead of the 4-host switch; 1 MiB), ``--concurrent`` (``cluster --concurrent``: do not wait
 for another cluster run; the rows say so).
 """
 
@@ -91,24 +93,43 @@ def slow_link(runs: int = 3) -> None:
     slow_cases(["switch-8"])
 
 
+# ``slow-alone every --net NAME``'s networks: (hosts, --topology); the 4-host switch the default.
+BLOCKS_NETS = {"switch": (HOSTS, "switch"), "switch-8": (8, "switch"),
+               "fat-tree": (HOSTS, "fat_tree:2:1"), "torus": (HOSTS, "torus:4")}  # fmt: skip
+
+
 def slow_alone(
-  every: bool = False, runs: int = 1, cc: str | None = None, slow: tuple[float, ...] = (10,)
+  every: bool = False,
+  runs: int = 1,
+  cc: str | None = None,
+  slow: tuple[float, ...] = (10,),
+  net: str = "switch",
 ) -> None:
   """The ring alone (no other algorithm's calls between its calls: bench ``--order
   blocks``, 6 calls), 4 MiB, host 1 at 1/10, queues of 100 ms and :data:`SLOW_QUEUE`;
   ``every``: instead ``runs`` rounds of every algorithm so (3 calls each, 100 ms queues),
   each round host 1 at each 1/k of ``slow`` (1 and 4 MiB; 1 MiB only at 1/100, where a
-  4 MiB call takes ~40 s), every host's TCP congestion control ``cc`` (None: the machine's;
-  the rows' key says which, and host 1's link fault its rate)."""
+  4 MiB call takes ~40 s, and on any ``net`` but the 4-host switch), every host's TCP
+  congestion control ``cc`` (None: the machine's; the rows' key says which, and host 1's
+  link fault its rate), on :data:`BLOCKS_NETS`' ``net``."""
   _check_slow(slow)
+  if net not in BLOCKS_NETS:
+    raise SystemExit(
+      f"faults.py slow-alone: --net expects one of {', '.join(BLOCKS_NETS)}, got {net!r}."
+    )
+  hosts, network = BLOCKS_NETS[net]
   if every:
     for _ in range(runs):
       for k in slow:
-        _slow_bench(HOSTS, "switch", SLOW[k], every_algorithm(), "1MiB" if k == 100 else "4MiB",
-                    "100ms", "slow_link_alone.jsonl", ("--order", "blocks"), cc=cc)  # fmt: skip
+        top = "1MiB" if k == 100 or net != "switch" else "4MiB"
+        _slow_bench(hosts, network, SLOW[k], every_algorithm(), top, "100ms",
+                    "slow_link_alone.jsonl", ("--order", "blocks"), cc=cc)  # fmt: skip
     return
-  if slow != (10,):
-    raise SystemExit("faults.py slow-alone: --slow expects every (the ring alone is at 1/10).")
+  if slow != (10,) or net != "switch":
+    raise SystemExit(
+      "faults.py slow-alone: --slow and --net expect every (the ring alone is at 1/10 on the"
+      " 4-host switch)."
+    )
   for queue in ("100ms", SLOW_QUEUE):
     _slow_bench(HOSTS, "switch", SLOW[10], "ring", "4MiB", queue, "slow_link_alone.jsonl",
                 ("-b", "4MiB", "-n", "6", "--order", "blocks"))  # fmt: skip
@@ -1209,6 +1230,16 @@ def _take(argv: list[str], flag: str) -> tuple[list[str], list[float] | None]:
     ) from None
 
 
+def _take_word(argv: list[str], flag: str, default: str) -> tuple[list[str], str]:
+  """``argv`` without ``flag VALUE``, and VALUE (``default``: no flag)."""
+  if flag not in argv:
+    return argv, default
+  i = argv.index(flag)
+  if i + 1 == len(argv):
+    raise SystemExit(f"faults.py: {flag} expects a value, e.g. {flag} {default}.")
+  return argv[:i] + argv[i + 2 :], argv[i + 1]
+
+
 def _cc_args(args: list[str]) -> tuple[int, str, str]:
   """``slow-cc RUNS CC [ALGORITHMS]`` -> (runs, cc, algorithms; "" for the default)."""
   if len(args) < 2 or not args[0].isdigit() or int(args[0]) < 1:
@@ -1253,6 +1284,7 @@ def main(argv: list[str]) -> None:
   argv, kill_at = _take(argv, "--kill-at")
   argv, kill_after = _take(argv, "--kill-after-step")
   argv, slow = _take(argv, "--slow")
+  argv, net = _take_word(argv, "--net", "switch")
   extra = [a for a in argv if a == "--concurrent"]  # cluster --concurrent: do not wait
   argv = [a for a in argv if a != "--concurrent"]
   seeds = [int(x) for x in seeds or [0]]
@@ -1263,7 +1295,7 @@ def main(argv: list[str]) -> None:
       int(argv[1]) if argv[1:] else 2,
       every_algorithm() if argv[2:] == ["every"] else QUEUE_ALGORITHMS,
     ),
-    "slow-alone": lambda: slow_alone(*_alone_args(argv[1:]), tuple(slow or [10])),
+    "slow-alone": lambda: slow_alone(*_alone_args(argv[1:]), tuple(slow or [10]), net),
     "slow-idle": lambda: slow_idle(int(argv[1]) if argv[1:] else 3, argv[2] if argv[2:] else None),
     "slow-cc": lambda: slow_cc(*_cc_args(argv[1:]), tuple(slow or [10])),
     "kill": lambda: kill(_names(argv[1:])),
