@@ -706,9 +706,12 @@ def blocks_tables() -> list[str]:
     return ["(not measured)", ""]
   f = lambda v: "–" if v is None else f"{v:.2f}"  # noqa: E731
   out = []
-  for k, cc, q in sorted(dict.fromkeys((c["k"], c["cc"], c["queue_ms"]) for c in cells),
-                         key=lambda g: (g[0], g[1] or "", -g[2])):  # fmt: skip
-    mine = [c for c in cells if (c["k"], c["cc"], c["queue_ms"]) == (k, cc, q)]
+  group = lambda c: (c["network"], c["hosts"], c["k"], c["cc"], c["queue_ms"])  # noqa: E731
+  for net, p, k, cc, q in sorted(
+    dict.fromkeys(map(group, cells)),
+    key=lambda g: ((g[0], g[1]) != ("switch", HOSTS), g[0], g[1], g[2], g[3] or "", -g[4]),
+  ):
+    mine = [c for c in cells if group(c) == (net, p, k, cc, q)]
     hand = [c for c in mine if c["replay_s"] and c["algorithm"] != "psum"]
     per_alg = ", ".join(
       f"{a} {sum(_within_20(c['measured_s'] / c['replay_s']) for c in hand if c['algorithm'] == a)} of"
@@ -741,7 +744,7 @@ def blocks_tables() -> list[str]:
         auto.append(f"| {h['bytes'] / 2**20:g} | {h['pick']} | {h['pick_s'] / h['best_s']:.2f}"
                     f" ({_span(each)}) | {h['best']} | {h['best_s'] / h['best_candidate_s']:.2f} |")  # fmt: skip
     out += [
-      f"#### Host 1 at 1/{k} ({RATE * 8e-6 / k:g} Mbit/s), queues of {q:g} ms, {f'`{cc}`' if cc else 'no `--congestion-control` (the hosts inherit the machine' + chr(39) + 's)'}", "",
+      f"#### {net}, {p} hosts, host 1 at 1/{k} ({RATE * 8e-6 / k:g} Mbit/s), queues of {q:g} ms, {f'`{cc}`' if cc else 'no `--congestion-control` (the hosts inherit the machine' + chr(39) + 's)'}", "",
       f"Measured within 20 % of the replay (medians over runs) in"
       f" {sum(_within_20(c['measured_s'] / c['replay_s']) for c in hand)} of {len(hand)} hand-written"
       f" cells; per algorithm: {per_alg}. The same cells in round-robin order:"
@@ -1110,11 +1113,12 @@ def replay_tables() -> list[str]:
     " other algorithm's calls between them), 4 MiB per host, 4-host switch.", "",
     alone_table(), "",
     "### Every algorithm alone, host 1 slowed", "",
-    "`faults.py slow-alone every RUNS [CC] [--slow K]`: every algorithm in blocks (bench"
+    "`faults.py slow-alone every RUNS [CC] [--slow K] [--net NET]`: every algorithm in blocks (bench"
     " `--order blocks`: each algorithm's 3 calls back to back, after its warm-up), 1 and 4 MiB"
-    " per host (1 MiB only at 1/100), 4-host switch, host 1's link at 1/K; a run the median of 3 calls of the slowest process, a cell the median of its runs"
+    " per host (1 MiB only at 1/100) on the 4-host switch, 1 MiB with `--net switch-8|fat-tree|torus`"
+    " (8 hosts of a switch, fat_tree:2:1, torus:4 with both of host 1's links slowed), host 1's link at 1/K; a run the median of 3 calls of the slowest process, a cell the median of its runs"
     " (min–max over them), taken beside other work on the same CPU. Round-robin / replay: the"
-    " same cell of the round-robin runs above (same rate, congestion control and queue), whose calls"
+    " same cell of the round-robin runs above (same network, rate, congestion control and queue), whose calls"
     " each start with the skew between the processes that the call before left"
     " ([replay_trace.md](replay_trace.md)).", "",
     *blocks_tables(),
