@@ -37,7 +37,10 @@ traced to the sources, what the replay (:mod:`allreduce_jax.topology`) did not k
   while the first sends: each turn starts with a full bucket. One ``ppermute`` exchange
   on 4 hosts measured 1.31–1.34×, 1.77–1.86× and 1.93–1.96× a shift of the same bytes
   at 256 KiB, 1 MiB and 4 MiB (``experiments/gloo_pair_order/rows/half_duplex_sizes_p4.jsonl``),
-  not 2×: the bucket each turn finds.
+  not 2×: the bucket each turn finds. A bucket holds at least 64 KiB, so a link slowed
+  below 16.4 MB/s holds more than 4 ms of its rate (26 ms at 20 Mbit/s): where a schedule
+  turns the slow link's direction often, each turn passes that much at once
+  (``emulated_seconds(..., buckets=True)``, :func:`link_buckets`).
 
 NumPy over the replay's schedules; it traces nothing and touches no device.
 """
@@ -158,13 +161,18 @@ def predict_seconds(
   as it would run with each receive posted first (one ppermute at a time, every link full
   duplex), ``"full"`` is :func:`topology.predict_seconds`'s assumption (a step's ppermutes
   together, every link full duplex). ``bucket_s > 0``: every directed link is a token bucket of that
-  many seconds of its rate (:func:`bucket_replay`); 0 prices every byte at the rate.
+  many seconds of its rate (:func:`bucket_replay`), or of its own where ``bucket_s`` holds
+  one a directed link (:func:`link_buckets`); 0 prices every byte at the rate.
   ``choices``: the schedule's trace-time choices, as the run made them (a bench row's
   ``choices``, e.g. the double binary tree's chunk count); default those the cost
   parameters in effect make, which are the run's only if it traced with the same."""
   cost_model.check_duplex(duplex)
-  if not bucket_s >= 0:
-    raise ValueError(f"bucket_s={bucket_s!r}: expected seconds >= 0 (0: no bucket).")
+  bucket = np.asarray(bucket_s, dtype=float)
+  if bucket.ndim > 1 or not np.all(bucket >= 0):
+    raise ValueError(
+      f"bucket_s={bucket_s!r}: expected seconds >= 0 (0: no bucket), or one per directed"
+      " link (link_buckets)."
+    )
   if p < 2:
     return 0.0
   top = top or topology.switch()
@@ -172,8 +180,8 @@ def predict_seconds(
     choices = topology.trace_choices(algorithm, p, n_bytes)
   prof, loads = _plan(algorithm, p, float(n_bytes), top, duplex, tuple(sorted(choices.items())))
   params = cost_model.resolve(params, algorithm)
-  if bucket_s:
-    return float(_drain(prof, loads, n_bytes, params, bucket_s).sum())
+  if np.any(bucket):
+    return float(_drain(prof, loads, n_bytes, params, bucket).sum())
   return float(prof.seconds(n_bytes, params).sum())
 
 
@@ -249,11 +257,12 @@ def bucket_replay(
   p: int,
   n_bytes: float,
   params: cost_model.Params,
-  bucket_s: float,
+  bucket_s: float | np.ndarray,
   posted: topology.Steps | None = None,
 ) -> np.ndarray:
   """``float[steps]``: each step's time when every directed link of ``top`` is a token
-  bucket holding ``bucket_s`` seconds of its own rate (``tc``'s ``tbf``).
+  bucket holding ``bucket_s`` seconds of its own rate (``tc``'s ``tbf``), or each its own
+  where ``bucket_s`` holds one a directed link (:func:`link_buckets`).
 
   Every bucket starts full. A step first spends its fixed time ``f`` (α, the hops'
   latency, γ's reduction: the replay's step time at β = 0), during which every link
@@ -311,15 +320,23 @@ def _drain(prof, loads, n_bytes: float, params: cost_model.Params, bucket_s: flo
     )
   fixed = prof.seconds(n_bytes, cost_model.Params(params.alpha, 0.0, params.gamma))
   scale = n_bytes * params.beta
-  tokens = np.full(loads[0][0].shape if loads else (0,), float(bucket_s))
+  full = np.asarray(bucket_s, dtype=float)
+  shape = loads[0][0].shape if loads else (0,)
+  if full.ndim and loads and full.shape != shape:
+    raise ValueError(
+      f"bucket_s: {full.shape[0]} buckets where the network has {shape[0]} directed links"
+      " (link_buckets gives one each)."
+    )
+  full = np.broadcast_to(full, shape)
+  tokens = full.copy()
   out = np.empty(len(loads))
   for i, parts in enumerate(loads):
-    tokens = np.minimum(bucket_s, tokens + fixed[i])
+    tokens = np.minimum(full, tokens + fixed[i])
     out[i] = fixed[i]
     for load in parts:
       need = load * scale
       data = max(0.0, float(np.max(need - tokens)))
-      tokens = np.minimum(bucket_s, tokens - need + data)
+      tokens = np.minimum(full, tokens - need + data)
       out[i] += data
   return out
 
@@ -332,6 +349,32 @@ def link_bucket_s(rate_bytes_per_s: float) -> float:
   if not rate_bytes_per_s > 0:
     raise ValueError(f"rate_bytes_per_s={rate_bytes_per_s!r}: expected bytes/s > 0.")
   return netns.bucket_bytes(rate_bytes_per_s) / rate_bytes_per_s
+
+
+def link_buckets(
+  network: str, p: int, *, rate: float, link_rates: dict[int, float] | None = None
+) -> np.ndarray:
+  """``float[links]``: each directed link's token bucket in seconds of its own rate, as
+  ``allreduce-jax cluster`` shapes the links of :func:`emulated_network` (``rate``, and
+  ``link_rates`` ``{host: bytes/s}`` where not): :func:`link_bucket_s` of that link's
+  rate, in the order :func:`predict_seconds`'s ``bucket_s`` takes them. A bucket holds
+  4 ms of its link's rate but at least 64 KiB, so a link slowed below 16.4 MB/s holds
+  more than 4 ms of it: 26 ms at 20 Mbit/s, 262 ms at 2 Mbit/s. A link's rate is read
+  off the network as the ratio of its loads without and with ``link_rates`` (every host
+  sending to every other loads every link); one faster than a host link (a fat tree's
+  uplink) is priced at a host link's rate, the same 4 ms above 16.4 MB/s.
+
+  Example:
+    >>> (link_buckets("switch", 2, rate=25e6, link_rates={1: 2.5e6}) * 1e3).round(1).tolist()
+    [4.0, 26.2, 4.0, 26.2]
+  """
+  top = emulated_network(network, p, rate=rate, link_rates=link_rates).fit(p)
+  _check_bucket_network(top)
+  pairs = [(a, b, 1.0) for a in range(p) for b in range(p) if a != b]
+  slow = _link_vector(pairs, top, p)
+  healthy = _link_vector(pairs, emulated_network(network, p, rate=rate).fit(p), p)
+  share = np.divide(healthy, slow, out=np.ones_like(slow), where=slow > 0)
+  return np.array([link_bucket_s(rate * min(f, 1.0)) for f in share])
 
 
 def payload_share(mtu: int = 1500) -> float:
@@ -372,6 +415,7 @@ def emulated_seconds(
   mtu: int = 1500,
   choices: dict | None = None,
   link_rates: dict[int, float] | None = None,
+  buckets: bool = False,
 ) -> float:
   """The replayed time of ``algorithm`` on ``p`` hosts of the emulated network that
   ``allreduce-jax cluster --topology network`` builds (:func:`emulated`), every link
@@ -395,14 +439,23 @@ def emulated_seconds(
     mtu: the links' MTU (the frames' header share of the rate).
     link_rates: ``{host: bytes/s}`` for the hosts whose link is not at ``rate`` (a
       bucket, ``bucket_s``, then holds that many seconds of each link's own rate).
+    buckets: every link's token bucket as the cluster shapes it (:func:`link_buckets`:
+      64 KiB at least, so a slowed link's holds more seconds of its rate than a healthy
+      one's); instead of ``bucket_s``.
 
   Returns:
     Seconds.
   """
   if not rate > 0:
     raise ValueError(f"rate={rate!r}: expected a link rate in bytes/s > 0.")
+  if buckets and np.any(bucket_s):
+    raise ValueError(
+      f"bucket_s={bucket_s!r} with buckets=True: expected one of them (buckets: each link's own)."
+    )
   params = link_params(rate, alpha, mtu)
   top = emulated_network(network, p, rate=rate, link_rates=link_rates)
+  if buckets:
+    bucket_s = link_buckets(network, p, rate=rate, link_rates=link_rates)
   return predict_seconds(algorithm, p, n_bytes, params, top, duplex, bucket_s, choices)
 
 

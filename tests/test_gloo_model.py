@@ -243,6 +243,37 @@ def test_an_emulated_links_bucket_is_tbf_burst_over_its_rate():
     gloo_model.link_bucket_s(0)
 
 
+def test_a_slowed_links_bucket_holds_64_kib_of_its_own_rate():
+  """``link_buckets``: tbf's burst over each link's own rate, 4 ms at 200 Mbit/s and the
+  64 KiB floor at 20 Mbit/s (26 ms), host 1's link both ways; healthy links keep 4 ms."""
+  got = gloo_model.link_buckets("switch", 4, rate=RATE, link_rates={1: RATE / 10})
+  slow = 65536 / (RATE / 10)
+  assert got == pytest.approx([0.004, slow, 0.004, 0.004] * 2)  # in, then out
+  assert gloo_model.link_buckets("switch", 4, rate=RATE) == pytest.approx([0.004] * 8)
+
+
+def test_each_direction_of_a_slowed_link_passes_its_own_bucket_at_once():
+  """The parameter server on 2 hosts, host 1 at 1/10: step 1 sends n up host 1's link,
+  step 2 n down it. Each direction's bucket is full when its step starts, so each step
+  owes T - B of data (T = 10 n β, B = 64 KiB at the slow rate): 2α + 2(T - B). A bucket of
+  4 ms on every link passes only that much of the slow link's."""
+  alpha, n = 1e-3, 1 << 20
+  slow = {1: RATE / 10}
+  t, b = 10 * n * BETA, 65536 / (RATE / 10)
+  kw = dict(rate=RATE, alpha=alpha, link_rates=slow)
+  own = gloo_model.emulated_seconds("naive", 2, n, "switch", buckets=True, **kw)
+  assert own == pytest.approx(2 * alpha + 2 * (t - b))
+  four_ms = gloo_model.emulated_seconds("naive", 2, n, "switch", bucket_s=0.004, **kw)
+  assert four_ms == pytest.approx(2 * alpha + 2 * (t - 0.004))
+  none = gloo_model.emulated_seconds("naive", 2, n, "switch", **kw)
+  assert none == pytest.approx(2 * alpha + 2 * t)
+  with pytest.raises(ValueError, match="buckets=True"):
+    gloo_model.emulated_seconds("naive", 2, n, "switch", bucket_s=0.004, buckets=True, **kw)
+  params, top = gloo_model.link_params(RATE, alpha), gloo_model.emulated("switch")
+  with pytest.raises(ValueError, match="4 buckets where the network has 8 directed links"):
+    gloo_model.predict_seconds("naive", 4, n, params, top, bucket_s=np.full(4, 0.004))
+
+
 def test_the_double_trees_chunks_follow_the_parameters_in_effect_not_a_stale_cache():
   """The double binary tree picks its chunk count at trace time from the cost parameters
   in effect; the replay's caches are keyed on that choice, and a model handed a run's

@@ -305,7 +305,7 @@ def healthy_alpha(rows_dir, network: str, hosts: int, *, rate: float) -> float:
   return 0.0
 
 
-def link_rate_cells(rows, alpha, duplex: str = "half") -> list[dict]:
+def link_rate_cells(rows, alpha, duplex: str = "half", buckets: bool = False) -> list[dict]:
   """Every ``bench`` row of ``rows`` with a steady emulated network (:func:`row_links`)
   beside its replay with those link rates (:func:`~allreduce_jax.gloo_model.emulated_seconds`) and the cut bound
   (:func:`~allreduce_jax.gloo_model.cut_bound_seconds`).
@@ -315,6 +315,9 @@ def link_rate_cells(rows, alpha, duplex: str = "half") -> list[dict]:
     alpha: ``alpha(network, hosts) -> seconds per step`` (:func:`~allreduce_jax.gloo_model.fit_alpha` of a healthy
       run of that network).
     duplex: as :func:`~allreduce_jax.gloo_model.emulated_seconds` takes it.
+    buckets: the replay prices every link's token bucket as the cluster shapes it
+      (:func:`~allreduce_jax.gloo_model.link_buckets`: a slowed link's holds 64 KiB, more
+      seconds of its rate than a healthy one's 4 ms); ``alpha`` as without.
 
   Returns:
     One dict a row: ``algorithm, network, hosts, rate, link_rates, bytes, measured_s``,
@@ -335,7 +338,8 @@ def link_rate_cells(rows, alpha, duplex: str = "half") -> list[dict]:
     if alg in registry.ALGORITHMS and registry.ALGORITHMS[alg].messages is not None:
       try:
         replay_s = gloo_model.emulated_seconds(alg, p, n, net, rate=rate, alpha=alpha(net, p),
-                                    duplex=duplex, link_rates=slow, choices=r.get("choices"))  # fmt: skip
+                                    duplex=duplex, link_rates=slow, choices=r.get("choices"),
+                                    buckets=buckets)  # fmt: skip
       except ValueError:  # a network that takes no per-host rates (the ring of links)
         replay_s = None
     bound = None

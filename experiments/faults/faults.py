@@ -665,6 +665,7 @@ def alone_table() -> str:
 def _blocks_cells() -> list[dict]:
   """``slow-alone every``'s rows (3 calls a run, unlike the ring alone's 6), one dict a cell
   (host 1's slow factor k, congestion control, queue, algorithm, size) of :func:`~allreduce_jax.tools.faults.link_rate_cells`
+  (replayed with each link's own token bucket, ``buckets=True``: the slow link's 64 KiB)
   with ``k``, ``cc``, ``queue_ms``, ``runs_s`` (each run's measured seconds; a key's n-th row is run
   n), ``measured_s`` their median and ``rr`` the round-robin cell's measured / replay (the
   median of its runs in ``slow_link.jsonl``, same k, congestion control and queue; None if
@@ -676,7 +677,7 @@ def _blocks_cells() -> list[dict]:
   with _traced():
     for r in rows:
       if r["key"] not in cells:
-        (c,) = faults.link_rate_cells([r], _alpha)
+        (c,) = faults.link_rate_cells([r], _alpha, buckets=True)  # each link's own bucket
         cells[r["key"]] = {**c, "cc": _cc(r), "k": _k(r), "runs_s": [],
                            "queue_ms": json.loads(r["key"])["network"]["queue_s"] * 1e3}  # fmt: skip
       cells[r["key"]]["runs_s"].append(r["time_us"] / 1e6)
@@ -735,10 +736,10 @@ def blocks_tables() -> list[str]:
             " runs) | best measured | best / best candidate |", "|---|---|---|---|---|"]  # fmt: skip
     with _traced():
       for h in faults.auto_picks(mine, _alpha):
-        group = [c for c in mine if c["bytes"] == h["bytes"]]
+        same = [c for c in mine if c["bytes"] == h["bytes"]]
         each = []
         for i in range(runs):
-          t = {c["algorithm"]: c["runs_s"][i] for c in group if len(c["runs_s"]) > i}
+          t = {c["algorithm"]: c["runs_s"][i] for c in same if len(c["runs_s"]) > i}
           if h["pick"] in t:
             each.append(t[h["pick"]] / min(t.values()))
         auto.append(f"| {h['bytes'] / 2**20:g} | {h['pick']} | {h['pick_s'] / h['best_s']:.2f}"
@@ -1117,7 +1118,11 @@ def replay_tables() -> list[str]:
     " `--order blocks`: each algorithm's 3 calls back to back, after its warm-up), 1 and 4 MiB"
     " per host (1 MiB only at 1/100) on the 4-host switch, 1 MiB with `--net switch-8|fat-tree|torus`"
     " (8 hosts of a switch, fat_tree:2:1, torus:4 with both of host 1's links slowed), host 1's link at 1/K; a run the median of 3 calls of the slowest process, a cell the median of its runs"
-    " (min–max over them), taken beside other work on the same CPU. Round-robin / replay: the"
+    " (min–max over them), taken beside other work on the same CPU. Replay: as above, with"
+    " each link's token bucket as the cluster shapes it (`emulated_seconds(..., buckets=True)`,"
+    " `gloo_model.link_buckets`: 4 ms of a link's rate but at least 64 KiB, so the slow link's"
+    " holds 26 ms at 20 Mbit/s, 5.2 ms at 100 Mbit/s, 262 ms at 2 Mbit/s, and passes that much"
+    " at once after each pause; a healthy link's 4 ms). Round-robin / replay: the"
     " same cell of the round-robin runs above (same network, rate, congestion control and queue), whose calls"
     " each start with the skew between the processes that the call before left"
     " ([replay_trace.md](replay_trace.md)).", "",
