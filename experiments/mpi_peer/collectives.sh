@@ -18,6 +18,11 @@
 #             transport, two TCP connections per pair of ranks (hangs: no step done in 10 min),
 #             fixed 256 KiB socket buffers, ranks yielding the CPU while waiting (the launcher's
 #             since); VARIANTS (default all, "base": none more) picks some
+#   trace     steps.py --split at 16 MiB with the launcher's settings: halving-doubling and
+#             recursive doubling whole, step by step back to back and step by step after
+#             barriers, every process's start and end of every call (5 rounds) and of every
+#             MPI call inside them (build_mpi_call_trace.sh), and the whole ring,
+#             halving-doubling and recursive doubling timed as in steps
 #   table     every hand-written algorithm that runs with one device per host, and psum, over
 #             MPI (sent in 128 KiB fragments): p = 4 at 1 KiB-16 MiB (3 calls) and 64 MiB (1 call),
 #             p = 8 at 1 and 16 MiB
@@ -57,6 +62,13 @@ for rep in $(seq "$first" $((first + reps - 1))); do
             experiments/mpi_peer/steps.py --sizes 1KiB,2MiB,4MiB,8MiB,16MiB --reps 5 \
             --out "$rows/collectives_steps_${flags%%:*}_run${rep}.jsonl"
         done ;;
+      trace)  # the launcher's Open MPI settings (OMPI_MCA_* of this script's own unset)
+        bash experiments/mpi_peer/build_mpi_call_trace.sh
+        env -u OMPI_MCA_btl_tcp_max_send_size -u OMPI_MCA_mpi_yield_when_idle \
+          JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 4 --link 200Mbit \
+          --launcher mpirun --collectives mpi --timeout 900 -- .venv/bin/python \
+          experiments/mpi_peer/steps.py --sizes "" --split halving_doubling,recursive_doubling \
+          --reps 5 --mpi-trace --out "$rows/collectives_trace_run${rep}.jsonl" ;;
       table)
         out=$rows/collectives_table_run${rep}.jsonl
         cluster 4 mpi -- bench --algorithms "$every" -b 1KiB -e 16MiB -f 4 --no-uneven -n 3 -w 1 \
@@ -96,7 +108,7 @@ for rep in $(seq "$first" $((first + reps - 1))); do
             .venv/bin/python experiments/mpi_peer/steps.py --sizes 4MiB,8MiB,16MiB --reps 5 \
             "${extra[@]}" --out "$rows/collectives_steps_mpi_send_${name}_run${rep}.jsonl"
         done ;;
-      *) echo "collectives.sh: unknown arm '$arm' (mpi, mpi_send, gloo, steps, variants, mca, table)" >&2
+      *) echo "collectives.sh: unknown arm '$arm' (mpi, mpi_send, gloo, steps, variants, mca, trace, table)" >&2
          exit 2 ;;
     esac
   done

@@ -19,6 +19,17 @@ calls):
 - ``add``: the jitted add of two m-byte buffers on one device, no message;
 - ``halving_doubling``, ``recursive_doubling``, ``ring``: the whole all-reduce of n bytes.
 
+With ``--split ALGS`` (halving_doubling, recursive_doubling; p a power of two) it also traces
+each of them at n bytes, ``--reps`` rounds of three modes in turn, each after a barrier: the
+whole jitted all-reduce (``whole``), its message steps as separate jitted programs called back
+to back with no barrier between them (``split``; the same slices, adds and copies as the whole
+program's steps, result checked against the whole program's), and the same with a barrier
+before every step (``barriered``). Every process stamps the wall clock (one clock: the hosts are
+network namespaces of one machine) and its own CPU time as it starts and ends each call; one
+row per (algorithm, mode, round) with every process's stamps, seconds after the round's first
+start. ``--table ROWS`` prints what the stamps say per step: the wait for the partner (its
+later start), the time after both started, the gap between a process's calls, CPU per wall.
+
 Each row names the collectives that carried it (``collectives``: gloo or mpi, from JAX's
 config), Open MPI's ``btl_tcp_flags``, every ``OMPI_MCA_btl_tcp_*`` set,
 ``mpi_yield_when_idle``, ``--mca`` and ``--sysctl``.
@@ -34,9 +45,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from allreduce_jax import distributed
 
 PATTERNS = ("one_way", "exchange", "exchange_add", "shift")
+HERE = Path(__file__).resolve().parent
+TRACE_LIB = HERE.parent.parent / "build" / "mpi_call_trace" / "libmpiwrapper.so"
 
 
 def pairs(pattern: str, p: int) -> list[tuple[int, int]]:
@@ -53,6 +68,165 @@ def pairs(pattern: str, p: int) -> list[tuple[int, int]]:
   if pattern == "shift":
     return [(r, (r + 1) % p) for r in range(p)]
   raise ValueError(f"pattern={pattern!r}: expected one of {', '.join(PATTERNS)}.")
+
+
+def split_steps(algorithm: str, p: int) -> list[tuple[str, int]]:
+  """The message steps of ``algorithm`` (p a power of two) as ``(kind, mask)``: the partner
+  of r is r XOR mask; ``reduce`` keeps one half and adds the other half's partner copy,
+  ``gather`` places the received range beside its own, ``exchange`` adds the whole buffer.
+
+  Example:
+    >>> split_steps("halving_doubling", 4), split_steps("recursive_doubling", 4)
+    ([('reduce', 2), ('reduce', 1), ('gather', 1), ('gather', 2)], [('exchange', 1), ('exchange', 2)])
+  """
+  if p < 2 or p & (p - 1):
+    raise ValueError(f"p={p}: --split needs a power of two of at least 2 hosts.")
+  masks = [1 << k for k in range(p.bit_length() - 1)]  # 1, 2, ..., p/2
+  if algorithm == "halving_doubling":  # far partners first (MPICH), as the library's
+    return [("reduce", m) for m in masks[::-1]] + [("gather", m) for m in masks]
+  if algorithm == "recursive_doubling":
+    return [("exchange", m) for m in masks]
+  raise ValueError(f"--split={algorithm!r}: expected halving_doubling or recursive_doubling.")
+
+
+def step_stats(row: dict) -> list[dict]:
+  """Per step of one traced round, over the processes: the wait for the partner (its later
+  start), the time after both started (transfer, add, copies), the gap after the process's
+  previous call, the CPU time per wall time (medians over the processes; the wait, the rest
+  and the gap also their maxima).
+
+  Example:
+    >>> r = {"steps": ["reduce2"], "masks": [1], "start": [[0.0], [0.1]], "end": [[1.0], [1.0]],
+    ...      "cpu": [[0.5], [0.9]]}
+    >>> s = step_stats(r)[0]
+    >>> (s["wait_max"], round(s["after_both_max"], 2), round(s["cpu_per_wall"], 2))
+    (0.1, 0.9, 0.75)
+  """
+  start, end, cpu = (np.asarray(row[k]) for k in ("start", "end", "cpu"))
+  p = start.shape[0]
+  out = []
+  for k, mask in enumerate(row["masks"]):
+    partner = [r ^ mask if mask else r for r in range(p)]
+    both = np.maximum(start[:, k], start[partner, k])
+    wait, after = both - start[:, k], end[:, k] - both
+    gap = start[:, k] - end[:, k - 1] if k else np.zeros(p)
+    util = cpu[:, k] / np.maximum(end[:, k] - start[:, k], 1e-9)
+    out.append({
+      "step": row["steps"][k], "wait": float(np.median(wait)), "wait_max": float(wait.max()),
+      "after_both": float(np.median(after)), "after_both_max": float(after.max()),
+      "gap": float(np.median(gap)), "gap_max": float(gap.max()),
+      "cpu_per_wall": float(np.median(util)),
+    })  # fmt: skip
+  return out
+
+
+def mpi_call_stats(row: dict, calls: dict[int, list]) -> list[dict]:
+  """Per collective-permute inside one traced round (``calls[process]``: that process's
+  ``mpi_calls``, each ``[call, t0, t1, ...]`` on the round's clock): the time inside MPI (its
+  MPI_Irecv's entry to its last MPI_Wait's exit) and the time before it since the process's
+  previous collective ended (or its call started), medians and maxima over the processes;
+  a last entry ``after`` for the time from the last collective to the call's end.
+
+  Example:
+    >>> row = {"origin_s": 10.0, "start": [[0.0]], "end": [[1.0]]}
+    >>> c = {0: [["irecv", 10.1, 10.1], ["isend", 10.1, 10.1], ["wait", 10.1, 10.5],
+    ...          ["wait", 10.5, 10.6]]}
+    >>> [(s["step"], round(s["mpi"], 2), round(s["before"], 2)) for s in mpi_call_stats(row, c)]
+    [(0, 0.5, 0.1), ('after', 0.0, 0.4)]
+  """
+  per = []  # per process: [(before, mpi)] per collective, then (after, 0)
+  for r, (starts, ends) in enumerate(zip(row["start"], row["end"])):
+    t_start, t_end = row["origin_s"] + starts[0], row["origin_s"] + ends[-1]
+    mine = [c for c in calls.get(r, []) if t_start <= c[1] <= t_end]
+    posts = [i for i, c in enumerate(mine) if c[0] == "irecv"]
+    out, last = [], t_start
+    for i, j in zip(posts, [*posts[1:], len(mine)]):
+      done = max(c[2] for c in mine[i:j])
+      out.append((mine[i][1] - last, done - mine[i][1]))
+      last = done
+    per.append([*out, (t_end - last, 0.0)])
+  k = min(len(x) for x in per)
+  stats = []
+  for i in range(k):
+    before = np.asarray([x[i][0] if i < k - 1 else x[-1][0] for x in per])
+    mpi = np.asarray([x[i][1] if i < k - 1 else 0.0 for x in per])
+    stats.append({
+      "step": i if i < k - 1 else "after", "mpi": float(np.median(mpi)), "mpi_max": float(mpi.max()),
+      "before": float(np.median(before)), "before_max": float(before.max()),
+    })  # fmt: skip
+  return stats
+
+
+def mpi_call_table(rows: list[dict]) -> str:
+  """Markdown of :func:`mpi_call_stats` over the traced rounds of ``rows`` (ms, medians
+  [min–max] over the rounds; rows of kind ``mpi_calls`` needed)."""
+  import collections
+
+  calls = {r["process"]: r["calls"] for r in rows if r.get("kind") == "mpi_calls"}
+  if not calls:
+    return ""
+
+  def cell(xs):
+    xs = [x * 1e3 for x in xs]
+    return f"{statistics.median(xs):.1f} [{min(xs):.1f}–{max(xs):.1f}]"
+
+  groups = collections.defaultdict(list)
+  for r in rows:
+    if r.get("kind") == "trace":
+      groups[(r["algorithm"], r["bytes"], r["mode"])].append(mpi_call_stats(r, calls))
+  lines = [
+    "| algorithm | n | mode | collective | before it (median, max over hosts) | inside MPI "
+    "(median, max) |",
+    "|---|---|---|---|---|---|",
+  ]
+  for (alg, n, mode), stats in sorted(groups.items()):
+    for i in range(min(len(s) for s in stats)):
+      s = [st[i] for st in stats]
+
+      def col(name, s=s):
+        return f"{cell([x[name] for x in s])}, {cell([x[name + '_max'] for x in s])}"
+
+      lines.append(
+        f"| {alg} | {n >> 20} MiB | {mode} ({len(stats)}) | {s[0]['step']} | {col('before')} | "
+        f"{col('mpi')} |"
+      )
+  return "\n".join(lines)
+
+
+def trace_table(rows: list[dict]) -> str:
+  """Markdown of the traced rounds: per algorithm, mode and step the medians [min–max] over
+  the rounds of :func:`step_stats` (ms), and each mode's span (the round's first start to
+  its last end)."""
+  import collections
+
+  def cell(xs, scale=1e3):
+    xs = [x * scale for x in xs]
+    return f"{statistics.median(xs):.1f} [{min(xs):.1f}–{max(xs):.1f}]"
+
+  groups = collections.defaultdict(list)
+  for r in rows:
+    if r.get("kind") == "trace":
+      groups[(r["algorithm"], r["bytes"], r["mode"])].append(r)
+  lines = [
+    "| algorithm | n | mode | step | wait for partner (median, max over hosts) | after both "
+    "started (median, max) | gap before (median, max) | CPU / wall | span |",
+    "|---|---|---|---|---|---|---|---|---|",
+  ]
+  for (alg, n, mode), rs in sorted(groups.items()):
+    spans = [float(np.max(r["end"]) - np.min(r["start"])) for r in rs]
+    stats = [step_stats(r) for r in rs]
+    for k in range(len(stats[0])):
+      s = [st[k] for st in stats]
+
+      def col(name, s=s):
+        return f"{cell([x[name] for x in s])}, {cell([x[name + '_max'] for x in s])}"
+
+      lines.append(
+        f"| {alg} | {n >> 20} MiB | {mode} ({len(rs)}) | {s[0]['step']} | {col('wait')} | "
+        f"{col('after_both')} | {col('gap')} | {cell([x['cpu_per_wall'] for x in s], 1)} | "
+        + (f"{cell(spans)} |" if k == 0 else " |")
+      )
+  return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -77,14 +251,43 @@ def main(argv=None) -> int:
     help="an Open MPI MCA parameter for this rank (OMPI_MCA_NAME, set before MPI starts), e.g."
     " mpi_yield_when_idle=1; recorded in the rows",
   )
-  ap.add_argument("--out", required=True)
+  ap.add_argument(
+    "--split", default="", help="trace these algorithms whole and step by step (see above)"
+  )
+  ap.add_argument(
+    "--mpi-trace",
+    action="store_true",
+    help="stamp every MPI_Irecv, MPI_Isend and MPI_Wait of XLA's MPI collectives too (a PMPI"
+    " shim, mpi_call_trace.c, built by build_mpi_call_trace.sh; --collectives mpi); rows of kind"
+    " mpi_calls",
+  )
+  ap.add_argument("--table", metavar="ROWS", help="print the traced rounds of ROWS and exit")
+  ap.add_argument("--out")
   args = ap.parse_args(argv)
+  if args.table:
+    with open(args.table) as f:
+      rows = [json.loads(line) for line in f if line.strip()]
+    print(trace_table(rows))
+    print()
+    print(mpi_call_table(rows))
+    return 0
+  if not args.out:
+    ap.error("--out is required (or --table ROWS)")
   sysctls = dict(kv.split("=", 1) for kv in args.sysctl)
   mca = dict(kv.split("=", 1) for kv in args.mca)
   for name, value in mca.items():  # read by Open MPI when XLA's collectives start it
     os.environ[f"OMPI_MCA_{name}"] = value
   for name, value in sysctls.items():  # the namespace's own copy: gone with the cluster
     Path("/proc/sys/net/ipv4", name).write_text(value)
+  calls = f"{args.out}.mpicalls"  # + .RANK: each process's MPI calls, folded into the rows
+  if args.mpi_trace:  # before MPI starts: MPIwrapper's copy that stamps its MPI calls
+    if not TRACE_LIB.is_file():
+      raise SystemExit(
+        f"steps.py: --mpi-trace needs {TRACE_LIB}: bash experiments/mpi_peer/build_mpi_call_trace.sh"
+      )
+    if os.environ.get(distributed.ENV_MPIWRAPPER) != str(TRACE_LIB):  # read when jax loads
+      env = {**os.environ, distributed.ENV_MPIWRAPPER: str(TRACE_LIB), "MPI_CALL_TRACE": calls}
+      os.execve(sys.executable, [sys.executable, *sys.argv], env)  # MPI not started yet
   distributed.initialize_from_env()
   import jax
   import jax.numpy as jnp
@@ -159,7 +362,7 @@ def main(argv=None) -> int:
     if jax.process_index() == 0:
       print(f"{kind:20s} {m:>10d} B  {statistics.median(ts) * 1e3:9.2f} ms", flush=True)
 
-  for m in (parse_size(s) for s in args.sizes.split(",")):
+  for m in (parse_size(s) for s in args.sizes.split(",") if s):
     x = put(m // 4)
     for pattern in PATTERNS:
       record(pattern, m, timed(step(pattern), x))
@@ -170,10 +373,95 @@ def main(argv=None) -> int:
     b = jnp.ones((m // 4,), jnp.float32)
     record("add", m, timed(lambda _, a=a, b=b, f=local: f(a, b), None))
   n = parse_size(args.allreduce)
-  for alg in args.algorithms.split(","):
+  for alg in filter(None, args.algorithms.split(",")):
     alg_mesh, alg_spec, fn, _ = programs(alg, p, "sum")
     record(alg, n, timed(fn, put(n // 4, alg_mesh, alg_spec)))
+
+  def split_program(kind: str, mask: int):
+    perm = [(r, r ^ mask) for r in range(p)]
+
+    def body(x):  # x: this device's f32[1, c]
+      v = x.reshape(-1)
+      bit = (lax.axis_index("i") // mask) % 2  # which half this rank keeps or holds
+      if kind == "exchange":
+        out = v + lax.ppermute(v, "i", perm)
+      elif kind == "reduce":
+        half = v.shape[0] // 2
+        keep = lax.dynamic_slice_in_dim(v, bit * half, half)
+        give = lax.dynamic_slice_in_dim(v, (1 - bit) * half, half)
+        out = keep + lax.ppermute(give, "i", perm)
+      else:  # gather
+        h = v.shape[0]
+        got = lax.ppermute(v, "i", perm)
+        out = lax.dynamic_update_slice_in_dim(jnp.zeros((2 * h,), v.dtype), v, bit * h, 0)
+        out = lax.dynamic_update_slice_in_dim(out, got, (1 - bit) * h, 0)
+      return out.reshape(1, -1)
+
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+
+  def stamped(fn, x):  # start, end (ns of the one clock), this process's CPU ns
+    t0, c0 = time.perf_counter_ns(), time.process_time_ns()
+    y = jax.block_until_ready(fn(x))
+    return y, (t0, time.perf_counter_ns(), time.process_time_ns() - c0)
+
+  def local(y) -> np.ndarray:
+    return np.asarray(y.addressable_shards[0].data).reshape(-1)
+
+  for alg in filter(None, args.split.split(",")):
+    steps = split_steps(alg, p)
+    fns = [split_program(kind, mask) for kind, mask in steps]
+    alg_mesh, alg_spec, whole, _ = programs(alg, p, "sum")
+    x = put(n // 4)
+    y = x
+    for f in fns:  # compile, connect
+      y = jax.block_until_ready(f(y))
+    want = local(jax.block_until_ready(whole(put(n // 4, alg_mesh, alg_spec))))
+    got = local(y)
+    if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-5):
+      raise SystemExit(f"steps.py: --split {alg}: the steps' result differs from the whole's")
+    xw = put(n // 4, alg_mesh, alg_spec)
+    for k in range(args.reps):
+      for mode in ("whole", "split", "barriered"):
+        multihost_utils.sync_global_devices(f"{alg}{mode}{k}")
+        if mode == "whole":
+          stamps = [stamped(whole, xw)[1]]
+        else:
+          y, stamps = x, []
+          for i, f in enumerate(fns):
+            if mode == "barriered":
+              multihost_utils.sync_global_devices(f"{alg}{mode}{k}.{i}")
+            y, st = stamped(f, y)
+            stamps.append(st)
+        us = np.asarray(stamps, np.int64) // 1000  # gathered as int32 s and us (no x64)
+        parts = (us // 10**6, us % 10**6)
+        s_, u_ = (np.asarray(multihost_utils.process_allgather(a.astype(np.int32))) for a in parts)
+        every = (s_.astype(np.float64) + u_ * 1e-6).reshape(p, len(stamps), 3)
+        t0 = every[:, 0, 0].min()
+        rows.append({
+          "kind": "trace", "algorithm": alg, "mode": mode, "bytes": n, "p": p, "rep": k,
+          "origin_s": float(t0),  # the one clock's (CLOCK_MONOTONIC) reading of the 0
+          "steps": [alg] if mode == "whole" else [f"{kind}{mask}" for kind, mask in steps],
+          "masks": [0] if mode == "whole" else [mask for _, mask in steps],
+          "start": (every[:, :, 0] - t0).tolist(), "end": (every[:, :, 1] - t0).tolist(),
+          "cpu": every[:, :, 2].tolist(), "collectives": collectives, "btl_tcp_flags": flags,
+          "tcp_mca": tcp, "mca": mca or None, "sysctl": sysctls or None,
+          "yield_when_idle": os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
+        })  # fmt: skip
+        if jax.process_index() == 0:
+          span = every[:, :, 1].max() - t0
+          print(f"trace {alg:20s} {mode:10s} round {k}: {span * 1e3:9.2f} ms", flush=True)
+  multihost_utils.sync_global_devices("done")
   if jax.process_index() == 0:
+    if args.mpi_trace:
+      for r in range(p):
+        path = Path(f"{calls}.{r}")
+        lines = [ln.split() for ln in path.read_text().splitlines()] if path.exists() else []
+        path.unlink(missing_ok=True)
+        rows.append({
+          "kind": "mpi_calls", "process": r, "fields": "call t0 t1 peer bytes request thread",
+          "calls": [[c, float(a), float(b), int(q), int(m), req, int(t)]
+                    for c, a, b, q, m, req, t in lines],
+        })  # fmt: skip
     with open(args.out, "a") as f:
       for r in rows:
         f.write(json.dumps(r) + "\n")
