@@ -710,7 +710,7 @@ def blocks_tables() -> list[str]:
   group = lambda c: (c["network"], c["hosts"], c["k"], c["cc"], c["queue_ms"])  # noqa: E731
   for net, p, k, cc, q in sorted(
     dict.fromkeys(map(group, cells)),
-    key=lambda g: ((g[0], g[1]) != ("switch", HOSTS), g[0], g[1], g[2], g[3] or "", -g[4]),
+    key=lambda g: (g[0] != "switch", g[1], g[0], g[2], g[3] or "", -g[4]),  # switches first
   ):
     mine = [c for c in cells if group(c) == (net, p, k, cc, q)]
     hand = [c for c in mine if c["replay_s"] and c["algorithm"] != "psum"]
@@ -733,17 +733,22 @@ def blocks_tables() -> list[str]:
                    f" {f(c['rr'])} |")  # fmt: skip
     runs = max(len(c["runs_s"]) for c in mine)
     auto = ["| MiB | auto's pick (half-duplex replay) | its time / best measured (min–max over"
-            " runs) | best measured | best / best candidate |", "|---|---|---|---|---|"]  # fmt: skip
+            " runs) | best measured | best / best candidate | pick priced with each link's bucket"
+            " / best measured (min–max) |", "|---|---|---|---|---|---|"]  # fmt: skip
     with _traced():
       for h in faults.auto_picks(mine, _alpha):
         same = [c for c in mine if c["bytes"] == h["bytes"]]
-        each = []
+        t = {c["algorithm"]: c["measured_s"] for c in same}
+        b = _bucket_pick(h, tuple(t))
+        each = {h["pick"]: [], b: []}
         for i in range(runs):
-          t = {c["algorithm"]: c["runs_s"][i] for c in same if len(c["runs_s"]) > i}
-          if h["pick"] in t:
-            each.append(t[h["pick"]] / min(t.values()))
+          run = {c["algorithm"]: c["runs_s"][i] for c in same if len(c["runs_s"]) > i}
+          for a in each:
+            if a in run:
+              each[a].append(run[a] / min(run.values()))
         auto.append(f"| {h['bytes'] / 2**20:g} | {h['pick']} | {h['pick_s'] / h['best_s']:.2f}"
-                    f" ({_span(each)}) | {h['best']} | {h['best_s'] / h['best_candidate_s']:.2f} |")  # fmt: skip
+                    f" ({_span(each[h['pick']])}) | {h['best']} | {h['best_s'] / h['best_candidate_s']:.2f} |"
+                    f" {b} {t[b] / h['best_s']:.2f} ({_span(each[b])}) |")  # fmt: skip
     out += [
       f"#### {net}, {p} hosts, host 1 at 1/{k} ({RATE * 8e-6 / k:g} Mbit/s), queues of {q:g} ms, {f'`{cc}`' if cc else 'no `--congestion-control` (the hosts inherit the machine' + chr(39) + 's)'}", "",
       f"Measured within 20 % of the replay (medians over runs) in"
@@ -753,6 +758,25 @@ def blocks_tables() -> list[str]:
       *lines, "", "`auto` told the rates (as below), against the same runs:", "", *auto, "",
     ]  # fmt: skip
   return out
+
+
+def _bucket_pick(h: dict, measured: tuple[str, ...]) -> str:
+  """What ``auto`` told the rates picks (:func:`~allreduce_jax.tools.faults.auto_picks`'
+  group ``h``) among its ``measured`` candidates were it priced by the blocks tables' replay,
+  with each link's own token bucket (``gloo_model.link_buckets``); under :func:`_traced`."""
+  from allreduce_jax import cost_model, gloo_model
+
+  net, p, rate, slow = h["network"], h["hosts"], h["rate"], h["link_rates"]
+  buckets = gloo_model.link_buckets(net, p, rate=rate, link_rates=slow)
+  price = functools.partial(gloo_model.predict_seconds, duplex="half", bucket_s=buckets)
+  return cost_model.choose(
+    p,
+    h["bytes"],
+    gloo_model.link_params(rate, _alpha(net, p)),
+    tuple(a for a in cost_model.auto_candidates() if a in measured),
+    topology=gloo_model.emulated_network(net, p, rate=rate, link_rates=slow),
+    price=price,
+  )
 
 
 def _slow_rows() -> list[dict]:
@@ -1125,7 +1149,8 @@ def replay_tables() -> list[str]:
     " at once after each pause; a healthy link's 4 ms). Round-robin / replay: the"
     " same cell of the round-robin runs above (same network, rate, congestion control and queue), whose calls"
     " each start with the skew between the processes that the call before left"
-    " ([replay_trace.md](replay_trace.md)).", "",
+    " ([replay_trace.md](replay_trace.md)). `auto` as in the section below; beside it what it"
+    " would pick were its candidates priced by this replay, with each link's bucket.", "",
     *blocks_tables(),
     "### Host 1's TCP and the slow link's queues during the slow-link runs", "",
     "Sampled every 0.25 s in host 1's namespace while a run went on (its algorithms and sizes;"
