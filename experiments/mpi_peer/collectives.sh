@@ -22,7 +22,12 @@
 #             recursive doubling whole, step by step back to back and step by step after
 #             barriers, every process's start and end of every call (5 rounds) and of every
 #             MPI call inside them (build_mpi_call_trace.sh), and the whole ring,
-#             halving-doubling and recursive doubling timed as in steps
+#             halving-doubling and recursive doubling timed as in steps; XLA_VARIANTS (default
+#             "default") adds XLA:CPU flags: noconc (no concurrency-optimized scheduler), eigen1
+#             (no multi-threaded Eigen)
+#   ring8     over gloo on the 8-host switch: steps.py at 1 KiB and 2 MiB (a ring step of
+#             16 MiB at p = 8 is a shift of 2 MiB; the add of 2 MiB) and the whole ring and psum
+#             at 16 MiB, in one launch
 #   table     every hand-written algorithm that runs with one device per host, and psum, over
 #             MPI (sent in 128 KiB fragments): p = 4 at 1 KiB-16 MiB (3 calls) and 64 MiB (1 call),
 #             p = 8 at 1 and 16 MiB
@@ -64,11 +69,22 @@ for rep in $(seq "$first" $((first + reps - 1))); do
         done ;;
       trace)  # the launcher's Open MPI settings (OMPI_MCA_* of this script's own unset)
         bash experiments/mpi_peer/build_mpi_call_trace.sh
-        env -u OMPI_MCA_btl_tcp_max_send_size -u OMPI_MCA_mpi_yield_when_idle \
-          JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 4 --link 200Mbit \
-          --launcher mpirun --collectives mpi --timeout 900 -- .venv/bin/python \
-          experiments/mpi_peer/steps.py --sizes "" --split halving_doubling,recursive_doubling \
-          --reps 5 --mpi-trace --out "$rows/collectives_trace_run${rep}.jsonl" ;;
+        for v in ${XLA_VARIANTS:-default}; do  # one XLA:CPU flag more: rows collectives_trace_V_runR
+          case $v in
+            default) extra=() name=trace ;;
+            noconc) extra=(--xla-flag=--xla_cpu_enable_concurrency_optimized_scheduler=false) ;;
+            eigen1) extra=(--xla-flag=--xla_cpu_multi_thread_eigen=false) ;;
+            *) echo "collectives.sh: unknown XLA variant '$v' (default, noconc, eigen1)" >&2; exit 2 ;;
+          esac
+          [[ $v == default ]] || name=trace_$v
+          env -u OMPI_MCA_btl_tcp_max_send_size -u OMPI_MCA_mpi_yield_when_idle \
+            JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 4 --link 200Mbit \
+            --launcher mpirun --collectives mpi --timeout 900 -- .venv/bin/python \
+            experiments/mpi_peer/steps.py --sizes "" --split halving_doubling,recursive_doubling \
+            --reps 5 --mpi-trace "${extra[@]}" --out "$rows/collectives_${name}_run${rep}.jsonl"
+        done ;;
+      ring8) cluster 8 gloo -- .venv/bin/python experiments/mpi_peer/steps.py --sizes 1KiB,2MiB \
+               --algorithms ring,psum --reps 5 --out "$rows/collectives_ring8_run${rep}.jsonl" ;;
       table)
         out=$rows/collectives_table_run${rep}.jsonl
         cluster 4 mpi -- bench --algorithms "$every" -b 1KiB -e 16MiB -f 4 --no-uneven -n 3 -w 1 \
@@ -108,7 +124,7 @@ for rep in $(seq "$first" $((first + reps - 1))); do
             .venv/bin/python experiments/mpi_peer/steps.py --sizes 4MiB,8MiB,16MiB --reps 5 \
             "${extra[@]}" --out "$rows/collectives_steps_mpi_send_${name}_run${rep}.jsonl"
         done ;;
-      *) echo "collectives.sh: unknown arm '$arm' (mpi, mpi_send, gloo, steps, variants, mca, trace, table)" >&2
+      *) echo "collectives.sh: unknown arm '$arm' (mpi, mpi_send, gloo, steps, variants, mca, trace, ring8, table)" >&2
          exit 2 ;;
     esac
   done

@@ -32,7 +32,7 @@ later start), the time after both started, the gap between a process's calls, CP
 
 Each row names the collectives that carried it (``collectives``: gloo or mpi, from JAX's
 config), Open MPI's ``btl_tcp_flags``, every ``OMPI_MCA_btl_tcp_*`` set,
-``mpi_yield_when_idle``, ``--mca`` and ``--sysctl``.
+``mpi_yield_when_idle``, ``--mca``, ``--sysctl`` and ``--xla-flag``.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ import numpy as np
 from allreduce_jax import distributed
 
 PATTERNS = ("one_way", "exchange", "exchange_add", "shift")
+RATE = 25e6  # bytes/s each way: the emulated links' 200 Mbit/s
 HERE = Path(__file__).resolve().parent
 TRACE_LIB = HERE.parent.parent / "build" / "mpi_call_trace" / "libmpiwrapper.so"
 
@@ -157,12 +158,52 @@ def mpi_call_stats(row: dict, calls: dict[int, list]) -> list[dict]:
   return stats
 
 
+def exchanges(row: dict, calls: dict[int, list], rate: float = RATE) -> list[dict]:
+  """Every pairwise exchange inside one traced round (``calls[process]`` as
+  :func:`mpi_call_stats` takes them): its collective's index, the pair, its time from the
+  later of the two MPI_Irecv posts to the later of the two last MPI_Wait exits, that time over
+  m/B (m the bytes each way, B ``rate``), and each process's time from its call's start to its
+  first MPI_Irecv (``first_post``, the same for every exchange of the round).
+
+  Example:
+    >>> row = {"origin_s": 0.0, "start": [[0.0], [0.0]], "end": [[1.0], [1.0]]}
+    >>> c = {0: [["irecv", 0.01, 0.01, 1, 100], ["wait", 0.01, 0.2, -1, 0]],
+    ...      1: [["irecv", 0.05, 0.05, 0, 100], ["wait", 0.05, 0.45, -1, 0]]}
+    >>> e = exchanges(row, c, rate=1000.0)[0]
+    >>> (e["pair"], round(e["s"], 2), round(e["over_mb"], 1), e["first_post"])
+    ((0, 1), 0.4, 4.0, [0.01, 0.05])
+  """
+  per = {}  # process -> [(post, done, peer, bytes)] per collective
+  first = []
+  for r, (starts, ends) in enumerate(zip(row["start"], row["end"])):
+    t_start, t_end = row["origin_s"] + starts[0], row["origin_s"] + ends[-1]
+    mine = [c for c in calls.get(r, []) if t_start <= c[1] <= t_end]
+    posts = [i for i, c in enumerate(mine) if c[0] == "irecv"]
+    per[r] = [
+      (mine[i][1], max(c[2] for c in mine[i:j]), mine[i][3], mine[i][4])
+      for i, j in zip(posts, [*posts[1:], len(mine)])
+    ]
+    first.append(round(per[r][0][0] - t_start, 6) if per[r] else None)
+  out = []
+  for r, colls in per.items():
+    for k, (post, done, q, m) in enumerate(colls):
+      if q <= r or q not in per or k >= len(per[q]):
+        continue
+      post_q, done_q = per[q][k][:2]
+      t = max(done, done_q) - max(post, post_q)
+      out.append({"k": k, "pair": (r, q), "s": t, "over_mb": t / (m / rate), "first_post": first})
+  return out
+
+
 def mpi_call_table(rows: list[dict]) -> str:
   """Markdown of :func:`mpi_call_stats` over the traced rounds of ``rows`` (ms, medians
   [min–max] over the rounds; rows of kind ``mpi_calls`` needed)."""
   import collections
 
-  calls = {r["process"]: r["calls"] for r in rows if r.get("kind") == "mpi_calls"}
+  calls = {}  # every file's: the one clock's readings do not overlap between launches
+  for r in rows:
+    if r.get("kind") == "mpi_calls":
+      calls.setdefault(r["process"], []).extend(r["calls"])
   if not calls:
     return ""
 
@@ -172,7 +213,7 @@ def mpi_call_table(rows: list[dict]) -> str:
 
   groups = collections.defaultdict(list)
   for r in rows:
-    if r.get("kind") == "trace":
+    if r.get("kind") == "trace" and "origin_s" in r:  # a launch with --mpi-trace
       groups[(r["algorithm"], r["bytes"], r["mode"])].append(mpi_call_stats(r, calls))
   lines = [
     "| algorithm | n | mode | collective | before it (median, max over hosts) | inside MPI "
@@ -190,6 +231,26 @@ def mpi_call_table(rows: list[dict]) -> str:
         f"| {alg} | {n >> 20} MiB | {mode} ({len(stats)}) | {s[0]['step']} | {col('before')} | "
         f"{col('mpi')} |"
       )
+  lines += [
+    "",
+    "| algorithm | n | mode | exchanges | over 1.25 m/B | time / (m/B), median [min–max] "
+    "| first MPI_Irecv after the call's start, ms, median [min–max] over rounds (latest host) |",
+    "|---|---|---|---|---|---|---|",
+  ]
+  ex = collections.defaultdict(list)
+  for r in rows:
+    if r.get("kind") == "trace" and "origin_s" in r:
+      ex[(r["algorithm"], r["bytes"], r["mode"])].append(exchanges(r, calls))
+  for (alg, n, mode), rounds in sorted(ex.items()):
+    every = [e for es in rounds for e in es]
+    ratios = [e["over_mb"] for e in every]
+    firsts = [max(f for f in es[0]["first_post"] if f is not None) for es in rounds if es]
+    slow = sum(x > 1.25 for x in ratios)
+    lines.append(
+      f"| {alg} | {n >> 20} MiB | {mode} ({len(rounds)}) | {len(ratios)} | {slow} | "
+      f"{statistics.median(ratios):.2f} [{min(ratios):.2f}–{max(ratios):.2f}] | "
+      f"{cell(firsts)} |"
+    )
   return "\n".join(lines)
 
 
@@ -255,18 +316,27 @@ def main(argv=None) -> int:
     "--split", default="", help="trace these algorithms whole and step by step (see above)"
   )
   ap.add_argument(
+    "--xla-flag",
+    action="append",
+    default=[],
+    metavar="FLAG",
+    help="add to XLA_FLAGS before XLA starts, e.g."
+    " --xla_cpu_enable_concurrency_optimized_scheduler=false; recorded in the rows",
+  )
+  ap.add_argument(
     "--mpi-trace",
     action="store_true",
     help="stamp every MPI_Irecv, MPI_Isend and MPI_Wait of XLA's MPI collectives too (a PMPI"
     " shim, mpi_call_trace.c, built by build_mpi_call_trace.sh; --collectives mpi); rows of kind"
     " mpi_calls",
   )
-  ap.add_argument("--table", metavar="ROWS", help="print the traced rounds of ROWS and exit")
+  ap.add_argument(
+    "--table", metavar="ROWS", nargs="+", help="print the traced rounds of ROWS and exit"
+  )
   ap.add_argument("--out")
   args = ap.parse_args(argv)
   if args.table:
-    with open(args.table) as f:
-      rows = [json.loads(line) for line in f if line.strip()]
+    rows = [json.loads(line) for path in args.table for line in open(path) if line.strip()]
     print(trace_table(rows))
     print()
     print(mpi_call_table(rows))
@@ -279,6 +349,8 @@ def main(argv=None) -> int:
     os.environ[f"OMPI_MCA_{name}"] = value
   for name, value in sysctls.items():  # the namespace's own copy: gone with the cluster
     Path("/proc/sys/net/ipv4", name).write_text(value)
+  if args.xla_flag:  # read when XLA's CPU client starts (distributed.initialize_from_env)
+    os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *args.xla_flag]).strip()
   calls = f"{args.out}.mpicalls"  # + .RANK: each process's MPI calls, folded into the rows
   if args.mpi_trace:  # before MPI starts: MPIwrapper's copy that stamps its MPI calls
     if not TRACE_LIB.is_file():
@@ -356,7 +428,7 @@ def main(argv=None) -> int:
       "kind": kind, "bytes": m, "p": p, "reps": len(ts), "collectives": collectives,
       "btl_tcp_flags": flags, "tcp_mca": tcp, "mca": mca or None, "sysctl": sysctls or None,
       "yield_when_idle": os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
-      "time_s": statistics.median(ts),
+      "xla_flags": args.xla_flag or None, "time_s": statistics.median(ts),
       "time_s_min": min(ts), "time_s_max": max(ts), "times_s": ts,
     })  # fmt: skip
     if jax.process_index() == 0:
@@ -446,6 +518,7 @@ def main(argv=None) -> int:
           "cpu": every[:, :, 2].tolist(), "collectives": collectives, "btl_tcp_flags": flags,
           "tcp_mca": tcp, "mca": mca or None, "sysctl": sysctls or None,
           "yield_when_idle": os.environ.get("OMPI_MCA_mpi_yield_when_idle"),
+          "xla_flags": args.xla_flag or None,
         })  # fmt: skip
         if jax.process_index() == 0:
           span = every[:, :, 1].max() - t0
