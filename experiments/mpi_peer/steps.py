@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from allreduce_jax import distributed
+from allreduce_jax.units import format_bytes
 
 PATTERNS = ("one_way", "exchange", "exchange_add", "shift")
 RATE = 25e6  # bytes/s each way: the emulated links' 200 Mbit/s
@@ -228,7 +229,7 @@ def mpi_call_table(rows: list[dict]) -> str:
         return f"{cell([x[name] for x in s])}, {cell([x[name + '_max'] for x in s])}"
 
       lines.append(
-        f"| {alg} | {n >> 20} MiB | {mode} ({len(stats)}) | {s[0]['step']} | {col('before')} | "
+        f"| {alg} | {format_bytes(n)} | {mode} ({len(stats)}) | {s[0]['step']} | {col('before')} | "
         f"{col('mpi')} |"
       )
   lines += [
@@ -247,9 +248,65 @@ def mpi_call_table(rows: list[dict]) -> str:
     firsts = [max(f for f in es[0]["first_post"] if f is not None) for es in rounds if es]
     slow = sum(x > 1.25 for x in ratios)
     lines.append(
-      f"| {alg} | {n >> 20} MiB | {mode} ({len(rounds)}) | {len(ratios)} | {slow} | "
+      f"| {alg} | {format_bytes(n)} | {mode} ({len(rounds)}) | {len(ratios)} | {slow} | "
       f"{statistics.median(ratios):.2f} [{min(ratios):.2f}–{max(ratios):.2f}] | "
       f"{cell(firsts)} |"
+    )
+  return "\n".join(lines)
+
+
+BOUND = {"halving_doubling": 2 * 3 / 4, "recursive_doubling": 2.0, "ring": 2 * 3 / 4}  # x n/B, p=4
+
+
+def summary_table(runs: list[list[dict]]) -> str:
+  """Markdown, one line per XLA flag setting and algorithm over the launches ``runs`` (each
+  a file's rows): the timed whole all-reduce over its full-duplex bound (``BOUND`` · n/B),
+  median [min–max] of the launches' medians; and from the traced rounds (where
+  ``--mpi-trace`` ran), the first MPI_Irecv after the call's start (latest host, median of
+  the rounds, then median [min–max] over launches) and the exchanges over 1.25 m/B in each
+  mode (all launches together)."""
+  import collections
+
+  def fmt(xs, f="{:.2f}"):
+    return f"{f.format(statistics.median(xs))} [{f.format(min(xs))}–{f.format(max(xs))}]"
+
+  timed = collections.defaultdict(list)
+  first = collections.defaultdict(list)
+  slow = collections.defaultdict(lambda: [0, 0])
+  for rows in runs:
+    calls = {}
+    for r in rows:
+      if r.get("kind") == "mpi_calls":
+        calls.setdefault(r["process"], []).extend(r["calls"])
+    per_launch = collections.defaultdict(list)
+    for r in rows:
+      key = " ".join(r.get("xla_flags") or []) or "(none)"
+      if r.get("kind") in BOUND:
+        timed[(key, r["kind"])].append(r["time_s"] / (BOUND[r["kind"]] * r["bytes"] / RATE))
+      if r.get("kind") == "trace" and "origin_s" in r and calls:
+        ex = exchanges(r, calls)
+        if r["mode"] == "whole" and ex:
+          per_launch[(key, r["algorithm"])].append(
+            max(f for f in ex[0]["first_post"] if f is not None)
+          )
+        tally = slow[(key, r["algorithm"], r["mode"])]
+        tally[0] += sum(e["over_mb"] > 1.25 for e in ex)
+        tally[1] += len(ex)
+    for k, v in per_launch.items():
+      first[k].append(statistics.median(v))
+  lines = [
+    "| XLA flags | algorithm | launches | whole / bound | first MPI_Irecv, ms | exchanges over "
+    "1.25 m/B: whole | split | barriered |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for (key, alg), ratios in sorted(timed.items()):
+    tally = [slow.get((key, alg, m)) for m in ("whole", "split", "barriered")]
+    lines.append(
+      f"| {key} | {alg} | {len(ratios)} | {fmt(ratios)}× | "
+      + (fmt([x * 1e3 for x in first[(key, alg)]], "{:.0f}") if first.get((key, alg)) else "—")
+      + " | "
+      + " | ".join(f"{t[0]} of {t[1]}" if t and t[1] else "—" for t in tally)
+      + " |"
     )
   return "\n".join(lines)
 
@@ -283,7 +340,7 @@ def trace_table(rows: list[dict]) -> str:
         return f"{cell([x[name] for x in s])}, {cell([x[name + '_max'] for x in s])}"
 
       lines.append(
-        f"| {alg} | {n >> 20} MiB | {mode} ({len(rs)}) | {s[0]['step']} | {col('wait')} | "
+        f"| {alg} | {format_bytes(n)} | {mode} ({len(rs)}) | {s[0]['step']} | {col('wait')} | "
         f"{col('after_both')} | {col('gap')} | {cell([x['cpu_per_wall'] for x in s], 1)} | "
         + (f"{cell(spans)} |" if k == 0 else " |")
       )
@@ -333,8 +390,14 @@ def main(argv=None) -> int:
   ap.add_argument(
     "--table", metavar="ROWS", nargs="+", help="print the traced rounds of ROWS and exit"
   )
+  ap.add_argument(
+    "--summary", metavar="ROWS", nargs="+", help="print the launches' summary (one file each)"
+  )
   ap.add_argument("--out")
   args = ap.parse_args(argv)
+  if args.summary:
+    print(summary_table([[json.loads(x) for x in open(f) if x.strip()] for f in args.summary]))
+    return 0
   if args.table:
     rows = [json.loads(line) for path in args.table for line in open(path) if line.strip()]
     print(trace_table(rows))
