@@ -10,8 +10,11 @@ wrapper=$root/build/mpiwrapper/lib/libmpiwrapper.so
 [[ -f $wrapper ]] || { echo "build_mpi_call_trace.sh: no $wrapper (run build_mpiwrapper.sh first)" >&2; exit 2; }
 command -v patchelf >/dev/null || { echo "build_mpi_call_trace.sh: no patchelf on PATH (Debian: apt-get install patchelf)" >&2; exit 2; }
 mkdir -p "$out"
-mpicc -O2 -fPIC -shared "$root/experiments/mpi_peer/mpi_call_trace.c" -o "$out/libmpi_call_trace.so"
-cp "$wrapper" "$out/libmpiwrapper.so"
-patchelf --add-needed libmpi_call_trace.so "$out/libmpiwrapper.so"
-patchelf --set-rpath '$ORIGIN' "$out/libmpiwrapper.so"  # finds it beside itself
+# built beside and renamed into place: a run still using the old libraries keeps them
+mpicc -O2 -fPIC -shared "$root/experiments/mpi_peer/mpi_call_trace.c" -o "$out/.libmpi_call_trace.so.$$"
+cp "$wrapper" "$out/.libmpiwrapper.so.$$"
+patchelf --add-needed libmpi_call_trace.so "$out/.libmpiwrapper.so.$$"
+patchelf --set-rpath '$ORIGIN' "$out/.libmpiwrapper.so.$$"  # finds it beside itself
+mv -f "$out/.libmpi_call_trace.so.$$" "$out/libmpi_call_trace.so"
+mv -f "$out/.libmpiwrapper.so.$$" "$out/libmpiwrapper.so"
 echo "built $out/libmpiwrapper.so (MPIwrapper, MPI calls stamped by libmpi_call_trace.so)"

@@ -24,7 +24,7 @@
 #             MPI call inside them (build_mpi_call_trace.sh), and the whole ring,
 #             halving-doubling and recursive doubling timed as in steps; XLA_VARIANTS (default
 #             "default") adds XLA:CPU flags: noconc (no concurrency-optimized scheduler), eigen1
-#             (no multi-threaded Eigen)
+#             (no multi-threaded Eigen), or reno: TCP reno in every host
 #   ring8     over gloo on the 8-host switch: steps.py at 1 KiB and 2 MiB (a ring step of
 #             16 MiB at p = 8 is a shift of 2 MiB; the add of 2 MiB) and the whole ring and psum
 #             at 16 MiB, in one launch
@@ -74,11 +74,15 @@ for rep in $(seq "$first" $((first + reps - 1))); do
             default) extra=() name=trace ;;
             noconc) extra=(--xla-flag=--xla_cpu_enable_concurrency_optimized_scheduler=false) ;;
             eigen1) extra=(--xla-flag=--xla_cpu_multi_thread_eigen=false) ;;
-            *) echo "collectives.sh: unknown XLA variant '$v' (default, noconc, eigen1)" >&2; exit 2 ;;
+            reno) extra=() ;;  # TCP reno in every host instead of the machine's default (bbr)
+            *) echo "collectives.sh: unknown trace variant '$v' (default, noconc, eigen1, reno)" >&2
+               exit 2 ;;
           esac
           [[ $v == default ]] || name=trace_$v
+          cc=()
+          [[ $v == reno ]] && cc=(--congestion-control reno)
           env -u OMPI_MCA_btl_tcp_max_send_size -u OMPI_MCA_mpi_yield_when_idle \
-            JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 4 --link 200Mbit \
+            JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 4 --link 200Mbit "${cc[@]}" \
             --launcher mpirun --collectives mpi --timeout 900 -- .venv/bin/python \
             experiments/mpi_peer/steps.py --sizes "" --split halving_doubling,recursive_doubling \
             --reps 5 --mpi-trace "${extra[@]}" --out "$rows/collectives_${name}_run${rep}.jsonl"
