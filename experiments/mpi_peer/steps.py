@@ -164,7 +164,9 @@ def exchanges(row: dict, calls: dict[int, list], rate: float = RATE) -> list[dic
   :func:`mpi_call_stats` takes them): its collective's index, the pair, its time from the
   later of the two MPI_Irecv posts to the later of the two last MPI_Wait exits, that time over
   m/B (m the bytes each way, B ``rate``), and each process's time from its call's start to its
-  first MPI_Irecv (``first_post``, the same for every exchange of the round).
+  first MPI_Irecv (``first_post``, the same for every exchange of the round), and each
+  direction's rate (``rates``: r→q, q→r, bytes/s from the later post to the receiver's
+  MPI_Wait on its MPI_Irecv).
 
   Example:
     >>> row = {"origin_s": 0.0, "start": [[0.0], [0.0]], "end": [[1.0], [1.0]]}
@@ -173,6 +175,8 @@ def exchanges(row: dict, calls: dict[int, list], rate: float = RATE) -> list[dic
     >>> e = exchanges(row, c, rate=1000.0)[0]
     >>> (e["pair"], round(e["s"], 2), round(e["over_mb"], 1), e["first_post"])
     ((0, 1), 0.4, 4.0, [0.01, 0.05])
+    >>> [round(x) for x in e["rates"]]  # 0→1 done at 0.45, 1→0 at 0.2, both from 0.05
+    [250, 667]
   """
   per = {}  # process -> [(post, done, peer, bytes)] per collective
   first = []
@@ -181,19 +185,31 @@ def exchanges(row: dict, calls: dict[int, list], rate: float = RATE) -> list[dic
     mine = [c for c in calls.get(r, []) if t_start <= c[1] <= t_end]
     posts = [i for i, c in enumerate(mine) if c[0] == "irecv"]
     per[r] = [
-      (mine[i][1], max(c[2] for c in mine[i:j]), mine[i][3], mine[i][4])
+      (mine[i][1], max(c[2] for c in mine[i:j]), mine[i][3], mine[i][4], _recv_done(mine[i:j]))
       for i, j in zip(posts, [*posts[1:], len(mine)])
     ]
     first.append(round(per[r][0][0] - t_start, 6) if per[r] else None)
   out = []
   for r, colls in per.items():
-    for k, (post, done, q, m) in enumerate(colls):
+    for k, (post, done, q, m, got) in enumerate(colls):
       if q <= r or q not in per or k >= len(per[q]):
         continue
-      post_q, done_q = per[q][k][:2]
-      t = max(done, done_q) - max(post, post_q)
-      out.append({"k": k, "pair": (r, q), "s": t, "over_mb": t / (m / rate), "first_post": first})
+      post_q, done_q, _, _, got_q = per[q][k]
+      t0 = max(post, post_q)
+      t = max(done, done_q) - t0
+      out.append({
+        "k": k, "pair": (r, q), "s": t, "over_mb": t / (m / rate), "first_post": first,
+        "rates": (m / max(got_q - t0, 1e-9), m / max(got - t0, 1e-9)),  # r→q, q→r, B/s
+      })  # fmt: skip
   return out
+
+
+def _recv_done(calls: list) -> float:
+  """The exit of the MPI_Wait on a collective's MPI_Irecv (its request), else its last."""
+  req = calls[0][5] if len(calls[0]) > 5 else None
+  waits = [c for c in calls if c[0] == "wait"]
+  match = [c[2] for c in waits if req is not None and len(c) > 5 and c[5] == req]
+  return match[0] if match else max(c[2] for c in calls)
 
 
 def mpi_call_table(rows: list[dict]) -> str:
@@ -258,9 +274,21 @@ def mpi_call_table(rows: list[dict]) -> str:
 BOUND = {"halving_doubling": 2 * 3 / 4, "recursive_doubling": 2.0, "ring": 2 * 3 / 4}  # x n/B, p=4
 
 
-def summary_table(runs: list[list[dict]]) -> str:
-  """Markdown, one line per XLA flag setting and algorithm over the launches ``runs`` (each
-  a file's rows): the timed whole all-reduce over its full-duplex bound (``BOUND`` · n/B),
+def variant(path: str) -> str:
+  """The setting a ``collectives.sh`` trace file was taken with, from its name.
+
+  Example:
+    >>> variant("rows/collectives_trace_run2.jsonl"), variant("collectives_trace_reno_run1.jsonl")
+    ('default', 'reno')
+  """
+  stem = Path(path).name.removesuffix(".jsonl")
+  middle = stem.removeprefix("collectives_trace").rsplit("_run", 1)[0]
+  return middle.lstrip("_") or "default"
+
+
+def summary_table(runs: list[tuple[str, list[dict]]]) -> str:
+  """Markdown, one line per setting and algorithm over the launches ``runs`` (each a
+  setting's name, :func:`variant`, and a file's rows): the timed whole all-reduce over its full-duplex bound (``BOUND`` · n/B),
   median [min–max] of the launches' medians; and from the traced rounds (where
   ``--mpi-trace`` ran), the first MPI_Irecv after the call's start (latest host, median of
   the rounds, then median [min–max] over launches) and the exchanges over 1.25 m/B in each
@@ -273,16 +301,22 @@ def summary_table(runs: list[list[dict]]) -> str:
   timed = collections.defaultdict(list)
   first = collections.defaultdict(list)
   slow = collections.defaultdict(lambda: [0, 0])
-  for rows in runs:
+  spans = collections.defaultdict(list)  # (flags, algorithm, mode) -> each launch's median
+  slow_dirs = collections.defaultdict(lambda: [0, 0])
+  slow_rates = collections.defaultdict(list)
+  for key, rows in runs:
     calls = {}
     for r in rows:
       if r.get("kind") == "mpi_calls":
         calls.setdefault(r["process"], []).extend(r["calls"])
     per_launch = collections.defaultdict(list)
+    launch_spans = collections.defaultdict(list)
     for r in rows:
-      key = " ".join(r.get("xla_flags") or []) or "(none)"
       if r.get("kind") in BOUND:
         timed[(key, r["kind"])].append(r["time_s"] / (BOUND[r["kind"]] * r["bytes"] / RATE))
+      if r.get("kind") == "trace":
+        span = float(np.max(r["end"]) - np.min(r["start"]))
+        launch_spans[(key, r["algorithm"], r["mode"])].append(span)
       if r.get("kind") == "trace" and "origin_s" in r and calls:
         ex = exchanges(r, calls)
         if r["mode"] == "whole" and ex:
@@ -292,20 +326,44 @@ def summary_table(runs: list[list[dict]]) -> str:
         tally = slow[(key, r["algorithm"], r["mode"])]
         tally[0] += sum(e["over_mb"] > 1.25 for e in ex)
         tally[1] += len(ex)
+        rates = [x for e in ex for x in e["rates"]]
+        tally_d = slow_dirs[(key, r["algorithm"], r["mode"])]
+        tally_d[0] += sum(x < 0.8 * RATE for x in rates)
+        tally_d[1] += len(rates)
+        slow_rates[(key, r["algorithm"])] += [x for x in rates if x < 0.8 * RATE]
     for k, v in per_launch.items():
       first[k].append(statistics.median(v))
+    for k, v in launch_spans.items():
+      spans[k].append(statistics.median(v))
   lines = [
-    "| XLA flags | algorithm | launches | whole / bound | first MPI_Irecv, ms | exchanges over "
-    "1.25 m/B: whole | split | barriered |",
-    "|---|---|---|---|---|---|---|---|",
+    "| setting | algorithm | launches | whole / bound | round, ms: whole | split | barriered "
+    "| first MPI_Irecv, ms | exchanges over 1.25 m/B: whole | split | barriered "
+    "| directions under 0.8 B: whole | split | barriered | their rate, MB/s |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for (key, alg), ratios in sorted(timed.items()):
     tally = [slow.get((key, alg, m)) for m in ("whole", "split", "barriered")]
     lines.append(
       f"| {key} | {alg} | {len(ratios)} | {fmt(ratios)}× | "
+      + " | ".join(
+        fmt([x * 1e3 for x in spans[(key, alg, m)]], "{:.0f}") if spans.get((key, alg, m)) else "—"
+        for m in ("whole", "split", "barriered")
+      )
+      + " | "
       + (fmt([x * 1e3 for x in first[(key, alg)]], "{:.0f}") if first.get((key, alg)) else "—")
       + " | "
       + " | ".join(f"{t[0]} of {t[1]}" if t and t[1] else "—" for t in tally)
+      + " | "
+      + " | ".join(
+        f"{t[0]} of {t[1]}" if t and t[1] else "—"
+        for t in (slow_dirs.get((key, alg, m)) for m in ("whole", "split", "barriered"))
+      )
+      + " | "
+      + (
+        fmt([x / 1e6 for x in slow_rates[(key, alg)]], "{:.1f}")
+        if slow_rates.get((key, alg))
+        else "—"
+      )
       + " |"
     )
   return "\n".join(lines)
@@ -396,7 +454,8 @@ def main(argv=None) -> int:
   ap.add_argument("--out")
   args = ap.parse_args(argv)
   if args.summary:
-    print(summary_table([[json.loads(x) for x in open(f) if x.strip()] for f in args.summary]))
+    runs = [(variant(f), [json.loads(x) for x in open(f) if x.strip()]) for f in args.summary]
+    print(summary_table(runs))
     return 0
   if args.table:
     rows = [json.loads(line) for path in args.table for line in open(path) if line.strip()]
