@@ -369,6 +369,43 @@ def summary_table(runs: list[tuple[str, list[dict]]]) -> str:
   return "\n".join(lines)
 
 
+def step_slow_table(runs: list[tuple[str, list[dict]]]) -> str:
+  """Markdown: per setting, algorithm and mode, each message step's directions under 0.8 of
+  the line rate over all traced rounds of ``runs`` (as :func:`summary_table` takes them)."""
+  import collections
+
+  slow = collections.defaultdict(lambda: [0, 0])
+  steps = collections.defaultdict(int)
+  for key, rows in runs:
+    calls = {}
+    for r in rows:
+      if r.get("kind") == "mpi_calls":
+        calls.setdefault(r["process"], []).extend(r["calls"])
+    for r in rows:
+      if r.get("kind") != "trace" or "origin_s" not in r or not calls:
+        continue
+      for e in exchanges(r, calls):
+        tally = slow[(key, r["algorithm"], r["mode"], e["k"])]
+        tally[0] += sum(x < 0.8 * RATE for x in e["rates"])
+        tally[1] += 2
+        steps[(key, r["algorithm"], r["mode"])] = max(
+          steps[(key, r["algorithm"], r["mode"])], e["k"] + 1
+        )
+  width = max(steps.values(), default=0)
+  lines = [
+    "| setting | algorithm | mode | " + " | ".join(f"step {k + 1}" for k in range(width)) + " |",
+    "|---|---|---|" + "---|" * width,
+  ]
+  for key, alg, mode in sorted(steps):
+    cells = [slow.get((key, alg, mode, k)) for k in range(width)]
+    lines.append(
+      f"| {key} | {alg} | {mode} | "
+      + " | ".join(f"{c[0]} of {c[1]}" if c else "" for c in cells)
+      + " |"
+    )
+  return "\n".join(lines)
+
+
 def trace_table(rows: list[dict]) -> str:
   """Markdown of the traced rounds: per algorithm, mode and step the medians [min–max] over
   the rounds of :func:`step_stats` (ms), and each mode's span (the round's first start to
@@ -456,6 +493,8 @@ def main(argv=None) -> int:
   if args.summary:
     runs = [(variant(f), [json.loads(x) for x in open(f) if x.strip()]) for f in args.summary]
     print(summary_table(runs))
+    print()
+    print(step_slow_table(runs))
     return 0
   if args.table:
     rows = [json.loads(line) for path in args.table for line in open(path) if line.strip()]
