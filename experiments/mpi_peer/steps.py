@@ -24,7 +24,8 @@ each of them at n bytes, ``--reps`` rounds of three modes in turn, each after a 
 whole jitted all-reduce (``whole``), its message steps as separate jitted programs called back
 to back with no barrier between them (``split``; the same slices, adds and copies as the whole
 program's steps, result checked against the whole program's), and the same with a barrier
-before every step (``barriered``). Every process stamps the wall clock (one clock: the hosts are
+before every step (``barriered``), or with a 4-byte exchange with the step's partner before
+every step (``paired``: the two start the step together). Every process stamps the wall clock (one clock: the hosts are
 network namespaces of one machine) and its own CPU time as it starts and ends each call; one
 row per (algorithm, mode, round) with every process's stamps, seconds after the round's first
 start. ``--table ROWS`` prints what the stamps say per step: the wait for the partner (its
@@ -52,6 +53,7 @@ from allreduce_jax.units import format_bytes
 
 PATTERNS = ("one_way", "exchange", "exchange_add", "shift")
 RATE = 25e6  # bytes/s each way: the emulated links' 200 Mbit/s
+MODES = ("whole", "split", "barriered", "paired")  # --split's ways of running the steps
 HERE = Path(__file__).resolve().parent
 TRACE_LIB = HERE.parent.parent / "build" / "mpi_call_trace" / "libmpiwrapper.so"
 
@@ -335,19 +337,19 @@ def summary_table(runs: list[tuple[str, list[dict]]]) -> str:
       first[k].append(statistics.median(v))
     for k, v in launch_spans.items():
       spans[k].append(statistics.median(v))
+  modes = " | ".join(MODES)
   lines = [
-    "| setting | algorithm | launches | whole / bound | round, ms: whole | split | barriered "
-    "| first MPI_Irecv, ms | exchanges over 1.25 m/B: whole | split | barriered "
-    "| directions under 0.8 B: whole | split | barriered | their rate, MB/s |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    f"| setting | algorithm | launches | whole / bound | round, ms: {modes} | first MPI_Irecv, ms "
+    f"| exchanges over 1.25 m/B: {modes} | directions under 0.8 B: {modes} | their rate, MB/s |",
+    "|---|---|---|---|" + "---|" * (3 * len(MODES) + 2),
   ]
   for (key, alg), ratios in sorted(timed.items()):
-    tally = [slow.get((key, alg, m)) for m in ("whole", "split", "barriered")]
+    tally = [slow.get((key, alg, m)) for m in MODES]
     lines.append(
       f"| {key} | {alg} | {len(ratios)} | {fmt(ratios)}× | "
       + " | ".join(
         fmt([x * 1e3 for x in spans[(key, alg, m)]], "{:.0f}") if spans.get((key, alg, m)) else "—"
-        for m in ("whole", "split", "barriered")
+        for m in MODES
       )
       + " | "
       + (fmt([x * 1e3 for x in first[(key, alg)]], "{:.0f}") if first.get((key, alg)) else "—")
@@ -356,7 +358,7 @@ def summary_table(runs: list[tuple[str, list[dict]]]) -> str:
       + " | "
       + " | ".join(
         f"{t[0]} of {t[1]}" if t and t[1] else "—"
-        for t in (slow_dirs.get((key, alg, m)) for m in ("whole", "split", "barriered"))
+        for t in (slow_dirs.get((key, alg, m)) for m in MODES)
       )
       + " | "
       + (
@@ -632,6 +634,12 @@ def main(argv=None) -> int:
 
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
 
+  def step_hello(mask: int):
+    perm = [(r, r ^ mask) for r in range(p)]
+    return jax.jit(
+      jax.shard_map(lambda v: lax.ppermute(v, "i", perm), mesh=mesh, in_specs=spec, out_specs=spec)
+    )
+
   def stamped(fn, x):  # start, end (ns of the one clock), this process's CPU ns
     t0, c0 = time.perf_counter_ns(), time.process_time_ns()
     y = jax.block_until_ready(fn(x))
@@ -653,8 +661,12 @@ def main(argv=None) -> int:
     if got.shape != want.shape or not np.allclose(got, want, rtol=1e-5, atol=1e-5):
       raise SystemExit(f"steps.py: --split {alg}: the steps' result differs from the whole's")
     xw = put(n // 4, alg_mesh, alg_spec)
+    hello = {mask: step_hello(mask) for _, mask in steps}  # 4 bytes with the step's partner
+    token = put(1)
+    for h in hello.values():  # compile, connect
+      jax.block_until_ready(h(token))
     for k in range(args.reps):
-      for mode in ("whole", "split", "barriered"):
+      for mode in MODES:
         multihost_utils.sync_global_devices(f"{alg}{mode}{k}")
         if mode == "whole":
           stamps = [stamped(whole, xw)[1]]
@@ -663,6 +675,8 @@ def main(argv=None) -> int:
           for i, f in enumerate(fns):
             if mode == "barriered":
               multihost_utils.sync_global_devices(f"{alg}{mode}{k}.{i}")
+            if mode == "paired":  # the two partners start the step together
+              jax.block_until_ready(hello[steps[i][1]](token))
             y, st = stamped(f, y)
             stamps.append(st)
         us = np.asarray(stamps, np.int64) // 1000  # gathered as int32 s and us (no x64)
