@@ -57,7 +57,10 @@ def test_exchanges_pair_the_processes_collective_by_collective():
     out = []
     for k, (mask, dur) in enumerate([(2, 0.1), (1, 0.2 if r in (2, 3) else 0.1)]):
       t0 = t + k
-      out += [["irecv", t0, t0, r ^ mask, 100], ["wait", t0, t0 + dur, -1, 0]]
+      out += [
+        ["irecv", t0, t0, r ^ mask, 100, f"q{r}{k}"],
+        ["wait", t0, t0 + dur, -1, 0, f"q{r}{k}"],
+      ]
     return out
 
   row = {"origin_s": 0.0, "start": [[0.0]] * 4, "end": [[3.0]] * 4}
@@ -66,6 +69,10 @@ def test_exchanges_pair_the_processes_collective_by_collective():
     (0, (0, 2), 1.0), (0, (1, 3), 1.0), (1, (0, 1), 1.0), (1, (2, 3), 2.0)
   ]  # fmt: skip
   assert got[0]["first_post"] == [0.5] * 4
+  assert all(
+    e["rates"] == pytest.approx((1000.0, 1000.0) if e["pair"] != (2, 3) else (500.0, 500.0))
+    for e in got
+  )
 
 
 def test_one_traced_round_of_each_mode(tmp_path):
@@ -78,7 +85,7 @@ def test_one_traced_round_of_each_mode(tmp_path):
   run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=180)
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
   rows = [json.loads(line) for line in out.read_text().splitlines()]
-  assert sorted(r["mode"] for r in rows) == ["barriered", "split", "whole"]
+  assert sorted(r["mode"] for r in rows) == ["barriered", "paired", "split", "whole"]
   for r in rows:
     steps = 1 if r["mode"] == "whole" else 2
     assert len(r["start"]) == 2 and all(len(s) == steps for s in r["start"])

@@ -168,7 +168,7 @@ def exchanges(row: dict, calls: dict[int, list], rate: float = RATE) -> list[dic
   m/B (m the bytes each way, B ``rate``), and each process's time from its call's start to its
   first MPI_Irecv (``first_post``, the same for every exchange of the round), and each
   direction's rate (``rates``: r→q, q→r, bytes/s from the later post to the receiver's
-  MPI_Wait on its MPI_Irecv).
+  MPI_Wait on its MPI_Irecv) and the two MPI_Irecv posts (``posts``, r's and q's).
 
   Example:
     >>> row = {"origin_s": 0.0, "start": [[0.0], [0.0]], "end": [[1.0], [1.0]]}
@@ -202,6 +202,7 @@ def exchanges(row: dict, calls: dict[int, list], rate: float = RATE) -> list[dic
       out.append({
         "k": k, "pair": (r, q), "s": t, "over_mb": t / (m / rate), "first_post": first,
         "rates": (m / max(got_q - t0, 1e-9), m / max(got - t0, 1e-9)),  # r→q, q→r, B/s
+        "posts": (post, post_q),
       })  # fmt: skip
   return out
 
@@ -371,13 +372,16 @@ def summary_table(runs: list[tuple[str, list[dict]]]) -> str:
   return "\n".join(lines)
 
 
-def step_slow_table(runs: list[tuple[str, list[dict]]]) -> str:
-  """Markdown: per setting, algorithm and mode, each message step's directions under 0.8 of
-  the line rate over all traced rounds of ``runs`` (as :func:`summary_table` takes them)."""
+def step_slow_table(runs: list[tuple[str, list[dict]]], apart: float = 0.005) -> str:
+  """Markdown: per setting, algorithm, mode and message step, the exchanges whose partners
+  posted their MPI_Irecv more than ``apart`` seconds apart, and of those the directions under
+  0.8 of the line rate from the later partner to the earlier and the other way; then the
+  same for the exchanges whose partners started together (``runs`` as :func:`summary_table`
+  takes them)."""
   import collections
 
-  slow = collections.defaultdict(lambda: [0, 0])
-  steps = collections.defaultdict(int)
+  tally = collections.defaultdict(lambda: [0, 0, 0, 0, 0])  # apart: n, late→, early→; together
+  width = 0
   for key, rows in runs:
     calls = {}
     for r in rows:
@@ -387,22 +391,30 @@ def step_slow_table(runs: list[tuple[str, list[dict]]]) -> str:
       if r.get("kind") != "trace" or "origin_s" not in r or not calls:
         continue
       for e in exchanges(r, calls):
-        tally = slow[(key, r["algorithm"], r["mode"], e["k"])]
-        tally[0] += sum(x < 0.8 * RATE for x in e["rates"])
-        tally[1] += 2
-        steps[(key, r["algorithm"], r["mode"])] = max(
-          steps[(key, r["algorithm"], r["mode"])], e["k"] + 1
-        )
-  width = max(steps.values(), default=0)
+        late_a = e["posts"][0] > e["posts"][1]  # the pair's first posted later than its second
+        to_early, to_late = e["rates"] if late_a else e["rates"][::-1]
+        t = tally[(key, r["algorithm"], r["mode"], e["k"])]
+        if abs(e["posts"][0] - e["posts"][1]) > apart:
+          t[0] += 1
+          t[1] += to_early < 0.8 * RATE
+          t[2] += to_late < 0.8 * RATE
+        else:
+          t[3] += 1
+          t[4] += min(e["rates"]) < 0.8 * RATE
+        width = max(width, e["k"] + 1)
   lines = [
-    "| setting | algorithm | mode | " + " | ".join(f"step {k + 1}" for k in range(width)) + " |",
-    "|---|---|---|" + "---|" * width,
+    f"| setting | algorithm | mode | partners over {apart * 1e3:.0f} ms apart, per step: slow "
+    "later→earlier / slow earlier→later / exchanges | partners together: exchanges with a slow "
+    "direction / exchanges |",
+    "|---|---|---|---|---|",
   ]
-  for key, alg, mode in sorted(steps):
-    cells = [slow.get((key, alg, mode, k)) for k in range(width)]
+  for key, alg, mode in sorted({k[:3] for k in tally}):
+    ts = [tally.get((key, alg, mode, k)) for k in range(width)]
     lines.append(
       f"| {key} | {alg} | {mode} | "
-      + " | ".join(f"{c[0]} of {c[1]}" if c else "" for c in cells)
+      + "; ".join(f"{t[1]}/{t[2]}/{t[0]}" for t in ts if t)
+      + " | "
+      + "; ".join(f"{t[4]}/{t[3]}" for t in ts if t)
       + " |"
     )
   return "\n".join(lines)
