@@ -25,7 +25,8 @@ whole jitted all-reduce (``whole``), its message steps as separate jitted progra
 to back with no barrier between them (``split``; the same slices, adds and copies as the whole
 program's steps, result checked against the whole program's), and the same with a barrier
 before every step (``barriered``), or with a 4-byte exchange with the step's partner before
-every step (``paired``: the two start the step together). Every process stamps the wall clock (one clock: the hosts are
+every step (``paired``: the two start the step together), and those steps and 4-byte
+exchanges in one jitted program (``whole_paired``). Every process stamps the wall clock (one clock: the hosts are
 network namespaces of one machine) and its own CPU time as it starts and ends each call; one
 row per (algorithm, mode, round) with every process's stamps, seconds after the round's first
 start. ``--table ROWS`` prints what the stamps say per step: the wait for the partner (its
@@ -53,7 +54,7 @@ from allreduce_jax.units import format_bytes
 
 PATTERNS = ("one_way", "exchange", "exchange_add", "shift")
 RATE = 25e6  # bytes/s each way: the emulated links' 200 Mbit/s
-MODES = ("whole", "split", "barriered", "paired")  # --split's ways of running the steps
+MODES = ("whole", "split", "barriered", "paired", "whole_paired")  # --split's ways to run them
 HERE = Path(__file__).resolve().parent
 TRACE_LIB = HERE.parent.parent / "build" / "mpi_call_trace" / "libmpiwrapper.so"
 
@@ -161,20 +162,23 @@ def mpi_call_stats(row: dict, calls: dict[int, list]) -> list[dict]:
   return stats
 
 
-def exchanges(row: dict, calls: dict[int, list], rate: float = RATE) -> list[dict]:
+def exchanges(
+  row: dict, calls: dict[int, list], rate: float = RATE, min_bytes: int = 1024
+) -> list[dict]:
   """Every pairwise exchange inside one traced round (``calls[process]`` as
   :func:`mpi_call_stats` takes them): its collective's index, the pair, its time from the
   later of the two MPI_Irecv posts to the later of the two last MPI_Wait exits, that time over
   m/B (m the bytes each way, B ``rate``), and each process's time from its call's start to its
   first MPI_Irecv (``first_post``, the same for every exchange of the round), and each
   direction's rate (``rates``: r→q, q→r, bytes/s from the later post to the receiver's
-  MPI_Wait on its MPI_Irecv) and the two MPI_Irecv posts (``posts``, r's and q's).
+  MPI_Wait on its MPI_Irecv) and the two MPI_Irecv posts (``posts``, r's and q's); messages
+  under ``min_bytes`` are left out.
 
   Example:
     >>> row = {"origin_s": 0.0, "start": [[0.0], [0.0]], "end": [[1.0], [1.0]]}
     >>> c = {0: [["irecv", 0.01, 0.01, 1, 100], ["wait", 0.01, 0.2, -1, 0]],
     ...      1: [["irecv", 0.05, 0.05, 0, 100], ["wait", 0.05, 0.45, -1, 0]]}
-    >>> e = exchanges(row, c, rate=1000.0)[0]
+    >>> e = exchanges(row, c, rate=1000.0, min_bytes=1)[0]
     >>> (e["pair"], round(e["s"], 2), round(e["over_mb"], 1), e["first_post"])
     ((0, 1), 0.4, 4.0, [0.01, 0.05])
     >>> [round(x) for x in e["rates"]]  # 0→1 done at 0.45, 1→0 at 0.2, both from 0.05
@@ -189,6 +193,7 @@ def exchanges(row: dict, calls: dict[int, list], rate: float = RATE) -> list[dic
     per[r] = [
       (mine[i][1], max(c[2] for c in mine[i:j]), mine[i][3], mine[i][4], _recv_done(mine[i:j]))
       for i, j in zip(posts, [*posts[1:], len(mine)])
+      if mine[i][4] >= min_bytes  # not the paired mode's 4-byte hellos
     ]
     first.append(round(per[r][0][0] - t_start, 6) if per[r] else None)
   out = []
@@ -624,11 +629,13 @@ def main(argv=None) -> int:
     alg_mesh, alg_spec, fn, _ = programs(alg, p, "sum")
     record(alg, n, timed(fn, put(n // 4, alg_mesh, alg_spec)))
 
-  def split_program(kind: str, mask: int):
+  def step_body(kind: str, mask: int, hello: bool = False):
     perm = [(r, r ^ mask) for r in range(p)]
 
     def body(x):  # x: this device's f32[1, c]
       v = x.reshape(-1)
+      if hello:  # 4 bytes with the partner first; the step's message waits for them
+        v, _ = lax.optimization_barrier((v, lax.ppermute(v[:1], "i", perm)))
       bit = (lax.axis_index("i") // mask) % 2  # which half this rank keeps or holds
       if kind == "exchange":
         out = v + lax.ppermute(v, "i", perm)
@@ -643,6 +650,21 @@ def main(argv=None) -> int:
         out = lax.dynamic_update_slice_in_dim(jnp.zeros((2 * h,), v.dtype), v, bit * h, 0)
         out = lax.dynamic_update_slice_in_dim(out, got, (1 - bit) * h, 0)
       return out.reshape(1, -1)
+
+    return body
+
+  def split_program(kind: str, mask: int):
+    body = step_body(kind, mask)
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
+
+  def whole_paired(steps):
+    """The steps in one jitted program, each after 4 bytes with its partner."""
+    bodies = [step_body(kind, mask, hello=True) for kind, mask in steps]
+
+    def body(x):
+      for b in bodies:
+        x = b(x)
+      return x
 
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
 
@@ -677,11 +699,16 @@ def main(argv=None) -> int:
     token = put(1)
     for h in hello.values():  # compile, connect
       jax.block_until_ready(h(token))
+    paired_whole = whole_paired(steps)
+    if not np.allclose(local(jax.block_until_ready(paired_whole(x))), want, rtol=1e-5, atol=1e-5):
+      raise SystemExit(f"steps.py: --split {alg}: the paired program's result differs")
     for k in range(args.reps):
       for mode in MODES:
         multihost_utils.sync_global_devices(f"{alg}{mode}{k}")
         if mode == "whole":
           stamps = [stamped(whole, xw)[1]]
+        elif mode == "whole_paired":
+          stamps = [stamped(paired_whole, x)[1]]
         else:
           y, stamps = x, []
           for i, f in enumerate(fns):
@@ -699,8 +726,8 @@ def main(argv=None) -> int:
         rows.append({
           "kind": "trace", "algorithm": alg, "mode": mode, "bytes": n, "p": p, "rep": k,
           "origin_s": float(t0),  # the one clock's (CLOCK_MONOTONIC) reading of the 0
-          "steps": [alg] if mode == "whole" else [f"{kind}{mask}" for kind, mask in steps],
-          "masks": [0] if mode == "whole" else [mask for _, mask in steps],
+          "steps": [alg] if mode.startswith("whole") else [f"{k}{m}" for k, m in steps],
+          "masks": [0] if mode.startswith("whole") else [m for _, m in steps],
           "start": (every[:, :, 0] - t0).tolist(), "end": (every[:, :, 1] - t0).tolist(),
           "cpu": every[:, :, 2].tolist(), "collectives": collectives, "btl_tcp_flags": flags,
           "tcp_mca": tcp, "mca": mca or None, "sysctl": sysctls or None,
