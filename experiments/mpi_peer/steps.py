@@ -44,6 +44,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -531,7 +532,8 @@ def main(argv=None) -> int:
     Path("/proc/sys/net/ipv4", name).write_text(value)
   if args.xla_flag:  # read when XLA's CPU client starts (distributed.initialize_from_env)
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *args.xla_flag]).strip()
-  calls = f"{args.out}.mpicalls"  # + .RANK: each process's MPI calls, folded into the rows
+  # + .RANK: each process's MPI calls, folded into the rows at the end (one /tmp for all hosts)
+  calls = os.path.join(tempfile.gettempdir(), f"steps-{Path(args.out).name}.mpicalls")
   if args.mpi_trace:  # before MPI starts: MPIwrapper's copy that stamps its MPI calls
     if not TRACE_LIB.is_file():
       raise SystemExit(
