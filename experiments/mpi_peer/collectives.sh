@@ -24,7 +24,8 @@
 #             MPI call inside them (build_mpi_call_trace.sh), and the whole ring,
 #             halving-doubling and recursive doubling timed as in steps; XLA_VARIANTS (default
 #             "default") adds XLA:CPU flags: noconc (no concurrency-optimized scheduler), eigen1
-#             (no multi-threaded Eigen), or reno: TCP reno in every host
+#             (no multi-threaded Eigen); or reno: TCP reno in every host; noidle:
+#             tcp_slow_start_after_idle=0 in every host; progress: btl_tcp_progress_thread=1
 #   ring8     over gloo on the 8-host switch: steps.py at 1 KiB and 2 MiB (a ring step of
 #             16 MiB at p = 8 is a shift of 2 MiB; the add of 2 MiB) and the whole ring and psum
 #             at 16 MiB, in one launch
@@ -75,7 +76,10 @@ for rep in $(seq "$first" $((first + reps - 1))); do
             noconc) extra=(--xla-flag=--xla_cpu_enable_concurrency_optimized_scheduler=false) ;;
             eigen1) extra=(--xla-flag=--xla_cpu_multi_thread_eigen=false) ;;
             reno) extra=() ;;  # TCP reno in every host instead of the machine's default (bbr)
-            *) echo "collectives.sh: unknown trace variant '$v' (default, noconc, eigen1, reno)" >&2
+            noidle) extra=(--sysctl tcp_slow_start_after_idle=0) ;;  # in every host
+            progress) extra=(--mca btl_tcp_progress_thread=1) ;;     # Open MPI's TCP progress thread
+            *) echo "collectives.sh: unknown trace variant '$v' (default, noconc, eigen1, reno," \
+                 "noidle, progress)" >&2
                exit 2 ;;
           esac
           [[ $v == default ]] || name=trace_$v
