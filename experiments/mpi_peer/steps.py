@@ -20,17 +20,20 @@ calls):
 - ``halving_doubling``, ``recursive_doubling``, ``ring``: the whole all-reduce of n bytes.
 
 With ``--split ALGS`` (halving_doubling, recursive_doubling; p a power of two) it also traces
-each of them at n bytes, ``--reps`` rounds of three modes in turn, each after a barrier: the
-whole jitted all-reduce (``whole``), its message steps as separate jitted programs called back
-to back with no barrier between them (``split``; the same slices, adds and copies as the whole
-program's steps, result checked against the whole program's), and the same with a barrier
-before every step (``barriered``), or with a 4-byte exchange with the step's partner before
-every step (``paired``: the two start the step together), and those steps and 4-byte
-exchanges in one jitted program (``whole_paired``). Every process stamps the wall clock (one clock: the hosts are
-network namespaces of one machine) and its own CPU time as it starts and ends each call; one
-row per (algorithm, mode, round) with every process's stamps, seconds after the round's first
-start. ``--table ROWS`` prints what the stamps say per step: the wait for the partner (its
-later start), the time after both started, the gap between a process's calls, CPU per wall.
+each of them at n bytes, ``--reps`` rounds of five modes in turn (``MODES``), each after a
+barrier: the whole jitted all-reduce (``whole``); its message steps as separate jitted programs
+called back to back (``split``; the same slices, adds and copies as the whole program's steps,
+the result checked against the whole program's); the same with a barrier before every step
+(``barriered``); with 4 bytes exchanged with the step's partner before every step (``paired``);
+and those steps and 4-byte exchanges in one jitted program (``whole_paired``). Every process
+stamps the wall clock (one clock: the hosts are network namespaces of one machine) and its own
+CPU time as it starts and ends each call; one row per (algorithm, mode, round) with every
+process's stamps, seconds after the round's first start. ``--mpi-trace`` also stamps every
+MPI call of XLA's MPI collectives inside them (``mpi_call_trace.c``, built by
+``build_mpi_call_trace.sh``). ``--table ROWS`` prints one launch's stamps per step (the wait
+for the partner, the time after both started, the gap between calls, CPU per wall, and the
+MPI calls per collective and per exchange); ``--summary ROWS...`` the launches together, one
+setting per file name (``collectives_trace[_SETTING]_runR``).
 
 Each row names the collectives that carried it (``collectives``: gloo or mpi, from JAX's
 config), Open MPI's ``btl_tcp_flags``, every ``OMPI_MCA_btl_tcp_*`` set,
