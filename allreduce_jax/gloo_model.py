@@ -193,15 +193,23 @@ def choose(
   *,
   topology=None,
   duplex: str = "half",
+  bucket_s=0.0,
 ) -> str:
   """:func:`allreduce_jax.cost_model.choose` with the candidates priced as they run on
   ``topology``: ``duplex="half"`` as XLA:CPU runs them over gloo, ``"recv_first"`` with each
   receive posted first, ``"full"`` the replay's own assumption (:func:`predict_seconds`).
+  ``bucket_s``: each link's token bucket, as :func:`predict_seconds` takes it (one value
+  for every link, or one per link: :func:`link_buckets`; not with ``duplex="full"``).
   Without ``topology``: the flat formula, as ``cost_model.choose``."""
   cost_model.check_duplex(duplex)
+  if np.any(bucket_s) and (topology is None or duplex == "full"):
+    raise ValueError(
+      f"choose: bucket_s prices a topology's links at duplex 'half' or 'recv_first', got"
+      f" topology={'None' if topology is None else 'given'}, duplex={duplex!r}."
+    )
   price = None
   if topology is not None and duplex != "full":
-    price = functools.partial(predict_seconds, duplex=duplex)
+    price = functools.partial(predict_seconds, duplex=duplex, bucket_s=bucket_s)
   return cost_model.choose(p, nbytes, params, candidates, topology=topology, price=price)
 
 

@@ -427,3 +427,23 @@ def test_healthy_alpha_fits_the_networks_blocks_rows_else_the_switchs(tmp_path):
   assert healthy_alpha(tmp_path, "torus:4", 4, rate=RATE) == pytest.approx(2e-3)
   assert healthy_alpha(tmp_path, "fat_tree:2:1", 4, rate=RATE) == pytest.approx(1e-3)
   assert healthy_alpha(tmp_path, "switch", 8, rate=RATE) == 0.0
+
+
+def test_choose_with_each_links_bucket_is_the_argmin_of_that_replay():
+  """``choose(..., bucket_s=link_buckets(...))`` picks the candidate the replay with those
+  buckets prices fastest; on a 4-host ring of links with host 1 at 1/10 that is the
+  bidirectional ring (each direction's 64 KiB bucket refills while the other runs), where
+  the replay without buckets prices it as the ring and picks the ring (ties: ring first)."""
+  net, slow = "torus:4", {1: RATE / 10}
+  top = gloo_model.emulated_network(net, 4, rate=RATE, link_rates=slow)
+  params = gloo_model.link_params(RATE, 0.45e-3)
+  cands = ("ring", "bidirectional_ring", "tree", "halving_doubling")
+  bucket = gloo_model.link_buckets(net, 4, rate=RATE, link_rates=slow)
+  priced = {
+    a: gloo_model.predict_seconds(a, 4, 1 << 20, params, top, bucket_s=bucket) for a in cands
+  }
+  got = gloo_model.choose(4, 1 << 20, params, cands, topology=top, bucket_s=bucket)
+  assert got == min(priced, key=priced.get) == "bidirectional_ring"
+  assert gloo_model.choose(4, 1 << 20, params, cands, topology=top) == "ring"
+  with pytest.raises(ValueError, match="bucket_s prices a topology's links"):
+    gloo_model.choose(4, 1 << 20, params, cands, topology=top, duplex="full", bucket_s=bucket)

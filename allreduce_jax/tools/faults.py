@@ -360,12 +360,13 @@ def _takes_rates(network: str) -> bool:
   )
 
 
-def auto_picks(cells: list[dict], alpha, duplex: str = "half") -> list[dict]:
+def auto_picks(cells: list[dict], alpha, duplex: str = "half", buckets: bool = False) -> list[dict]:
   """``auto`` told the link rates, per network, host count, size and link rates of
   :func:`link_rate_cells`' ``cells``: :func:`allreduce_jax.gloo_model.choose` among the
   measured candidates of ``auto`` (:func:`~allreduce_jax.cost_model.auto_candidates`),
-  priced by the replay on the network with those rates (``duplex`` as it runs), against
-  the fastest measured row (``psum`` included) and the fastest measured candidate.
+  priced by the replay on the network with those rates (``duplex`` as it runs; ``buckets``:
+  with each link's token bucket as the cluster shapes it, as :func:`link_rate_cells`),
+  against the fastest measured row (``psum`` included) and the fastest measured candidate.
 
   Returns:
     One dict a group: ``network, hosts, rate, link_rates, bytes, pick, pick_s, best,
@@ -385,7 +386,8 @@ def auto_picks(cells: list[dict], alpha, duplex: str = "half") -> list[dict]:
       continue
     top = gloo_model.emulated_network(net, p, rate=rate, link_rates=dict(slow))
     params = gloo_model.link_params(rate, alpha(net, p))
-    pick = gloo_model.choose(p, n, params, cands, topology=top, duplex=duplex)
+    bucket = gloo_model.link_buckets(net, p, rate=rate, link_rates=dict(slow)) if buckets else 0.0
+    pick = gloo_model.choose(p, n, params, cands, topology=top, duplex=duplex, bucket_s=bucket)
     best, best_c = min(t, key=t.get), min(cands, key=t.get)
     out.append({
       "network": net, "hosts": p, "rate": rate, "link_rates": dict(slow), "bytes": n,

@@ -733,14 +733,15 @@ def blocks_tables() -> list[str]:
                    f" {f(c['measured_s'] / c['replay_s']) if c['replay_s'] else '–'}{span} |"
                    f" {f(c['rr'])} |")  # fmt: skip
     runs = max(len(c["runs_s"]) for c in mine)
-    auto = ["| MiB | auto's pick (half-duplex replay) | its time / best measured (min–max over"
-            " runs) | best measured | best / best candidate | pick priced with each link's bucket"
-            " / best measured (min–max) |", "|---|---|---|---|---|---|"]  # fmt: skip
+    auto = ["| MiB | auto's pick (the replay with each link's bucket) | its time / best measured"
+            " (min–max over runs) | best measured | best / best candidate | pick priced without"
+            " buckets / best measured (min–max) |", "|---|---|---|---|---|---|"]  # fmt: skip
     with _traced():
-      for h in faults.auto_picks(mine, _alpha):
+      without = {h["bytes"]: h["pick"] for h in faults.auto_picks(mine, _alpha)}
+      for h in faults.auto_picks(mine, _alpha, buckets=True):
         same = [c for c in mine if c["bytes"] == h["bytes"]]
         t = {c["algorithm"]: c["measured_s"] for c in same}
-        b = _bucket_pick(h, tuple(t))
+        b = without[h["bytes"]]
         each = {h["pick"]: [], b: []}
         for i in range(runs):
           run = {c["algorithm"]: c["runs_s"][i] for c in same if len(c["runs_s"]) > i}
@@ -759,25 +760,6 @@ def blocks_tables() -> list[str]:
       *lines, "", "`auto` told the rates (as below), against the same runs:", "", *auto, "",
     ]  # fmt: skip
   return out
-
-
-def _bucket_pick(h: dict, measured: tuple[str, ...]) -> str:
-  """What ``auto`` told the rates picks (:func:`~allreduce_jax.tools.faults.auto_picks`'
-  group ``h``) among its ``measured`` candidates were it priced by the blocks tables' replay,
-  with each link's own token bucket (``gloo_model.link_buckets``); under :func:`_traced`."""
-  from allreduce_jax import cost_model, gloo_model
-
-  net, p, rate, slow = h["network"], h["hosts"], h["rate"], h["link_rates"]
-  buckets = gloo_model.link_buckets(net, p, rate=rate, link_rates=slow)
-  price = functools.partial(gloo_model.predict_seconds, duplex="half", bucket_s=buckets)
-  return cost_model.choose(
-    p,
-    h["bytes"],
-    gloo_model.link_params(rate, _alpha(net, p)),
-    tuple(a for a in cost_model.auto_candidates() if a in measured),
-    topology=gloo_model.emulated_network(net, p, rate=rate, link_rates=slow),
-    price=price,
-  )
 
 
 def _slow_rows() -> list[dict]:
@@ -1150,8 +1132,9 @@ def replay_tables() -> list[str]:
     " at once after each pause; a healthy link's 4 ms). Round-robin / replay: the"
     " same cell of the round-robin runs above (same network, rate, congestion control and queue), whose calls"
     " each start with the skew between the processes that the call before left"
-    " ([replay_trace.md](replay_trace.md)). `auto` as in the section below; beside it what it"
-    " would pick were its candidates priced by this replay, with each link's bucket.", "",
+    " ([replay_trace.md](replay_trace.md)). `auto` as in the section below, its candidates"
+    " priced by this replay, each link's bucket included (`tools.faults.auto_picks(...,"
+    " buckets=True)`); beside it what it picks priced without the buckets.", "",
     *blocks_tables(),
     "### Host 1's TCP and the slow link's queues during the slow-link runs", "",
     "Sampled every 0.25 s in host 1's namespace while a run went on (its algorithms and sizes;"
