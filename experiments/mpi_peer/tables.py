@@ -80,7 +80,7 @@ def _runs(data: list[dict]) -> str:
   per = {n: len({r["run"] for r in data if r["bytes"] == n}) for n in {r["bytes"] for r in data}}
   base = min(per.values())
   more = [f"{k} at {_size(n)}" for n, k in sorted(per.items()) if k != base]
-  return f"{base} runs" + (f" ({', '.join(more)})" if more else "")
+  return f"{base} run{'s' * (base != 1)}" + (f" ({', '.join(more)})" if more else "")
 
 
 def _size(n: int) -> str:
