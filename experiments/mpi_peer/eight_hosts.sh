@@ -5,7 +5,8 @@
 # FIRST..FIRST+REPS-1). With Open MPI's own decision (0) forced: every hand-written algorithm that
 # runs at p = 8 (the ring, the bidirectional ring, halving-doubling, recursive doubling, the
 # tree), psum over gloo and MPI_Allreduce; with its ring (4): the two rings, psum and
-# MPI_Allreduce (the others take 1.7-3x the ring's time at 4 and 16 MiB in the first runs).
+# MPI_Allreduce (the others take 1.7-3x the ring's time at 4 and 16 MiB in the first runs); with
+# its recursive doubling (3), segmented ring (5) or Rabenseifner's (6): the ring, psum and MPI.
 # NETWORKS (default both) picks some; FORCED (default "0 4") Open MPI's algorithms, FROM (default
 # 1MiB) the smallest size. Needs root, Open MPI, the extra mpi.
 # Usage: [FORCED=...] [FROM=SIZE] bash experiments/mpi_peer/eight_hosts.sh [REPS] [FIRST] [NETWORKS]
@@ -19,6 +20,7 @@ declare -A max=([switch]=16MiB [torus:8]=16MiB)
 declare -A algorithms=(
   [0]=ring,bidirectional_ring,halving_doubling,recursive_doubling,tree,psum,mpi
   [4]=ring,bidirectional_ring,psum,mpi
+  [3]=ring,psum,mpi [5]=ring,psum,mpi [6]=ring,psum,mpi
 )
 for rep in $(seq "$first" $((first + reps - 1))); do
   for net in $nets; do
