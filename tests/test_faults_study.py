@@ -1,21 +1,16 @@
 """The faults study's ``slow-cc`` and ``slow-alone`` subcommands: bad input is one line
 naming the argument."""
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+import study_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "faults" / "faults.py"
 
 
 def _faults():
-  spec = importlib.util.spec_from_file_location("study_faults_faults", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module
-  spec.loader.exec_module(module)
-  return module
+  return study_script.load(SCRIPT)
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,13 @@
 library schedules them, the traced exchanges' arithmetic, bad input, and one traced round of
 each mode on two local processes (the steps' result checked against the whole program's)."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import study_script
 
 from allreduce_jax._recursive import halving_doubling_messages, recursive_doubling_messages
 
@@ -17,11 +17,7 @@ SCRIPT = ROOT / "experiments" / "mpi_peer" / "steps.py"
 
 
 def _steps():
-  spec = importlib.util.spec_from_file_location("study_mpi_peer_steps", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module
-  spec.loader.exec_module(module)
-  return module
+  return study_script.load(SCRIPT)
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])

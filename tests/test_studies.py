@@ -11,13 +11,13 @@
 
 import ast
 import fnmatch
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import study_script
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
@@ -49,14 +49,6 @@ def _file_table(readme: str) -> list[str]:
     if line.startswith("|") and len(cells) > 2:
       names += re.findall(r"`([^`]+)`", cells[1])
   return names
-
-
-def _load(path: Path):
-  spec = importlib.util.spec_from_file_location(f"study_{path.parent.name}_{path.stem}", path)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # dataclasses look their module up while it loads
-  spec.loader.exec_module(module)
-  return module
 
 
 def test_experiments_holds_study_folders_and_an_index_naming_each_once():
@@ -142,7 +134,7 @@ def test_every_study_with_rows_regenerates_its_tables():
 
 @pytest.mark.parametrize("script", TABLE_SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_committed_tables_regenerate_from_committed_rows(script):
-  tables = _load(script).tables()
+  tables = study_script.load(script).tables()
   assert tables, f"{script.name}: tables() returned nothing"
   for name, text in tables.items():
     committed = (script.parent / name).read_text()

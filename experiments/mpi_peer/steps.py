@@ -224,6 +224,18 @@ def _recv_done(calls: list) -> float:
   return match[0] if match else max(c[2] for c in calls)
 
 
+def _cell(xs: list[float], scale: float = 1e3) -> str:
+  """``median [min–max]`` of ``xs`` times ``scale`` (seconds to ms by default)."""
+  xs = [x * scale for x in xs]
+  return f"{statistics.median(xs):.1f} [{min(xs):.1f}–{max(xs):.1f}]"
+
+
+def _median_max(stats: list[dict], name: str) -> str:
+  """The table cell of ``name`` over the rounds' ``stats``: :func:`_cell` of its median
+  over the hosts, then of its max over them (``name + "_max"``)."""
+  return f"{_cell([x[name] for x in stats])}, {_cell([x[name + '_max'] for x in stats])}"
+
+
 def mpi_call_table(rows: list[dict]) -> str:
   """Markdown of :func:`mpi_call_stats` over the traced rounds of ``rows`` (ms, medians
   [min–max] over the rounds; rows of kind ``mpi_calls`` needed)."""
@@ -235,10 +247,6 @@ def mpi_call_table(rows: list[dict]) -> str:
       calls.setdefault(r["process"], []).extend(r["calls"])
   if not calls:
     return ""
-
-  def cell(xs):
-    xs = [x * 1e3 for x in xs]
-    return f"{statistics.median(xs):.1f} [{min(xs):.1f}–{max(xs):.1f}]"
 
   groups = collections.defaultdict(list)
   for r in rows:
@@ -252,13 +260,9 @@ def mpi_call_table(rows: list[dict]) -> str:
   for (alg, n, mode), stats in sorted(groups.items()):
     for i in range(min(len(s) for s in stats)):
       s = [st[i] for st in stats]
-
-      def col(name, s=s):
-        return f"{cell([x[name] for x in s])}, {cell([x[name + '_max'] for x in s])}"
-
       lines.append(
-        f"| {alg} | {format_bytes(n)} | {mode} ({len(stats)}) | {s[0]['step']} | {col('before')} | "
-        f"{col('mpi')} |"
+        f"| {alg} | {format_bytes(n)} | {mode} ({len(stats)}) | {s[0]['step']} |"
+        f" {_median_max(s, 'before')} | {_median_max(s, 'mpi')} |"
       )
   lines += [
     "",
@@ -278,7 +282,7 @@ def mpi_call_table(rows: list[dict]) -> str:
     lines.append(
       f"| {alg} | {format_bytes(n)} | {mode} ({len(rounds)}) | {len(ratios)} | {slow} | "
       f"{statistics.median(ratios):.2f} [{min(ratios):.2f}–{max(ratios):.2f}] | "
-      f"{cell(firsts)} |"
+      f"{_cell(firsts)} |"
     )
   return "\n".join(lines)
 
@@ -435,10 +439,6 @@ def trace_table(rows: list[dict]) -> str:
   its last end)."""
   import collections
 
-  def cell(xs, scale=1e3):
-    xs = [x * scale for x in xs]
-    return f"{statistics.median(xs):.1f} [{min(xs):.1f}–{max(xs):.1f}]"
-
   groups = collections.defaultdict(list)
   for r in rows:
     if r.get("kind") == "trace":
@@ -453,14 +453,11 @@ def trace_table(rows: list[dict]) -> str:
     stats = [step_stats(r) for r in rs]
     for k in range(len(stats[0])):
       s = [st[k] for st in stats]
-
-      def col(name, s=s):
-        return f"{cell([x[name] for x in s])}, {cell([x[name + '_max'] for x in s])}"
-
       lines.append(
-        f"| {alg} | {format_bytes(n)} | {mode} ({len(rs)}) | {s[0]['step']} | {col('wait')} | "
-        f"{col('after_both')} | {col('gap')} | {cell([x['cpu_per_wall'] for x in s], 1)} | "
-        + (f"{cell(spans)} |" if k == 0 else " |")
+        f"| {alg} | {format_bytes(n)} | {mode} ({len(rs)}) | {s[0]['step']} |"
+        f" {_median_max(s, 'wait')} | {_median_max(s, 'after_both')} | {_median_max(s, 'gap')} |"
+        f" {_cell([x['cpu_per_wall'] for x in s], 1)} | "
+        + (f"{_cell(spans)} |" if k == 0 else " |")
       )
   return "\n".join(lines)
 
