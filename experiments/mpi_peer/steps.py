@@ -224,10 +224,11 @@ def _recv_done(calls: list) -> float:
   return match[0] if match else max(c[2] for c in calls)
 
 
-def _cell(xs: list[float], scale: float = 1e3) -> str:
-  """``median [min–max]`` of ``xs`` times ``scale`` (seconds to ms by default)."""
+def _cell(xs: list[float], scale: float = 1e3, f: str = "{:.1f}") -> str:
+  """``median [min–max]`` of ``xs`` times ``scale`` (seconds to ms by default), each
+  formatted by ``f``."""
   xs = [x * scale for x in xs]
-  return f"{statistics.median(xs):.1f} [{min(xs):.1f}–{max(xs):.1f}]"
+  return f"{f.format(statistics.median(xs))} [{f.format(min(xs))}–{f.format(max(xs))}]"
 
 
 def _median_max(stats: list[dict], name: str) -> str:
@@ -236,15 +237,21 @@ def _median_max(stats: list[dict], name: str) -> str:
   return f"{_cell([x[name] for x in stats])}, {_cell([x[name + '_max'] for x in stats])}"
 
 
+def _mpi_calls(rows: list[dict]) -> dict[int, list]:
+  """Every process's stamped MPI calls (rows of kind ``mpi_calls``), by process."""
+  calls: dict[int, list] = {}
+  for r in rows:
+    if r.get("kind") == "mpi_calls":
+      calls.setdefault(r["process"], []).extend(r["calls"])
+  return calls
+
+
 def mpi_call_table(rows: list[dict]) -> str:
   """Markdown of :func:`mpi_call_stats` over the traced rounds of ``rows`` (ms, medians
   [min–max] over the rounds; rows of kind ``mpi_calls`` needed)."""
   import collections
 
-  calls = {}  # every file's: the one clock's readings do not overlap between launches
-  for r in rows:
-    if r.get("kind") == "mpi_calls":
-      calls.setdefault(r["process"], []).extend(r["calls"])
+  calls = _mpi_calls(rows)  # every file's: the clock's readings do not overlap between launches
   if not calls:
     return ""
 
@@ -311,9 +318,6 @@ def summary_table(runs: list[tuple[str, list[dict]]]) -> str:
   mode (all launches together)."""
   import collections
 
-  def fmt(xs, f="{:.2f}"):
-    return f"{f.format(statistics.median(xs))} [{f.format(min(xs))}–{f.format(max(xs))}]"
-
   timed = collections.defaultdict(list)
   first = collections.defaultdict(list)
   slow = collections.defaultdict(lambda: [0, 0])
@@ -321,10 +325,7 @@ def summary_table(runs: list[tuple[str, list[dict]]]) -> str:
   slow_dirs = collections.defaultdict(lambda: [0, 0])
   slow_rates = collections.defaultdict(list)
   for key, rows in runs:
-    calls = {}
-    for r in rows:
-      if r.get("kind") == "mpi_calls":
-        calls.setdefault(r["process"], []).extend(r["calls"])
+    calls = _mpi_calls(rows)
     per_launch = collections.defaultdict(list)
     launch_spans = collections.defaultdict(list)
     for r in rows:
@@ -360,13 +361,13 @@ def summary_table(runs: list[tuple[str, list[dict]]]) -> str:
   for (key, alg), ratios in sorted(timed.items()):
     tally = [slow.get((key, alg, m)) for m in MODES]
     lines.append(
-      f"| {key} | {alg} | {len(ratios)} | {fmt(ratios)}× | "
+      f"| {key} | {alg} | {len(ratios)} | {_cell(ratios, 1, '{:.2f}')}× | "
       + " | ".join(
-        fmt([x * 1e3 for x in spans[(key, alg, m)]], "{:.0f}") if spans.get((key, alg, m)) else "—"
+        _cell(spans[(key, alg, m)], 1e3, "{:.0f}") if spans.get((key, alg, m)) else "—"
         for m in MODES
       )
       + " | "
-      + (fmt([x * 1e3 for x in first[(key, alg)]], "{:.0f}") if first.get((key, alg)) else "—")
+      + (_cell(first[(key, alg)], 1e3, "{:.0f}") if first.get((key, alg)) else "—")
       + " | "
       + " | ".join(f"{t[0]} of {t[1]}" if t and t[1] else "—" for t in tally)
       + " | "
@@ -375,11 +376,7 @@ def summary_table(runs: list[tuple[str, list[dict]]]) -> str:
         for t in (slow_dirs.get((key, alg, m)) for m in MODES)
       )
       + " | "
-      + (
-        fmt([x / 1e6 for x in slow_rates[(key, alg)]], "{:.1f}")
-        if slow_rates.get((key, alg))
-        else "—"
-      )
+      + (_cell([x / 1e6 for x in slow_rates[(key, alg)]], 1) if slow_rates.get((key, alg)) else "—")
       + " |"
     )
   return "\n".join(lines)
@@ -396,10 +393,7 @@ def step_slow_table(runs: list[tuple[str, list[dict]]], apart: float = 0.005) ->
   tally = collections.defaultdict(lambda: [0, 0, 0, 0, 0])  # apart: n, late→, early→; together
   width = 0
   for key, rows in runs:
-    calls = {}
-    for r in rows:
-      if r.get("kind") == "mpi_calls":
-        calls.setdefault(r["process"], []).extend(r["calls"])
+    calls = _mpi_calls(rows)
     for r in rows:
       if r.get("kind") != "trace" or "origin_s" not in r or not calls:
         continue
