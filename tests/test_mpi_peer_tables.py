@@ -1,0 +1,39 @@
+"""experiments/mpi_peer/tables.py: the best peer over the best hand-written algorithm is
+taken within the same launch (one launch per Open MPI algorithm forced), not across a run's
+launches; cells take the median of a run's launches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import study_script
+
+tables = study_script.load(Path(__file__).parents[1] / "experiments" / "mpi_peer" / "tables.py")
+
+
+def _row(algorithm: str, seconds: float, launch: str, mpi: str | None = None) -> dict:
+  return {"algorithm": algorithm, "mpi_algorithm": mpi, "bytes": 1 << 20,
+          "time_us": seconds * 1e6, "run": launch.split("_alg")[0], "launch": launch}  # fmt: skip
+
+
+def test_the_peer_is_paired_with_the_hand_written_algorithm_of_its_own_launch():
+  # run1: three launches; Open MPI's ring ran only in alg4's, where the ring took 1.1 s
+  data = [
+    _row("ring", 1.0, "run1_alg0"), _row("psum", 1.5, "run1_alg0"),
+    _row("ring", 1.0, "run1_alg3"), _row("psum", 1.5, "run1_alg3"),
+    _row("ring", 1.1, "run1_alg4"), _row("psum", 1.5, "run1_alg4"),
+    _row("mpi", 1.2, "run1_alg4", "ring"),
+  ]  # fmt: skip
+  assert tables.times(data)[("ring", 1 << 20)] == {"run1": 1.0}  # median of the 3 launches
+  own, peer, ratios = tables.best_ratio(data, 1 << 20)
+  assert (own, peer) == ("ring", "mpi(ring)")
+  assert ratios == [pytest.approx(1.2 / 1.1)]  # not 1.2 / 1.0 across launches
+
+
+def test_a_peer_in_every_launch_takes_the_median_of_the_per_launch_ratios():
+  # the ring is slowed in one launch (a slow MPI algorithm's skew): its ratio is one of three
+  data = [_row("ring", t, f"run2_alg{a}") for a, t in ((0, 1.0), (3, 2.0), (5, 1.0))]
+  data += [_row("psum", t, f"run2_alg{a}") for a, t in ((0, 1.1), (3, 1.0), (5, 1.2))]
+  _, peer, ratios = tables.best_ratio(data, 1 << 20)
+  assert peer == "psum" and ratios == [pytest.approx(1.1)]  # median of 1.1, 0.5, 1.2
