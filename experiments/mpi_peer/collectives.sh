@@ -30,8 +30,8 @@
 #             16 MiB at p = 8 is a shift of 2 MiB; the add of 2 MiB) and the whole ring and psum
 #             at 16 MiB, in one launch
 #   table     every hand-written algorithm that runs with one device per host, and psum, over
-#             MPI (sent in 128 KiB fragments): p = 4 at 1 KiB-16 MiB (3 calls) and 64 MiB (1 call),
-#             p = 8 at 1 and 16 MiB
+#             MPI with the launcher's settings (send flags, 32 KiB fragments, ranks yielding):
+#             p = 4 at 1 KiB-16 MiB (3 calls) and 64 MiB (1 call), p = 8 at 1 and 16 MiB
 # Usage: [FIRST=R] [VARIANTS=...] bash experiments/mpi_peer/collectives.sh [REPS [ARMS]]
 #   (ARMS default "mpi gloo mpi_send"; repetitions FIRST..FIRST+REPS-1, FIRST default 1)
 set -euo pipefail
@@ -93,14 +93,17 @@ for rep in $(seq "$first" $((first + reps - 1))); do
         done ;;
       ring8) cluster 8 gloo -- .venv/bin/python experiments/mpi_peer/steps.py --sizes 1KiB,2MiB \
                --algorithms ring,psum --reps 5 --out "$rows/collectives_ring8_run${rep}.jsonl" ;;
-      table)
+      table)  # the launcher's Open MPI settings (OMPI_MCA_* of this script's own unset)
         out=$rows/collectives_table_run${rep}.jsonl
-        cluster 4 mpi -- bench --algorithms "$every" -b 1KiB -e 16MiB -f 4 --no-uneven -n 3 -w 1 \
-          --out "$out"
-        cluster 4 mpi -- bench --algorithms "$every" -b 64MiB -e 64MiB --no-uneven -n 1 -w 1 \
-          --out "$out"
-        cluster 8 mpi -- bench --algorithms "$every" -b 1MiB -e 16MiB -f 16 --no-uneven -n 3 -w 1 \
-          --out "$out" ;;
+        (
+          unset OMPI_MCA_btl_tcp_max_send_size OMPI_MCA_mpi_yield_when_idle
+          cluster 4 mpi -- bench --algorithms "$every" -b 1KiB -e 16MiB -f 4 --no-uneven -n 3 -w 1 \
+            --out "$out"
+          cluster 4 mpi -- bench --algorithms "$every" -b 64MiB -e 64MiB --no-uneven -n 1 -w 1 \
+            --out "$out"
+          cluster 8 mpi -- bench --algorithms "$every" -b 1MiB -e 16MiB -f 16 --no-uneven -n 3 \
+            -w 1 --out "$out"
+        ) ;;
       variants)  # steps with one more change each (rows collectives_steps_mpi_send_CHANGE_runR)
         for v in noidle reno 1MiBfrag 32KiBfrag 8KiBfrag; do
           size=131072 extra=() ccargs=()
