@@ -165,7 +165,7 @@ def test_collectives_mpi_gives_the_ranks_tcp_send_settings_unless_the_user_set_t
     monkeypatch.setenv("OMPI_MCA_btl_tcp_flags", user)
   else:
     monkeypatch.delenv("OMPI_MCA_btl_tcp_flags", raising=False)
-  # no put, 32 KiB fragments, yield while waiting: see engines.MPI_TCP_MCA; the user's flags win
+  # no put, 32 KiB fragments, yield while waiting: see engines.MPI_MCA; the user's flags win
   want = {"OMPI_MCA_btl_tcp_flags": user or "send,inplace,need-ack,need-csum",
           "OMPI_MCA_btl_tcp_max_send_size": "32768",
           "OMPI_MCA_mpi_yield_when_idle": "1"}  # fmt: skip

@@ -120,7 +120,7 @@ def _agent(plan: netns.Plan, folder: Path) -> Path:
 #: yields the CPU rather than spinning (an emulated cluster's ranks share the machine's cores;
 #: spinning ones slow the exchange's two directions; see ``experiments/mpi_peer/README.md``).
 #: ``OMPI_MCA_<name>`` in the environment wins.
-MPI_TCP_MCA = {
+MPI_MCA = {
   "btl_tcp_flags": "send,inplace,need-ack,need-csum",
   "btl_tcp_max_send_size": "32768",
   "mpi_yield_when_idle": "1",
@@ -130,16 +130,16 @@ MPI_TCP_MCA = {
 def collectives_env(collectives: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
   """The variables every rank needs for ``--collectives`` (the MPIwrapper library must be
   in the environment before JAX loads); for ``mpi`` also Open MPI's parameters
-  :data:`MPI_TCP_MCA`, each ``OMPI_MCA_<name>`` from ``environ`` (default
+  :data:`MPI_MCA`, each ``OMPI_MCA_<name>`` from ``environ`` (default
   ``os.environ``) where set."""
   if collectives != "mpi":
     return {}
   environ = os.environ if environ is None else environ
-  tcp = {f"OMPI_MCA_{k}": environ.get(f"OMPI_MCA_{k}") or v for k, v in MPI_TCP_MCA.items()}
+  mca = {f"OMPI_MCA_{k}": environ.get(f"OMPI_MCA_{k}") or v for k, v in MPI_MCA.items()}
   return {
     distributed.ENV_COLLECTIVES: "mpi",
     distributed.ENV_MPIWRAPPER: distributed.mpiwrapper(environ),
-    **tcp,
+    **mca,
   }
 
 

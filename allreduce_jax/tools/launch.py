@@ -832,7 +832,7 @@ def add_collectives_option(parser: argparse.ArgumentParser, mpi_needs: str) -> N
     choices=distributed.COLLECTIVES,
     help="what moves the data between processes on CPU: gloo (the default; TCP) or mpi"
     f" (XLA's MPI collectives over the local Open MPI; {mpi_needs}; Open MPI gets "
-    + " ".join(f"{k}={v}" for k, v in engines.MPI_TCP_MCA.items())
+    + " ".join(f"{k}={v}" for k, v in engines.MPI_MCA.items())
     + ", large messages sent in small fragments rather than put and waiting ranks yielding the"
     " CPU, so the two directions of a pairwise exchange overlap; OMPI_MCA_<name> in the"
     " environment wins; build MPIwrapper first:"
