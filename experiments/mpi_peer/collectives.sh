@@ -28,11 +28,12 @@
 #             tcp_slow_start_after_idle=0 in every host; progress: btl_tcp_progress_thread=1
 #   ring8     over gloo on the 8-host switch: steps.py at 1 KiB and 2 MiB (a ring step of
 #             16 MiB at p = 8 is a shift of 2 MiB; the add of 2 MiB) and the whole ring and psum
-#             at 16 MiB, in one launch
+#             at 16 MiB, in one launch; ALLREDUCE=4MiB STEP=512KiB for 4 MiB (rows
+#             collectives_ring8_4MiB_runR)
 #   table     every hand-written algorithm that runs with one device per host, and psum, over
 #             MPI with the launcher's settings (send flags, 32 KiB fragments, ranks yielding):
 #             p = 4 at 1 KiB-16 MiB (3 calls) and 64 MiB (1 call), p = 8 at 1 and 16 MiB
-# Usage: [FIRST=R] [VARIANTS=...] bash experiments/mpi_peer/collectives.sh [REPS [ARMS]]
+# Usage: [FIRST=R] [VARIANTS=...] [ALLREDUCE=. STEP=.] bash experiments/mpi_peer/collectives.sh [REPS [ARMS]]
 #   (ARMS default "mpi gloo mpi_send"; repetitions FIRST..FIRST+REPS-1, FIRST default 1)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -91,8 +92,12 @@ for rep in $(seq "$first" $((first + reps - 1))); do
             experiments/mpi_peer/steps.py --sizes "" --split halving_doubling,recursive_doubling \
             --reps 5 --mpi-trace "${extra[@]}" --out "$rows/collectives_${name}_run${rep}.jsonl"
         done ;;
-      ring8) cluster 8 gloo -- .venv/bin/python experiments/mpi_peer/steps.py --sizes 1KiB,2MiB \
-               --algorithms ring,psum --reps 5 --out "$rows/collectives_ring8_run${rep}.jsonl" ;;
+      ring8)  # ALLREDUCE (default 16MiB) and its ring step STEP = ALLREDUCE / 8 (default 2MiB)
+        name=ring8
+        [[ ${ALLREDUCE:-16MiB} == 16MiB ]] || name=ring8_$ALLREDUCE
+        cluster 8 gloo -- .venv/bin/python experiments/mpi_peer/steps.py \
+          --sizes "1KiB,${STEP:-2MiB}" --allreduce "${ALLREDUCE:-16MiB}" --algorithms ring,psum \
+          --reps 5 --out "$rows/collectives_${name}_run${rep}.jsonl" ;;
       table)  # the launcher's Open MPI settings (OMPI_MCA_* of this script's own unset)
         out=$rows/collectives_table_run${rep}.jsonl
         (
