@@ -6,7 +6,8 @@
 - one message step alone (``steps.py``), against m/B and 2m/B;
 - halving-doubling's, recursive doubling's and the ring's whole time against the sum of their
   steps' measured times;
-- every hand-written algorithm over MPI at 1 KiB-64 MiB, p = 4 and 8.
+- every hand-written algorithm over MPI at 1 KiB-64 MiB, p = 4 and 8;
+- the 8-host ring over gloo against the sum of its steps, and what they cost above the wire.
 
 A cell is the median [min–max] over the runs of each run's median (one run: its median).
 
@@ -199,6 +200,49 @@ def full_table() -> str:
   return "\n".join(lines)
 
 
+def ring_steps_table() -> str:
+  """The 8-host ring over gloo against its steps (``collectives.sh``'s ``ring8`` arm): per
+  launch the whole ring and ``psum``, the sum of the ring's 2(p-1) shifts and p-1 adds of
+  m = n/p, and what those steps cost above the wire (each shift's time over m/B, each add):
+  median [min–max] over the launches."""
+  by_n: dict[int, list[dict[str, float]]] = {}
+  for stem in sorted({s for s, _ in _rows("collectives_ring8*_run*.jsonl")}):
+    rows = [r for s, r in _rows(f"{stem}.jsonl")]
+    whole = {r["kind"]: r for r in rows if r["kind"] in ("ring", "psum")}
+    n, p = whole["ring"]["bytes"], whole["ring"]["p"]
+    m = n // p
+    step = {r["kind"]: r["time_s"] for r in rows if r["bytes"] == m}
+    floor = next(r["time_s"] for r in rows if r["kind"] == "shift_chained")
+    cost = 2 * (p - 1) * (step["shift"] - m / RATE) + (p - 1) * step["add"]
+    total = 2 * (p - 1) * step["shift"] + (p - 1) * step["add"]
+    ring, psum = whole["ring"]["time_s"], whole["psum"]["time_s"]
+    by_n.setdefault(n, []).append({
+      "ring": ring, "psum": psum, "psum/ring": psum / ring, "shift": step["shift"],
+      "add": step["add"], "ring/sum": ring / total, "cost": cost, "cost/ring": cost / ring,
+      "floor": floor, "p": p,
+    })  # fmt: skip
+  lines = [
+    "| n per host | p | launches | ring, ms | psum, ms | psum / ring | shift of n/p, ms (m/B)"
+    " | add of n/p, ms | ring / steps' sum | steps' cost above the wire, ms | cost / ring"
+    " | 1 KiB shift back to back, ms |",
+    "|---" * 12 + "|",
+  ]
+  for n, ls in sorted(by_n.items()):
+
+    def c(key, scale=1e3, f="{:.1f}", ls=ls):
+      xs = [x[key] * scale for x in ls]
+      return f"{f.format(statistics.median(xs))} [{f.format(min(xs))}–{f.format(max(xs))}]"
+
+    p = ls[0]["p"]
+    lines.append(
+      f"| {_size(n)} | {p} | {len(ls)} | {c('ring', f='{:.0f}')} | {c('psum', f='{:.0f}')}"
+      f" | {c('psum/ring', 1, '{:.2f}')} | {c('shift')} ({n / p / RATE * 1e3:.1f})"
+      f" | {c('add')} | {c('ring/sum', 1, '{:.2f}')} | {c('cost', f='{:.0f}')}"
+      f" | {c('cost/ring', 100, '{:.1f}')} % | {c('floor')} |"
+    )
+  return "\n".join(lines) + "\n"
+
+
 def _size(n: int) -> str:
   return f"{n / 2**20:g} MiB" if n >= 1 << 20 else f"{n / 2**10:g} KiB"
 
@@ -223,5 +267,6 @@ if __name__ == "__main__":
     ("Per-step cost (20 calls back to back), ms per call", chained_table()),
     ("Whole against the sum of its steps", sums_table()),
     ("Every hand-written algorithm over MPI (TCP send)", full_table()),
+    ("The 8-host ring over gloo against its steps", ring_steps_table()),
   ]:
     print(f"\n{title}\n\n{text}", end="")
