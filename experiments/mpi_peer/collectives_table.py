@@ -175,27 +175,28 @@ def sums_table(p: int = 4) -> str:
 
 
 def full_table() -> str:
-  """Every hand-written algorithm (and psum) over MPI, the launcher's TCP flags: one row per
-  (p, algorithm), ms per size (median [min–max] over the runs), and the largest size / bound."""
+  """Every hand-written algorithm (and psum) over MPI, the launcher's Open MPI settings: one
+  row per (p, algorithm), ms per size (median [min–max] over the runs), and the time over
+  the full-duplex bound at each size from 16 MiB up."""
   cells: dict[tuple[int, str, int], list[float]] = {}
   for _, r in _rows("collectives_table_run*.jsonl"):
     cells.setdefault((r["n_devices"], r["algorithm"], r["bytes"]), []).append(r["time_us"] * 1e-6)
   lines = []
   for p in sorted({k[0] for k in cells}):
     sizes = sorted({n for q, _, n in cells if q == p})
+    big = [n for n in sizes if n >= 16 << 20]
     runs = max(len(ts) for k, ts in cells.items() if k[0] == p)
     lines += [
       f"| p = {p}, runs: {runs} | "
       + " | ".join(_size(n) for n in sizes)
-      + f" | {_size(sizes[-1])} / bound |",
-      "|---|" + "---|" * (len(sizes) + 1),
+      + "".join(f" | {_size(n)} / bound" for n in big)
+      + " |",
+      "|---|" + "---|" * (len(sizes) + len(big)),
     ]
     for name in sorted({a for q, a, _ in cells if q == p}):
       row = [_cell(cells.get((p, name, n)), 1 if n < 1 << 20 else 0) for n in sizes]
-      last = cells.get((p, name, sizes[-1]))
-      lines.append(
-        f"| {name} | " + " | ".join(row) + f" | {_ratio(last, bound_s(name, p, sizes[-1]))} |"
-      )
+      row += [_ratio(cells.get((p, name, n)), bound_s(name, p, n)) for n in big]
+      lines.append(f"| {name} | " + " | ".join(row) + " |")
     lines.append("")
   return "\n".join(lines)
 
