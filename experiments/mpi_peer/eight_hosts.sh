@@ -8,16 +8,16 @@
 # MPI_Allreduce (the others take 1.7-3x the ring's time at 4 and 16 MiB in the first runs); with
 # its recursive doubling (3), segmented ring (5) or Rabenseifner's (6): the two rings, psum and MPI.
 # NETWORKS (default both) picks some; FORCED (default "0 4") Open MPI's algorithms, FROM (default
-# 1MiB) the smallest size, ORDER (default round-robin) bench's --order: blocks keeps a slow MPI
-# algorithm's skew out of the next algorithm's calls. Needs root, Open MPI, the extra mpi.
-# Usage: [FORCED=.] [FROM=.] [ORDER=.] bash experiments/mpi_peer/eight_hosts.sh [REPS] [FIRST] [NETWORKS]
+# 1MiB), TO (16MiB) and FACTOR (4) the sizes, ORDER (default round-robin) bench's --order: blocks
+# keeps a slow MPI algorithm's skew out of the next algorithm's calls. Needs root, Open MPI, the
+# extra mpi.
+# Usage: [FORCED=.] [FROM=.] [TO=.] [FACTOR=.] [ORDER=.] bash experiments/mpi_peer/eight_hosts.sh [REPS] [FIRST] [NETWORKS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 reps=${1:-3}
 first=${2:-1}
 nets=${3:-switch torus:8}
 rows=experiments/mpi_peer/rows
-declare -A max=([switch]=16MiB [torus:8]=16MiB)
 declare -A algorithms=(
   [0]=ring,bidirectional_ring,halving_doubling,recursive_doubling,tree,psum,mpi
   [4]=ring,bidirectional_ring,psum,mpi
@@ -30,8 +30,9 @@ for rep in $(seq "$first" $((first + reps - 1))); do
       OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allreduce_algorithm=$alg \
       JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 8 --topology "$net" \
         --link 200Mbit --launcher mpirun --timeout 900 -- \
-        bench --algorithms "${algorithms[$alg]}" -b "${FROM:-1MiB}" -e "${max[$net]}" -f 4 --no-uneven \
-        -n 3 -w 1 --order "${ORDER:-round-robin}" --out "$rows/${net%%:*}8_run${rep}_alg${alg}.jsonl"
+        bench --algorithms "${algorithms[$alg]}" -b "${FROM:-1MiB}" -e "${TO:-16MiB}" \
+        -f "${FACTOR:-4}" --no-uneven -n 3 -w 1 --order "${ORDER:-round-robin}" \
+        --out "$rows/${net%%:*}8_run${rep}_alg${alg}.jsonl"
     done
   done
 done
