@@ -125,6 +125,31 @@ def best_ratio(data: list[dict], n: int) -> tuple[str, str, list[float]] | None:
   return a, b, ratios
 
 
+def _order(data: list[dict]) -> str:
+  """Which launches were timed in blocks: "; the launches forcing X, Y (at 1 KiB–256 KiB)
+  timed in blocks ..." (the sizes, where the same algorithm ran round robin at others)."""
+  sizes: dict[tuple[str, str], set[int]] = {}
+  for r in data:
+    if r["algorithm"] == "mpi":
+      sizes.setdefault((r["mpi_algorithm"], r.get("order", "round-robin")), set()).add(r["bytes"])
+  blocks = []
+  for alg in sorted({a for a, o in sizes if o == "blocks"}):
+    at = sorted(sizes[(alg, "blocks")])
+    rr = sizes.get((alg, "round-robin"))
+    if not rr:
+      blocks.append(alg)
+    elif rr == set(at):
+      blocks.append(f"{alg} (in other launches also round robin)")
+    else:
+      blocks.append(f"{alg} (at {_size(at[0])}–{_size(at[-1])})")
+  if not blocks:
+    return "; every launch timed round robin"
+  return (
+    f"; the launches forcing {', '.join(blocks)} timed in blocks (`--order blocks`), the others"
+    " round robin; an algorithm that ran in both takes only its blocks launches"
+  )
+
+
 def network_lines(pattern: str, heading: str | None, what: str) -> list[str]:
   """One network's table: every algorithm's time per size, and the best peer over the
   best hand-written algorithm."""
@@ -135,11 +160,7 @@ def network_lines(pattern: str, heading: str | None, what: str) -> list[str]:
   present = {k for k, _ in cells}
   names = [k for k in ORDER if k in present] + sorted(present - set(ORDER))
   iters = sorted({r["iters"] for r in data})
-  blocks = sorted({r["mpi_algorithm"] for r in data if r["algorithm"] == "mpi"
-                   and r.get("order") == "blocks"})  # fmt: skip
-  order = (f"; the launches forcing {', '.join(blocks)} timed in blocks (`--order blocks`),"
-           " the others round robin; an algorithm that ran in both takes only its blocks"
-           " launches" if blocks else "; every launch timed round robin")  # fmt: skip
+  order = _order(data)
   head = ["", f"## {heading}", ""] if heading else []
   lines = [
     *head,
