@@ -196,7 +196,8 @@ def tables() -> dict[str, str]:
     " algorithm's (the two chosen by their medians over the runs) within the same launch, the"
     " median over the run's launches that timed both; median [min–max] over the runs: at 1.00"
     " or above the hand-written one is at least as fast. A hand-written algorithm's or psum's"
-    " cell takes, per run, the median over that run's launches.",
+    " cell takes, per run, the median over that run's launches (its launches timed in blocks,"
+    " where it has some).",
   ]
   lines += wire_lines()
   return {"tables.md": "\n".join(lines) + "\n"}
