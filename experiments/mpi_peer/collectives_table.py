@@ -206,9 +206,11 @@ def ring_steps_table() -> str:
   launch the whole ring and ``psum``, the sum of the ring's 2(p-1) shifts and p-1 adds of
   m = n/p, and what those steps cost above the wire (each shift's time over m/B, each add):
   median [min–max] over the launches."""
+  launches: dict[str, list[dict]] = {}
+  for stem, r in _rows("collectives_ring8*_run*.jsonl"):
+    launches.setdefault(stem, []).append(r)
   by_n: dict[int, list[dict[str, float]]] = {}
-  for stem in sorted({s for s, _ in _rows("collectives_ring8*_run*.jsonl")}):
-    rows = [r for s, r in _rows(f"{stem}.jsonl")]
+  for rows in launches.values():
     whole = {r["kind"]: r for r in rows if r["kind"] in ("ring", "psum")}
     n, p = whole["ring"]["bytes"], whole["ring"]["p"]
     m = n // p
@@ -229,17 +231,15 @@ def ring_steps_table() -> str:
     "|---" * 12 + "|",
   ]
   for n, ls in sorted(by_n.items()):
-
-    def c(key, scale=1e3, f="{:.1f}", ls=ls):
-      xs = [x[key] * scale for x in ls]
-      return f"{f.format(statistics.median(xs))} [{f.format(min(xs))}–{f.format(max(xs))}]"
-
     p = ls[0]["p"]
+    c = {k: _cell([x[k] for x in ls], 1) for k in ("shift", "add", "floor")}
+    c |= {k: _cell([x[k] for x in ls]) for k in ("ring", "psum", "cost")}
+    c |= {k: _cell([x[k] for x in ls], 2, 1) for k in ("psum/ring", "ring/sum")}
+    c["cost/ring"] = _cell([x["cost/ring"] for x in ls], 1, 100)
     lines.append(
-      f"| {_size(n)} | {p} | {len(ls)} | {c('ring', f='{:.0f}')} | {c('psum', f='{:.0f}')}"
-      f" | {c('psum/ring', 1, '{:.2f}')} | {c('shift')} ({n / p / RATE * 1e3:.1f})"
-      f" | {c('add')} | {c('ring/sum', 1, '{:.2f}')} | {c('cost', f='{:.0f}')}"
-      f" | {c('cost/ring', 100, '{:.1f}')} % | {c('floor')} |"
+      f"| {_size(n)} | {p} | {len(ls)} | {c['ring']} | {c['psum']} | {c['psum/ring']}"
+      f" | {c['shift']} ({n / p / RATE * 1e3:.1f}) | {c['add']} | {c['ring/sum']}"
+      f" | {c['cost']} | {c['cost/ring']} % | {c['floor']} |"
     )
   return "\n".join(lines) + "\n"
 
@@ -248,10 +248,11 @@ def _size(n: int) -> str:
   return f"{n / 2**20:g} MiB" if n >= 1 << 20 else f"{n / 2**10:g} KiB"
 
 
-def _cell(ts: list[float] | None, digits: int = 0) -> str:
+def _cell(ts: list[float] | None, digits: int = 0, scale: float = 1e3) -> str:
+  """median [min–max] of ``ts`` times ``scale`` (default: seconds as ms)."""
   if not ts:
     return "—"
-  med, lo, hi = (v * 1e3 for v in (statistics.median(ts), min(ts), max(ts)))
+  med, lo, hi = (v * scale for v in (statistics.median(ts), min(ts), max(ts)))
   if len(ts) == 1:  # one run: its median alone
     return f"{med:.{digits}f}"
   return f"{med:.{digits}f} [{lo:.{digits}f}–{hi:.{digits}f}]"
