@@ -70,13 +70,13 @@ def launches(data: list[dict]) -> dict[tuple[str, int], dict[str, dict[str, floa
   return out
 
 
-def times(data: list[dict]) -> dict[tuple[str, int], dict[str, float]]:
+def times(data: list[dict], per=None) -> dict[tuple[str, int], dict[str, float]]:
   """(label, bytes) -> {rep: seconds} (the hand-written algorithms and psum ran beside
   each of Open MPI's forced algorithms: the median of a rep's launches, so every cell is
-  over the reps)."""
+  over the reps); ``per``: :func:`launches` of ``data``, where already made."""
   return {
     key: {run: statistics.median(ts.values()) for run, ts in reps.items()}
-    for key, reps in launches(data).items()
+    for key, reps in (per or launches(data)).items()
   }
 
 
@@ -103,13 +103,15 @@ def _size(n: int) -> str:
   return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
-def best_ratio(data: list[dict], n: int) -> tuple[str, str, list[float]] | None:
+def best_ratio(data: list[dict], n: int, per=None) -> tuple[str, str, list[float]] | None:
   """The best peer and best hand-written algorithm at ``n`` (by their medians over the
   reps) and, per rep, the peer's time over the hand-written one's *within the same launch*
   (the median over the rep's launches that timed both; ≥ 1: the hand-written one is at
   least as fast). Pairing within a launch keeps one launch's conditions, e.g. a slow MPI
-  algorithm's skew carried into the next algorithm's calls, out of the other's time."""
-  cells, per = times(data), launches(data)
+  algorithm's skew carried into the next algorithm's calls, out of the other's time.
+  ``per``: :func:`launches` of ``data``, where already made."""
+  per = per or launches(data)
+  cells = times(data, per)
   med = {k: statistics.median(v.values()) for (k, m), v in cells.items() if m == n}
   own = [k for k in med if not is_peer(k)]
   peers = [k for k in med if is_peer(k)]
@@ -156,7 +158,8 @@ def network_lines(pattern: str, heading: str | None, what: str) -> list[str]:
   data = rows(pattern)
   if not data:
     return []
-  cells = times(data)
+  per = launches(data)
+  cells = times(data, per)
   present = {k for k, _ in cells}
   names = [k for k in ORDER if k in present] + sorted(present - set(ORDER))
   iters = sorted({r["iters"] for r in data})
@@ -174,7 +177,7 @@ def network_lines(pattern: str, heading: str | None, what: str) -> list[str]:
     "|---" * (len(names) + 4) + "|",
   ]  # fmt: skip
   for n in sorted({n for _, n in cells}):
-    best = best_ratio(data, n)
+    best = best_ratio(data, n, per)
     tail = f"`{best[0]}` | `{best[1]}` | {_spread(best[2], '.2f', 1)}×" if best else "— | — | —"
     lines.append(
       f"| {_size(n)} | "
