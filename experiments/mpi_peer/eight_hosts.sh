@@ -18,19 +18,17 @@ reps=${1:-3}
 first=${2:-1}
 nets=${3:-switch torus:8}
 rows=experiments/mpi_peer/rows
-declare -A algorithms=(
-  [0]=ring,bidirectional_ring,halving_doubling,recursive_doubling,tree,psum,mpi
-  [4]=ring,bidirectional_ring,psum,mpi
-  [3]=ring,bidirectional_ring,psum,mpi [5]=ring,bidirectional_ring,psum,mpi
-  [6]=ring,bidirectional_ring,psum,mpi
-)
+rings=ring,bidirectional_ring,psum,mpi  # beside each of Open MPI's forced algorithms but 0
+every=ring,bidirectional_ring,halving_doubling,recursive_doubling,tree,psum,mpi
 for rep in $(seq "$first" $((first + reps - 1))); do
   for net in $nets; do
     for alg in ${FORCED:-0 4}; do
+      algorithms=$rings
+      [[ $alg == 0 ]] && algorithms=$every
       OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allreduce_algorithm=$alg \
       JAX_PLATFORMS=cpu .venv/bin/allreduce-jax cluster --hosts 8 --topology "$net" \
         --link 200Mbit --launcher mpirun --timeout 900 -- \
-        bench --algorithms "${algorithms[$alg]}" -b "${FROM:-1MiB}" -e "${TO:-16MiB}" \
+        bench --algorithms "$algorithms" -b "${FROM:-1MiB}" -e "${TO:-16MiB}" \
         -f "${FACTOR:-4}" --no-uneven -n 3 -w 1 --order "${ORDER:-round-robin}" \
         --out "$rows/${net%%:*}8_run${rep}_alg${alg}.jsonl"
     done
