@@ -476,6 +476,24 @@ def read_rows(path: str | os.PathLike, kind: str) -> list[dict[str, Any]]:
   return RowStore(path, kind, context={}).rows()
 
 
+def write_tables(tables: Mapping[str, str], folder: str | os.PathLike) -> list[Path]:
+  """Writes a study's tables, ``{path relative to folder: text}`` (what its ``tables()``
+  regenerates from its committed rows), and says which; the one entry point of every
+  study's ``tables.py``::
+
+    if __name__ == "__main__":
+      results.write_tables(tables(), HERE)
+  """
+  written = []
+  for name, text in tables.items():
+    path = Path(folder) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    print(f"wrote {path}")
+    written.append(path)
+  return written
+
+
 # ----------------------------------------------------------------------------------------
 # Small state files (JSON, not rows): written atomically, read forgivingly.
 # ----------------------------------------------------------------------------------------

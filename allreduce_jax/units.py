@@ -8,6 +8,8 @@ command line.
 * **Sizes** (:func:`parse_size`, :func:`format_bytes`): bytes, with binary
   (``KiB``, ``MiB``, ``GiB``; also ``K``, ``M``, ``G``) or decimal (``KB``, ``MB``,
   ``GB``) prefixes.
+* **Spreads** (:func:`spread`): ``median [min–max]`` of repeated measurements, the one
+  cell format of every study's tables.
 * **Rates** (:func:`parse_rate`, :func:`format_rate`): returned in **bytes per
   second**. The letter ``b`` decides the unit, as in the networking convention:
   lowercase ``b`` or ``bit`` is bits (``100Gbit``, ``100Gb/s``, ``100Gbps``,
@@ -33,6 +35,8 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
+from collections.abc import Iterable
 
 _SIZE_UNITS = {
   "": 1,
@@ -125,6 +129,38 @@ def format_bytes(nbytes: float, sep: str = " ") -> str:
     if nbytes >= scale * (1 - 0.05 / 1024):  # 1048575 bytes: 1 MiB, not 1024 KiB
       return f"{nbytes / scale:.1f}".removesuffix(".0") + sep + unit
   return (f"{int(nbytes)}" if nbytes == int(nbytes) else f"{nbytes:.3g}") + sep + "B"
+
+
+def spread(
+  xs: Iterable[float],
+  fmt: str = ".2f",
+  *,
+  scale: float = 1.0,
+  unit: str = "",
+  alone: bool = False,
+  empty: str = "—",
+) -> str:
+  """``median [min–max]`` of ``xs``, the one way a table cell shows repeated
+  measurements: each of the three values times ``scale`` and written with the format
+  spec ``fmt`` (``"auto"``: two decimals below 10, one below 100, none above, chosen by
+  the median), ``unit`` after the median (``"×"``); ``alone``: a single value is written
+  without its range; ``empty`` where ``xs`` holds nothing.
+
+  Example:
+    >>> spread([1.0, 3.0, 2.0]), spread([0.5, 1.5], ".1f", unit="×")
+    ('2.00 [1.00–3.00]', '1.0× [0.5–1.5]')
+    >>> spread([0.0123, 0.0150], "auto", scale=1e3), spread([7.0], ".0f", alone=True), spread([])
+    ('13.6 [12.3–15.0]', '7', '—')
+  """
+  xs = list(xs)
+  if not xs:
+    return empty
+  mid, lo, hi = statistics.median(xs) * scale, min(xs) * scale, max(xs) * scale
+  if fmt == "auto":
+    fmt = ".2f" if mid < 10 else ".1f" if mid < 100 else ".0f"
+  if alone and len(xs) == 1:
+    return f"{mid:{fmt}}{unit}"
+  return f"{mid:{fmt}}{unit} [{lo:{fmt}}–{hi:{fmt}}]"
 
 
 def parse_rate(text: str, name: str = "rate") -> float:

@@ -5,6 +5,9 @@
   table names every file of the study (a path or a glob, relative to the study);
 - every script imports without doing work (no output, no file, no JAX backend started)
   and imports no other script;
+- no script has a ``main`` of its own or writes rows by hand: a study's tables are written
+  by ``results.write_tables`` (``tables.py``), its commands parsed by argparse subcommands
+  (``run.py``), its rows appended through the row store (``results.RowStore``);
 - every table a study commits is regenerated from its committed rows, text for text
   (``tables()`` of the study's scripts: ``{path relative to the study: text}``).
 """
@@ -121,6 +124,86 @@ def test_every_script_imports_without_doing_work(tmp_path):
   assert done.stdout == "", f"importing the scripts printed: {done.stdout[:500]}"
   assert done.stderr.endswith("backends started: False"), done.stderr[-2000:]
   assert list(tmp_path.iterdir()) == []
+
+
+#: Scripts that still parse their own arguments in a ``main`` or write their rows themselves.
+OWN_ENTRY = {
+  "accelerators/accelerator_check.py",
+  "compression/compression_error.py",
+  "emulated_network/auto_on_cluster.py",
+  "emulated_network/link_queue.py",
+  "emulated_network/network_tables.py",
+  "emulated_network/tcp_ring_ceiling.py",
+  "emulated_network/wire_bytes.py",
+  "faults/faults.py",
+  "faults/replay_trace.py",
+  "faults/slow_leaf.py",
+  "gloo_pair_order/gloo_exchange_half_duplex.py",
+  "mpi_peer/steps.py",
+  "mpi_peer/tables.py",
+  "mpi_peer/wire.py",
+  "training_step/optax_route_timing.py",
+  "training_step/ring_loop_choice.py",
+}
+
+
+def _entry_problems(source: str) -> list[str]:
+  """What makes a script more than the study's shape allows: a ``main`` of its own, an
+  ``if __name__ == "__main__":`` block of more than two statements (the library's writer,
+  or the parser and its subcommand), rows written by hand (a file opened to write or
+  append, ``json.dump``, ``json.dumps`` written or printed)."""
+  tree = ast.parse(source)
+  found = []
+  for node in tree.body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "main":
+      found.append(f"line {node.lineno}: a main of its own")
+    if (
+      isinstance(node, ast.If)
+      and isinstance(node.test, ast.Compare)
+      and ast.unparse(node.test) in ("__name__ == '__main__'", '__name__ == "__main__"')
+      and len(node.body) > 2
+    ):
+      found.append(f"line {node.lineno}: {len(node.body)} statements under __main__")
+  for node in ast.walk(tree):
+    if not isinstance(node, ast.Call):
+      continue
+    name = ast.unparse(node.func)
+    modes = [a.value for a in (*node.args, *(k.value for k in node.keywords if k.arg == "mode"))
+             if isinstance(a, ast.Constant) and isinstance(a.value, str)]  # fmt: skip
+    if (name == "open" or name.endswith(".open")) and any(set(m) & set("aw") for m in modes):
+      found.append(f"line {node.lineno}: {name}(..., {modes[-1]!r})")
+    if name == "json.dump":
+      found.append(f"line {node.lineno}: json.dump")
+    writes = name == "print" or name.split(".")[-1] in ("write", "write_text", "writelines")
+    if writes and any(
+      isinstance(n, ast.Call) and ast.unparse(n.func) == "json.dumps" for n in ast.walk(node)
+    ):
+      found.append(f"line {node.lineno}: {name}(json.dumps(...))")
+  return sorted(found, key=lambda f: int(f.split(":")[0].split()[1]))
+
+
+def test_the_entry_finder_finds_them():
+  src = (
+    "import json, sys\n"
+    "def main():\n  open('rows.jsonl', 'a').write(json.dumps({}))\n"
+    "def f(path):\n  print(json.dumps({}))\n  path.open(mode='w')\n"
+    "if __name__ == '__main__':\n  a = 1\n  b = 2\n  sys.exit(main())\n"
+  )
+  assert [p.split(":")[0] for p in _entry_problems(src)] == [
+    "line 2", "line 3", "line 3", "line 5", "line 6", "line 7",
+  ]  # fmt: skip
+  ok = "from allreduce_jax import results\nif __name__ == '__main__':\n  results.write_tables({}, '.')\n"
+  assert _entry_problems(ok) == []
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_no_script_has_a_main_of_its_own_or_writes_rows_by_hand(script):
+  name = f"{script.parent.name}/{script.name}"
+  problems = _entry_problems(script.read_text())
+  if name in OWN_ENTRY:
+    assert problems, f"{name} is in OWN_ENTRY but has the study's shape: take it out"
+  else:
+    assert problems == [], f"{name}: {problems}"
 
 
 TABLE_SCRIPTS = [p for p in SCRIPTS if re.search(r"^def tables\(", p.read_text(), re.M)]

@@ -13,11 +13,10 @@ the same run (the same bytes, so the inverse of their time ratio), the median ov
 from __future__ import annotations
 
 import json
-import statistics
-import sys
 from pathlib import Path
 
-from allreduce_jax.units import format_bytes
+from allreduce_jax import results
+from allreduce_jax.units import format_bytes, spread
 
 HERE = Path(__file__).resolve().parent
 PAIRS = (
@@ -33,11 +32,6 @@ def _times(path: Path) -> dict:
   """``(algorithm, bytes) -> seconds`` of one run's correct rows."""
   rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
   return {(r["algorithm"], r["bytes"]): r["time_us"] for r in rows if r.get("wrong") == 0}
-
-
-def spread(xs) -> str:
-  """``median [min–max]`` of ``xs``."""
-  return f"{statistics.median(xs):.2f} [{min(xs):.2f}–{max(xs):.2f}]"
 
 
 def ring_over_psum(root: Path = HERE / "rows") -> list[float]:
@@ -73,12 +67,5 @@ def tables(root: Path = HERE / "rows") -> dict[str, str]:
   return {"tables.md": "\n".join(lines) + "\n"}
 
 
-def main(argv=None) -> int:
-  for name, text in tables().items():
-    (HERE / name).write_text(text)
-    print(text)
-  return 0
-
-
 if __name__ == "__main__":
-  sys.exit(main())
+  results.write_tables(tables(), HERE)

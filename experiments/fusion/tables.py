@@ -13,9 +13,10 @@ and ``rows/fusion.jsonl``), as median [min–max].
 from __future__ import annotations
 
 import json
-import statistics
-import sys
 from pathlib import Path
+
+from allreduce_jax import results
+from allreduce_jax.units import spread
 
 HERE = Path(__file__).resolve().parent
 
@@ -71,17 +72,10 @@ def tables(root: Path = HERE / "rows") -> dict[str, str]:
       lines.append(
         f"| {model} | {alg} | "
         + ", ".join(f"{x:.1f}×" for x in g)
-        + f" | {statistics.median(g):.1f}× [{min(g):.1f}–{max(g):.1f}] |"
+        + f" | {spread(g, '.1f', unit='×')} |"
       )
   return {"tables.md": "\n".join(lines) + "\n"}
 
 
-def main(argv=None) -> int:
-  for name, text in tables().items():
-    (HERE / name).write_text(text)
-    print(text)
-  return 0
-
-
 if __name__ == "__main__":
-  sys.exit(main())
+  results.write_tables(tables(), HERE)

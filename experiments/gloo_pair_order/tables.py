@@ -1,8 +1,8 @@
 """Gloo's exchange order: the tables of this study from its committed rows (no measurement).
 
-    python experiments/gloo_pair_order/tables.py [ROWS]
+    python experiments/gloo_pair_order/tables.py
 
-Reads ``ROWS`` (default ``rows/`` beside this script): ``half_duplex_p*.jsonl`` and
+Reads ``rows/`` beside this script: ``half_duplex_p*.jsonl`` and
 ``half_duplex_sizes_p4.jsonl`` (``gloo_exchange_half_duplex.py``: one ``ppermute`` in
 JAX over gloo), ``gloo_pair_order.jsonl`` and ``gloo_lanes.jsonl`` (``exchange``: gloo
 alone, no JAX); α for the replay comes from the emulated network's JAX rows of the same
@@ -13,13 +13,12 @@ script. The replay is :func:`allreduce_jax.gloo_model.emulated_seconds` and
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-from allreduce_jax import cost_model, gloo_model
+from allreduce_jax import cost_model, gloo_model, results
+from allreduce_jax.units import spread
 
 HERE = Path(__file__).resolve().parent
 NETWORK_ROWS = HERE.parent / "emulated_network" / "rows"
@@ -35,12 +34,6 @@ def _rows(path: Path) -> list[dict]:
 
 def _good(root: Path, name: str) -> list[dict]:
   return [r for r in _rows(root / name) if r.get("wrong") == 0]
-
-
-def _spread(xs, fmt: str = "{:.2f}") -> str:
-  """``median [min–max]`` of ``xs``, each number in ``fmt``."""
-  m, lo, hi = (fmt.format(f(xs)) for f in (statistics.median, min, max))
-  return f"{m} [{lo}–{hi}]"
 
 
 def _mib(n: int) -> str:
@@ -129,7 +122,7 @@ def half_duplex_sizes_table(root: Path, network: Path) -> list[str]:
     model = steady(exchange, n) / steady(shift, n)
     lines.append(
       f"| {_mib(n)} | {statistics.median(sh):.4g} | {statistics.median(sh) * RATE / n:.2f} |"
-      f" {_spread(ex)} | {_spread(hs)} | {model:.2f} |"
+      f" {spread(ex)} | {spread(hs)} | {model:.2f} |"
     )
   return [*lines, ""]
 
@@ -180,7 +173,7 @@ def gloo_pair_order_table(root: Path, network: Path) -> list[str]:
         def over(pattern, share=1.0, p=p, have=have, mode=mode, n=n):
           xs = [t[(p, k, mode, n, pattern)] / (share * t[(p, k, mode, n, "one_way")])
                 for k in have if (p, k, mode, n, pattern) in t]  # fmt: skip
-          return _spread(xs) if xs else "—"
+          return spread(xs)
 
         lines.append(
           f"| {p} | {label} | {_mib(n)} | {statistics.median(one):.4g} | {over('send_first')} |"
@@ -256,10 +249,10 @@ def gloo_lanes_table(root: Path) -> list[str]:
     for pattern in ("bidir_send_first", "bidir_recv_first"):
       pairs = [(t[(p, k, n, pattern)], t[(p, k, n, "ring")]["median_s"]) for k in have
                if (p, k, n, pattern) in t]  # fmt: skip
-      ratio = _spread([r["median_s"] / base for r, base in pairs]) if pairs else "—"
+      ratio = spread([r["median_s"] / base for r, base in pairs]) if pairs else "—"
       worst = max((r["max_s"] / base for r, base in pairs), default=None)
       cells += [ratio, f"{worst:.2f}" if worst is not None else "—"]
-    lines.append(f"| {p} | {_mib(n)} | {_spread(ring, '{:.3f}')} | " + " | ".join(cells) + " |")
+    lines.append(f"| {p} | {_mib(n)} | {spread(ring, '.3f')} | " + " | ".join(cells) + " |")
   return [*lines, ""]
 
 
@@ -275,16 +268,5 @@ def tables(root: Path = HERE / "rows", network: Path = NETWORK_ROWS) -> dict[str
   return {"tables.md": "\n".join(text) + "\n"}
 
 
-def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("rows", nargs="?", type=Path, default=HERE / "rows", help="the rows' folder")
-  ap.add_argument("--out", type=Path, default=HERE, help="where tables.md goes")
-  args = ap.parse_args(argv)
-  for name, text in tables(args.rows).items():
-    (args.out / name).write_text(text)
-  print(f"wrote tables.md to {args.out}")
-  return 0
-
-
 if __name__ == "__main__":
-  sys.exit(main())
+  results.write_tables(tables(), HERE)

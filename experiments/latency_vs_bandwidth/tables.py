@@ -16,12 +16,10 @@ Reads ``rows/`` beside this script and writes ``tables.md``:
 from __future__ import annotations
 
 import json
-import statistics
-import sys
 from pathlib import Path
 
-from allreduce_jax import cost_model
-from allreduce_jax.units import format_bytes
+from allreduce_jax import cost_model, results
+from allreduce_jax.units import format_bytes, spread
 
 HERE = Path(__file__).resolve().parent
 
@@ -33,11 +31,6 @@ def _rows(path: Path) -> list[dict]:
 
 def _times(rows: list[dict]) -> dict:
   return {(r["algorithm"], r["bytes"]): r["time_us"] for r in rows}
-
-
-def spread(xs) -> str:
-  """``median [min–max]`` of ``xs``."""
-  return f"{statistics.median(xs):.2f} [{min(xs):.2f}–{max(xs):.2f}]"
 
 
 def sweep_table(root: Path) -> list[str]:
@@ -140,12 +133,5 @@ def tables(root: Path = HERE / "rows") -> dict[str, str]:
   return {"tables.md": "\n".join(lines)}
 
 
-def main(argv=None) -> int:
-  for name, text in tables().items():
-    (HERE / name).write_text(text)
-    print(text)
-  return 0
-
-
 if __name__ == "__main__":
-  sys.exit(main())
+  results.write_tables(tables(), HERE)

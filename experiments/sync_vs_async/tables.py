@@ -1,19 +1,17 @@
 """Sync vs async: the study's tables from its committed rows (no training here).
 
-    python experiments/sync_vs_async/tables.py [ROWS]
+    python experiments/sync_vs_async/tables.py
 
-Every ``table_c.md`` and ``phase.md`` under ``ROWS`` (default ``rows/`` beside this
-script) regenerated from the rows beside it
+Every ``table_c.md`` and ``phase.md`` under ``rows/`` regenerated from the rows beside it
 (:func:`allreduce_jax.training.experiments.tables_from_rows`). The rows are measured by
 ``allreduce-jax train table-c`` and ``allreduce-jax train phase`` (see the README).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
+from allreduce_jax import results
 from allreduce_jax.training.experiments import tables_from_rows
 
 HERE = Path(__file__).resolve().parent
@@ -25,15 +23,5 @@ def tables(root: Path = HERE / "rows") -> dict[str, str]:
   return {str(rel / name): text for name, text in tables_from_rows(root).items()}
 
 
-def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("rows", nargs="?", type=Path, default=HERE / "rows", help="the rows' folder")
-  args = ap.parse_args(argv)
-  for name, text in tables_from_rows(args.rows).items():
-    (args.rows / name).write_text(text)
-    print(f"wrote {args.rows / name}")
-  return 0
-
-
 if __name__ == "__main__":
-  sys.exit(main())
+  results.write_tables(tables(), HERE)

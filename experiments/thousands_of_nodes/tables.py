@@ -12,9 +12,9 @@ still within 5 % of the fastest.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+from allreduce_jax import results
 from allreduce_jax.units import format_bytes
 
 HERE = Path(__file__).resolve().parent
@@ -56,12 +56,5 @@ def tables(root: Path = HERE / "rows") -> dict[str, str]:
   return {"tables.md": "\n".join(lines)}
 
 
-def main(argv=None) -> int:
-  for name, text in tables().items():
-    (HERE / name).write_text(text)
-    print(text)
-  return 0
-
-
 if __name__ == "__main__":
-  sys.exit(main())
+  results.write_tables(tables(), HERE)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from pathlib import Path
+
+from allreduce_jax import results
+from allreduce_jax.units import spread
 
 HERE = Path(__file__).resolve().parent
 
@@ -38,18 +40,9 @@ def tables(root: Path = HERE / "rows") -> dict[str, str]:
   for v in variants:
     ratio = [r["vs_psum"] for run in runs for r in run if r["variant"] == v]
     ms = statistics.median(r["time_us"] for r in rows if r["variant"] == v) / 1e3
-    lines.append(
-      f"| {v} | {ms:.2f} | {statistics.median(ratio):.2f} [{min(ratio):.2f}–{max(ratio):.2f}] |"
-    )
+    lines.append(f"| {v} | {ms:.2f} | {spread(ratio)} |")
   return {"tables.md": "\n".join(lines) + "\n"}
 
 
-def main(argv=None) -> int:
-  for name, text in tables().items():
-    (HERE / name).write_text(text)
-    print(text)
-  return 0
-
-
 if __name__ == "__main__":
-  sys.exit(main())
+  results.write_tables(tables(), HERE)

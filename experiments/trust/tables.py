@@ -11,8 +11,9 @@ algorithm's closed-form schedule); writes ``tables.md`` beside this script.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
+
+from allreduce_jax import results
 
 HERE = Path(__file__).resolve().parent
 
@@ -65,12 +66,5 @@ def tables(root: Path = HERE / "rows") -> dict[str, str]:
   return {"tables.md": "\n".join(lines)}
 
 
-def main(argv=None) -> int:
-  for name, text in tables().items():
-    (HERE / name).write_text(text)
-    print(text)
-  return 0
-
-
 if __name__ == "__main__":
-  sys.exit(main())
+  results.write_tables(tables(), HERE)
