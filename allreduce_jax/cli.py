@@ -16,7 +16,7 @@ import signal
 import sys
 import threading
 
-from allreduce_jax import distributed, results
+from allreduce_jax import distributed, progress, results
 from allreduce_jax.results import RowsError, release_locks
 from allreduce_jax.tools import COMMANDS
 
@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, results.on_sigint)
   try:
     try:
-      return _noted(int(module.run(args) or 0))
+      code = _noted(int(module.run(args) or 0))
+      progress.phase("finishing")  # a launcher's watchdog: exiting is not a step
+      return code
     except KeyboardInterrupt:
       if _depth > 1:  # a command run by another (report): the outer one stops too
         raise

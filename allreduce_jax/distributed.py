@@ -86,6 +86,8 @@ from jax._src import distributed as jax_distributed
 from jax._src import xla_bridge
 from jax._src.lib import _jax
 
+from allreduce_jax import progress
+
 ENV_COORDINATOR = "ALLREDUCE_JAX_COORDINATOR"
 ENV_COORDINATOR_BIND = "ALLREDUCE_JAX_COORDINATOR_BIND"
 ENV_NUM_PROCESSES = "ALLREDUCE_JAX_NUM_PROCESSES"
@@ -637,6 +639,7 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
     )
   if collectives == "mpi" and local_devices is None:
     local_devices = _int_env(env, "JAX_NUM_CPU_DEVICES", 1)
+  progress.phase("joining")  # a launcher's watchdog: the imports are done
   initialize(
     coordinator,
     num,
@@ -652,6 +655,9 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
     collectives=collectives,
   )
   exit_fast_on_error()
+  progress.install_spin()
+  progress.watch_compiles()
+  progress.phase("joined")
   return True
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 import jax
 import numpy as np
 
+from allreduce_jax import progress
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -143,6 +145,7 @@ def time_round_robin(
     )
   if order not in ORDERS:
     raise ValueError(f"--order must be one of {', '.join(ORDERS)}, got {order!r}.")
+  progress.phase("compiling")  # a launcher's watchdog: then a step a call, bounded
   built = [(compile_timed(fn, *args), args) for fn, args in programs]
   times: list[list[float]] = [[] for _ in built]
   # the calls in the order they run: (program, timed?)
@@ -156,8 +159,10 @@ def time_round_robin(
       on_call(k)
     t0 = time.perf_counter()
     jax.block_until_ready(compiled(*args))
+    progress.step()
     if timed:
       times[k].append(time.perf_counter() - t0)
+  progress.phase("timed")  # what the caller does next (checks, rows) is not a call
   return [
     Timing(tuple(ts), compile_s, temp, trials, compiled)
     for ((compiled, compile_s, temp), _), ts in zip(built, times)

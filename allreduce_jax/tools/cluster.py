@@ -29,7 +29,8 @@ removes what a dead run left (``down --all``: every cluster, running or not).
 counters (sent, received) over the run as JSON.
 
 ``--fault SPEC`` (repeatable) injects a fault T seconds after the hosts joined:
-``kill:H@T``, ``stop:H@T``, ``link:H=RATE@T``, ``down:H@T+D``, ``cpu:H=FRACTION@T``
+``kill:H@T``, ``stop:H@T``, ``spin:H@T``, ``link:H=RATE@T``, ``down:H@T+D``,
+``cpu:H=FRACTION@T``
 (:mod:`allreduce_jax.tools.faults`); each is printed with its time and written to
 ``DIR/faults.jsonl``, and rows measured there name the faults in their network.
 ``--restarts N`` starts the job again after a failure, ``--elastic`` on the surviving
@@ -60,7 +61,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from allreduce_jax import distributed, netns, units
+from allreduce_jax import distributed, netns, progress, units
 from allreduce_jax.tools import engines
 from allreduce_jax.tools import faults as fault_lib
 from allreduce_jax.tools import launch as launcher
@@ -304,6 +305,8 @@ def _launch_builtin(command, hosts, plan, devices_per_host, err, launch_options)
       "host_argv": lambda rank: host_argv(alive[rank]),
       "local_devices": devices_per_host,
       "on_start": injector.start if injector is not None and attempt == 0 else None,
+      "explain": lambda rank: link_down(plan, alive[rank]),
+      "extra_env": {progress.ENV_FAULT_SPIN: "1"} if any(f.kind == "spin" for f in faults) else {},
     }
 
   try:
@@ -313,6 +316,20 @@ def _launch_builtin(command, hosts, plan, devices_per_host, err, launch_options)
   finally:
     if injector is not None:
       injector.close()
+
+
+def link_down(plan: netns.Plan, host: int) -> str | None:
+  """Why ``host`` cannot progress when one of its interfaces is down (``ip link``: not
+  UP): "has its link down (...)", the watchdog's verdict; None when they are all up."""
+  ns = plan.hosts[host]
+  down = []
+  for dev in plan.host_links(host):
+    res = subprocess.run([*plan.enter, "ip", "-n", ns, "-o", "link", "show", "dev", dev],
+                         capture_output=True, text=True)  # fmt: skip
+    flags = res.stdout.partition("<")[2].partition(">")[0].split(",")
+    if res.returncode == 0 and "UP" not in flags:
+      down.append(dev)
+  return f"has its link down ({', '.join(down)} not UP in {ns})" if down else None
 
 
 def _down(prog: str, everything: bool = False) -> int:
@@ -409,8 +426,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     default=[],
     metavar="SPEC",
     help="inject a fault T seconds after the hosts joined (repeatable): kill:H@T (SIGKILL"
-    " host H), stop:H@T (SIGSTOP), link:H=RATE@T (its links' rate), down:H@T+D (its links"
-    " down D seconds), cpu:H=FRACTION@T (a cgroup CPU quota, FRACTION of a core)",
+    " host H), stop:H@T (SIGSTOP), spin:H@T (its main thread spins in Python),"
+    " link:H=RATE@T (its links' rate), down:H@T+D (its links down D seconds; +inf: for"
+    " good), cpu:H=FRACTION@T (a cgroup CPU quota, FRACTION of a core)",
   )
   parser.add_argument(
     "command",

@@ -2,8 +2,10 @@
 
     kill:H@T        SIGKILL host H's process T seconds after the hosts joined
     stop:H@T        SIGSTOP it (it stays stopped: its peers see a silent host)
+    spin:H@T        its main thread spins in Python from then on (SIGUSR2; a process
+                    stuck outside JAX: alive, never reaching its next collective)
     link:H=RATE@T   host H's links change to RATE each way (tc tbf, both ends)
-    down:H@T+D      host H's links go down for D seconds, then up again
+    down:H@T+D      host H's links go down for D seconds, then up again (+inf: for good)
     cpu:H=F@T       host H's process limited to F of one core (a cgroup's CPU quota:
                     cgroup v1 ``cpu.cfs_quota_us`` or v2 ``cpu.max``, whichever the
                     machine has)
@@ -28,11 +30,14 @@ from pathlib import Path
 
 from allreduce_jax import netns, units
 
-KINDS = ("kill", "stop", "link", "down", "cpu")
-USAGE = "kill:H@T, stop:H@T, link:H=RATE@T, down:H@T+D or cpu:H=FRACTION@T"
+KINDS = ("kill", "stop", "spin", "link", "down", "cpu")
+USAGE = (
+  "kill:H@T, stop:H@T, spin:H@T, link:H=RATE@T, down:H@T+D (D: seconds or inf) or cpu:H=FRACTION@T"
+)
 
 _SPEC = re.compile(
-  r"^(?P<kind>[a-z]+):(?P<host>\d+)(?:=(?P<value>[^@]+))?@(?P<at>[0-9.]+)(?:\+(?P<dur>[0-9.]+))?$"
+  r"^(?P<kind>[a-z]+):(?P<host>\d+)(?:=(?P<value>[^@]+))?@(?P<at>[0-9.]+)"
+  r"(?:\+(?P<dur>[0-9.]+|inf))?$"
 )
 
 CGROUP = Path("/sys/fs/cgroup")
@@ -43,7 +48,7 @@ PERIOD_US = 100_000
 class Fault:
   """One fault: ``kind`` on host ``host`` at ``at`` seconds after the hosts joined;
   ``value``: the new rate (bytes/s, ``link``) or CPU fraction (``cpu``);
-  ``duration``: seconds down (``down``); ``spec``: as given."""
+  ``duration``: seconds down (``down``; ``inf``: for good); ``spec``: as given."""
 
   spec: str
   kind: str
@@ -149,7 +154,7 @@ class Injector:
       except (OSError, subprocess.CalledProcessError, ValueError) as e:
         what = f"failed: {e}"
       self._log(f, joined, t0, what)
-      if f.kind == "down" and not self.cancel.is_set():
+      if f.kind == "down" and f.duration < float("inf") and not self.cancel.is_set():
         timer = threading.Timer(f.duration, self._link_up, args=(f, joined, t0))
         timer.daemon = True
         self.timers.append(timer)
@@ -185,9 +190,10 @@ class Injector:
 
   def _apply(self, f: Fault, pids: list[int]) -> str:
     pid = pids[f.host]
-    if f.kind in ("kill", "stop"):
-      os.kill(pid, signal.SIGKILL if f.kind == "kill" else signal.SIGSTOP)
-      return f"{'SIGKILL' if f.kind == 'kill' else 'SIGSTOP'} to pid {pid}"
+    if f.kind in ("kill", "stop", "spin"):
+      sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "spin": signal.SIGUSR2}[f.kind]
+      os.kill(pid, sig)
+      return f"{sig.name} to pid {pid}" + (" (it spins in Python)" if f.kind == "spin" else "")
     if f.kind == "link":
       burst = netns.bucket_bytes(f.value)
       for ns, dev in self._ends(f.host):
@@ -198,7 +204,9 @@ class Injector:
     if f.kind == "down":
       for ns, dev in self._host_devs(f.host):
         self._tc(["ip", "-n", ns, "link", "set", dev, "down"])
-      return f"links of host {f.host} down for {f.duration:g} s"
+      return f"links of host {f.host} down " + (
+        "for good" if f.duration == float("inf") else f"for {f.duration:g} s"
+      )
     return self._cpu(f, pid)
 
   def _host_devs(self, host: int) -> list[tuple[str, str]]:

@@ -26,6 +26,11 @@ SIGKILL (and Linux ``PR_SET_PDEATHSIG`` kills the child itself), so nothing outl
 a success, a failure or Ctrl-C. Every process's output goes to
 ``DIR/process-R.log``; process 0's is also shown.
 
+The no-progress watchdog (:mod:`allreduce_jax.tools.watchdog`, ``--watchdog``, on by
+default) reads each process's progress reports (``DIR/progress-R``) and ends a run that
+stops progressing within seconds, naming the process to blame and why (stopped, its link
+down, stuck outside JAX, behind). A failed run's survivors are killed at once.
+
 ``--restarts N`` starts the whole job again after a failure, up to N times (torchrun's
 ``--max-restarts``; ``train sync --checkpoint-dir`` resumes from its newest checkpoint),
 ``--elastic`` on the processes that did not fail (:func:`launch_restarting`).
@@ -49,8 +54,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from allreduce_jax import distributed
-from allreduce_jax.tools import engines
+from allreduce_jax import distributed, progress
+from allreduce_jax.tools import engines, watchdog
 from allreduce_jax.tools._args import output_dir
 from allreduce_jax.tools._proc import LaunchError as LaunchError
 from allreduce_jax.tools._proc import command_argv as command_argv
@@ -201,20 +206,10 @@ def _tell(watchdog: subprocess.Popen | None, text: str) -> None:
     watchdog.stdin.flush()
 
 
-def _state(pid: int) -> str:
-  """The kernel's one-letter process state (R, S, D, T stopped, Z...), '' if gone."""
-  try:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-  except (OSError, IndexError):
-    return ""
-
-
-def _wchan(pid: int) -> str:
-  """Where in the kernel the process's main thread sleeps ('futex_do_wait', ...)."""
-  try:
-    return Path(f"/proc/{pid}/wchan").read_text().strip()
-  except OSError:
-    return ""
+_state = watchdog.proc_state
+_wchan = watchdog.wchan
+_main_thread_top = watchdog.main_thread_top
+_in_jax = watchdog.in_jax
 
 
 def _blame_key(c: _Child) -> tuple:
@@ -274,50 +269,10 @@ def _culprit(failed: list[_Child]) -> _Child:
 
 
 def _stacks(children: list[_Child], wait_s: float = 1.5) -> dict[int, str]:
-  """Asks each running child for its Python stacks (SIGUSR1: faulthandler, set up by
-  ``distributed.exit_fast_on_error``) and returns, per rank, the innermost frame of
-  its main thread, or nothing for a child that printed none."""
-  sizes = {}
-  for c in children:
-    if c.rc is None:
-      sizes[c.rank] = c.log.stat().st_size if c.log.exists() else 0
-      with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(c.proc.pid, signal.SIGUSR1)
-  time.sleep(wait_s)
-  frames = {}
-  for c in children:
-    if c.rank not in sizes:
-      continue
-    try:
-      with open(c.log, "rb") as f:
-        f.seek(sizes[c.rank])
-        text = f.read().decode("utf-8", "replace")
-    except OSError:
-      continue
-    frame = _main_thread_top(text)
-    if frame:
-      frames[c.rank] = frame
-  return frames
-
-
-def _main_thread_top(dump: str) -> str | None:
-  """From a faulthandler dump, the innermost frame of the thread whose outermost
-  frame is ``<module>`` (the main thread): 'File "x.py", line 3 in f'."""
-  blocks, current = [], []
-  for line in dump.splitlines():
-    if line.startswith(("Thread 0x", "Current thread 0x")):
-      current = []
-      blocks.append(current)
-    elif line.strip().startswith("File ") and blocks:
-      current.append(line.strip())
-  for frames in blocks:
-    if frames and frames[-1].endswith("in <module>"):
-      return frames[0]
-  return None
-
-
-def _in_jax(frame: str) -> bool:
-  return any(part in frame for part in ("/jax/", "/jaxlib/", "/jax_plugins/", "/flax/"))
+  """Per running child, the innermost frame of its main thread's Python stack
+  (:func:`watchdog.stack_tops`), or nothing for a child that printed none."""
+  return watchdog.stack_tops([(c.rank, c.proc.pid, c.log) for c in children if c.rc is None],
+                             wait_s)  # fmt: skip
 
 
 class _Terminated(Exception):
@@ -351,6 +306,7 @@ def launch(
   extra_env: dict[str, str] | None = None,
   report: dict | None = None,
   on_start=None,
+  watch: watchdog.Settings | None = None,
 ) -> int:
   """Runs ``command`` in ``num_processes`` local processes joined by ``jax.distributed``.
 
@@ -372,9 +328,16 @@ def launch(
   ``failed_rank`` (the process named, if any), ``interrupted`` (the launcher itself
   was stopped) and ``seconds``; ``on_start(pids, t0)``: called once every process has
   started (``pids[rank]``, ``t0`` on ``time.monotonic``'s clock) before supervision.
+
+  ``watch``: the no-progress watchdog (:mod:`allreduce_jax.tools.watchdog`; None: its
+  defaults, on): every process reports its progress to ``log_dir/progress-R``, and a run
+  that stops progressing is stopped with status 124, naming the process to blame
+  (``report``'s ``failed_rank``). The launcher's own events (started, named, stopped) go to
+  ``log_dir/launcher.jsonl``, for a run's timeline.
   """
   out = out or sys.stdout
   err = err or sys.stderr
+  report = report if report is not None else {}
   _check_options(num_processes, local_devices, timeout, shutdown_timeout, heartbeat_timeout)
   _check_choices(platform, output, num_processes)
   argv = command_argv(list(command))
@@ -398,7 +361,9 @@ def launch(
   t0 = time.monotonic()
   failure: str | None = None
   code = 0
-  watchdog = _start_watchdog()
+  reaper = _start_watchdog()
+  watch = watch if watch is not None else watchdog.Settings()
+  dog = None
   try:
     for rank in range(num_processes):
       env = _child_env(
@@ -412,14 +377,22 @@ def launch(
         heartbeat_timeout,
       )
       env.update(extra_env or {})
+      env[progress.ENV_PROGRESS] = str(_fresh(logs / f"progress-{rank}"))
       child = _spawn(rank, [*host_argv(rank), *argv] if host_argv else argv, env, logs)
       child.shown = rank in shown
-      _tell(watchdog, str(child.proc.pid))  # its process group id (a new session)
+      _tell(reaper, str(child.proc.pid))  # its process group id (a new session)
       children.append(child)
     (logs / "pids.json").write_text(json.dumps({c.rank: c.proc.pid for c in children}))
+    _event(_fresh(logs / "launcher.jsonl"), "started", processes=num_processes)
+    if watch.on:
+      dog = watchdog.Watchdog(
+        [logs / f"progress-{c.rank}" for c in children], [c.proc.pid for c in children], watch
+      )
     if on_start is not None:
       on_start([c.proc.pid for c in children], t0)
-    failure, code = _supervise(children, t0, timeout, out, prefix=output == "all", report=report)
+    failure, code = _supervise(
+      children, t0, timeout, out, prefix=output == "all", report=report, dog=dog
+    )
   except LaunchError:
     if made:
       shutil.rmtree(logs, ignore_errors=True)
@@ -433,10 +406,17 @@ def launch(
     _note(report, interrupted=True)
   finally:
     _note(report, seconds=time.monotonic() - t0)
+    _note(report, first_step_s=dog.first_step_s() if dog is not None else None)
     if failure:
       print(f"{label}: {failure}", file=err, flush=True)
-    also = _stop(children, stop_grace)
-    _close_watchdog(watchdog)
+      named = report.get("failed_rank")
+      _event(logs / "launcher.jsonl", "named", rank=named, why=failure.split("\n")[0][:500])
+    # A failed run's survivors wait in a collective that cannot complete, and JAX catches
+    # SIGTERM (its preemption notifier) without leaving it: they are killed at once. An
+    # interrupted launcher gives them stop_grace seconds to end by SIGTERM.
+    also = _stop(children, stop_grace if report.get("interrupted") or not failure else 0)
+    _event(logs / "launcher.jsonl", "stopped", code=code)
+    _close_watchdog(reaper)
     for s, h in old_handlers.items():
       signal.signal(s, h)
     _stream(children, out, prefix=output == "all", final=True)
@@ -485,10 +465,14 @@ def launch_restarting(
     raise LaunchError(f"--restarts must be at least 0, got {restarts}.")
   alive = list(range(num_processes))
   t0 = time.monotonic()
+  watch = options.pop("watch", None) or watchdog.Settings()
+  first_step_s = None  # the last attempt's time to its first step: a restart's phase bound
   for attempt in range(restarts + 1):
     report: dict = {}
     env = {ENV_RESTART: str(attempt), **({ENV_ELASTIC: "1"} if elastic else {})}
     logs = log_dir if log_dir is None or attempt == 0 else Path(log_dir) / f"restart-{attempt}"
+    placed = dict(place(alive, attempt)) if place else {}
+    env.update(placed.pop("extra_env", None) or {})
     rc = launch(
       command,
       len(alive),
@@ -497,9 +481,11 @@ def launch_restarting(
       err=err,
       extra_env=env,
       report=report,
-      **(place(alive, attempt) if place else {}),
+      watch=watchdog.attempt(watch, first_step_s, placed.pop("explain", None)),
+      **placed,
       **options,
     )
+    first_step_s = report.get("first_step_s") or first_step_s
     if rc == 0 or attempt == restarts or report.get("interrupted"):
       return rc
     failed = report.get("failed_rank")
@@ -581,9 +567,11 @@ def _note(report: dict | None, **facts) -> None:
     report.update(facts)
 
 
-def _supervise(children, t0, timeout, out, prefix: bool, report=None) -> tuple[str | None, int]:
+def _supervise(
+  children, t0, timeout, out, prefix: bool, report=None, dog=None
+) -> tuple[str | None, int]:
   """Polls until every process exited 0 (``(None, 0)``), one failed (its message and
-  status) or ``timeout`` passed (the stuck ones named, 124)."""
+  status), the watchdog ``dog`` tripped or ``timeout`` passed (the stuck ones named, 124)."""
   while True:
     _stream(children, out, prefix=prefix)
     newly = _reap(children, t0)
@@ -591,9 +579,34 @@ def _supervise(children, t0, timeout, out, prefix: bool, report=None) -> tuple[s
       return _failure(children, newly, t0, report)
     if all(c.rc == 0 for c in children):
       return None, 0
+    stall = dog.check(lambda rank: children[rank].rc is None) if dog is not None else None
+    if stall is not None:
+      return _stalled(children, dog, stall, t0, report)
     if timeout is not None and time.monotonic() - t0 > timeout:
       return _timeout_report(children, timeout), 124
     time.sleep(POLL_S)
+
+
+def _stalled(children, dog, stall, t0, report=None) -> tuple[str, int]:
+  """The watchdog tripped: the message naming the process to blame (:func:`watchdog.name`
+  from each running process's state, reports, stack and place), and 124."""
+  running = [c for c in children if c.rc is None]
+  verdict = watchdog.name(dog.facts([(c.rank, c.proc.pid, c.log) for c in running]))
+  _note(report, failed_rank=verdict.rank, failed_after_s=time.monotonic() - t0, watchdog=True)
+  return watchdog.message(stall, verdict, len(children), [c.proc.pid for c in children]), 124
+
+
+def _fresh(path: Path) -> Path:
+  """``path``, removed if a run before this one left it (a reused ``--log-dir``)."""
+  with contextlib.suppress(FileNotFoundError):
+    path.unlink()
+  return path
+
+
+def _event(path: Path, event: str, **facts) -> None:
+  """Appends one event of the launcher's timeline (wall-clock ``unix`` time) to ``path``."""
+  with contextlib.suppress(OSError), open(path, "a") as f:
+    f.write(json.dumps({"event": event, "unix": round(time.time(), 4), **facts}) + "\n")
 
 
 def _failure(children, newly, t0, report=None) -> tuple[str, int]:
@@ -722,7 +735,7 @@ def _stop(children: list[_Child], grace: float) -> list[str]:
   with contextlib.suppress(ValueError):  # not the main thread: leave SIGINT alone
     previous = signal.signal(signal.SIGINT, lambda *_: _kill_groups(running, signal.SIGKILL))
   try:
-    _kill_groups(running, signal.SIGTERM)
+    _kill_groups(running, signal.SIGTERM if grace > 0 else signal.SIGKILL)
     deadline = time.monotonic() + grace
     for c in running:
       try:
@@ -809,6 +822,17 @@ def add_launch_options(parser: argparse.ArgumentParser, who: str = "process") ->
     help=f"seconds without a heartbeat after which JAX declares a {who} dead (default: JAX's, 100)",
   )
   parser.add_argument(
+    "--watchdog",
+    type=float,
+    default=watchdog.FLOOR_S,
+    metavar="SECONDS",
+    help=f"the no-progress watchdog's floor: a {who} that reports no progress for the larger"
+    f" of this and {watchdog.FACTOR:g}× its longest recent step (training: a chunk of steps;"
+    f" bench: a call) is named, why (stopped, its link down, stuck outside JAX, behind),"
+    " and the job stopped (exit 124) and handed to --restarts; 0: off (JAX's own timeouts:"
+    " a 100 s heartbeat, XLA:CPU's 1800 s collective timeout)",
+  )
+  parser.add_argument(
     "--restarts",
     type=int,
     default=0,
@@ -851,6 +875,7 @@ def launch_options(args: argparse.Namespace) -> dict:
     "heartbeat_timeout": args.heartbeat_timeout,
     "restarts": args.restarts,
     "elastic": args.elastic,
+    "watch": watchdog.Settings(floor=args.watchdog),
   }
 
 

@@ -37,7 +37,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from allreduce_jax import devices, results
+from allreduce_jax import devices, progress, results
 from allreduce_jax.cost_model import predict_us
 from allreduce_jax.devices import inner_size
 from allreduce_jax.training import (
@@ -105,16 +105,19 @@ def run_sync(
     >>> row["replicas_identical"]
     True
   """
+  progress.phase("loading")  # a launcher's watchdog and the run's timeline
   d = data.load_digits()
   graphdef, params, rest = models.split(models.make_model(cfg.model, seed))
   tx = models.make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.momentum)
   batch = cfg.workers * cfg.batch_per_worker
   ckpt = start = None
   if checkpoint_dir is not None:
+    progress.phase("restoring")
     ckpt, start = checkpoint.open_run(
       cfg, seed, checkpoint_dir, checkpoint_every, params, tx.init(params), elastic
     )
     tx = models.make_optimizer(cfg.optimizer, ckpt.learning_rate, cfg.momentum)
+  progress.phase(f"restored:{start.step}" if start is not None else "fresh")
   if start is None:
     idx = data.batch_indices(d.n_train, batch, cfg.steps, 1000 + seed)
   else:  # the example stream from where the checkpoint stopped

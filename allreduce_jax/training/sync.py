@@ -30,7 +30,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import ALGORITHMS, all_reduce_tree, devices
+from allreduce_jax import ALGORITHMS, all_reduce_tree, devices, progress
 from allreduce_jax.training import models
 
 
@@ -286,6 +286,7 @@ def train_sync(
     mb = devices.put_host(mask[at - first : stop - first], col)
     w, s, chunk_losses = chunk(w, s, x_all, y_all, ib, mb)
     losses.append(devices.fetch(chunk_losses)[0])
+    progress.step(stop)  # a launcher's watchdog and the run's timeline
     examples += (stop - at) * idx.shape[1]
     identical = replicas_identical(w)
     if not identical:
