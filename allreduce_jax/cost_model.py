@@ -350,18 +350,6 @@ _active_topology: contextvars.ContextVar[tuple] = contextvars.ContextVar(
 )
 
 
-DUPLEX = ("half", "recv_first", "full")
-"""The ``duplex`` values the replay takes (:func:`allreduce_jax.gloo_model.predict_seconds`,
-:func:`use_topology`): XLA:CPU over gloo as it is, as it would be with each receive posted
-first, and the replay's own full-duplex assumption."""
-
-
-def check_duplex(duplex: str) -> None:
-  """A ``ValueError`` naming ``duplex`` unless it is one of :data:`DUPLEX`."""
-  if duplex not in DUPLEX:
-    raise ValueError(f"duplex={duplex!r}: expected one of {', '.join(map(repr, DUPLEX))}.")
-
-
 @contextlib.contextmanager
 def use_topology(topology, *, duplex: str = "full"):
   """Within this block, ``algorithm="auto"`` prices its candidates by replaying their
@@ -382,7 +370,7 @@ def use_topology(topology, *, duplex: str = "full"):
     ...          topology=current_topology())
     'swing'
   """
-  check_duplex(duplex)
+  replay.check_duplex(duplex)
   with _pushed(_active_topology, (topology, duplex)):
     yield topology
 

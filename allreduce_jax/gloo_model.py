@@ -1,7 +1,7 @@
 """gloo on a real wire: bytes per host, the half-duplex exchange, one collective at a time.
 
 Measured on an emulated cluster (``allreduce-jax cluster``, shaped 200 Mbit/s links) and
-traced to the sources, what the replay (:mod:`allreduce_jax.topology`) did not know:
+traced to the sources, what the replay (:mod:`allreduce_jax.replay`) did not know:
 
 - **Bytes per host** are the schedule's: :func:`schedule_bytes` sums a host's messages
   (the ring's ~2n, the parameter server root's (p-1)n) and the interface counters
@@ -18,18 +18,18 @@ traced to the sources, what the replay (:mod:`allreduce_jax.topology`) did not k
   order is the cause: the same exchange with the receive posted first ran at full
   duplex (one way's time at 1–16 MiB; ``experiments/gloo_pair_order/``, rows in
   ``experiments/gloo_pair_order/rows/gloo_pair_order.jsonl``); the fix is XLA's, out of reach of
-  ``ppermute``. :func:`half_duplex` prices XLA as it is: in each step, a message whose
+  ``ppermute``. :func:`~allreduce_jax.replay.half_duplex` prices XLA as it is: in each step, a message whose
   reverse is in the same step shares the pair's time with it (its fraction becomes the
   sum of both). A shift (j → j+1) has no reverse message and keeps full duplex.
 - **One collective at a time.** XLA:CPU's collective thunks all write one resource,
   the communicator (``xla/backends/cpu/runtime/collective_thunk.cc``:
   ``resource_uses``), so its executor runs them in program order, one after the other,
   even the ppermutes an algorithm issues together (the bidirectional ring's two lanes,
-  a double-tree round). :func:`ppermute_steps` lists a schedule that way (one step per
+  a double-tree round). ``replay.messages(..., duplex=)`` lists a schedule that way (one step per
   ppermute: its own α, its own half-duplex check), so the two lanes of the
   bidirectional ring are two shifts in turn, not one exchange between neighbours.
 - **Each link is a token bucket.** ``tc``'s ``tbf`` holds 4 ms of a link's rate
-  (:func:`allreduce_jax.netns.bucket_bytes`); a link that was idle passes that much at
+  (:func:`allreduce_jax.networks.bucket_bytes`); a link that was idle passes that much at
   veth speed, and every step's α of software time refills it. ``predict_seconds(...,
   bucket_s=)`` prices that (:func:`link_bucket_s` gives an emulated link's): it matters
   where a step's message is a few buckets long (1–4 MiB on 8 hosts). An exchange's two
@@ -51,18 +51,17 @@ import functools
 
 import numpy as np
 
-from allreduce_jax import cost_model, netns, replay, topology
-from allreduce_jax.registry import ALGORITHMS
+from allreduce_jax import cost_model, networks, replay
 
 
 def emulated(network: str):
   """The topology that models ``allreduce-jax cluster --topology network``: its hosts
-  have one link each, so ``switch`` is :func:`topology.switch` with one port (a host's
+  have one link each, so ``switch`` is :func:`networks.switch` with one port (a host's
   messages of a step share its link, in and out); the others as
-  :func:`topology.parse` reads them."""
-  top = topology.parse(network)
-  if isinstance(top, topology.Switch) and top.ports is None:
-    return topology.switch(1)
+  :func:`networks.parse` reads them."""
+  top = networks.parse(network)
+  if isinstance(top, networks.Switch) and top.ports is None:
+    return networks.switch(1)
   return top
 
 
@@ -72,77 +71,13 @@ def schedule_bytes(
   """``float[p]``: bytes participant i sends in ``algorithm``'s generated schedule for
   ``n_bytes`` per participant (its messages' fractions × n, summed over steps;
   ``choices``: its trace-time choices, default those of the cost parameters in effect)."""
-  top = top or topology.switch()
-  sizes = topology.axis_sizes(algorithm, p, top)
+  top = top or networks.switch()
+  sizes = replay.axis_sizes(algorithm, p, top)
   sent = np.zeros(p)
-  for step in topology.messages(algorithm, sizes, n_bytes, choices):
+  for step in replay.messages(algorithm, sizes, n_bytes, choices):
     for m in step:
       sent[m[0]] += m[2] * n_bytes
   return sent
-
-
-def ppermute_steps(
-  algorithm: str, sizes: tuple[int, ...], n_bytes: float, choices: dict | None = None
-) -> topology.Steps:
-  """``algorithm``'s schedule one step per ``ppermute``, as XLA:CPU runs it: the
-  record's ``ppermutes`` generator where its message steps hold several ppermutes,
-  else its ``messages`` steps (each already one ppermute). ``choices``: the
-  schedule's trace-time choices (:func:`topology.trace_choices`; a bench row's
-  ``choices``), default those the cost parameters in effect make."""
-  record = ALGORITHMS[algorithm]
-  if record.ppermutes is None:
-    return topology.messages(algorithm, sizes, n_bytes, choices)
-  kwargs = replay.generator_kwargs(algorithm, record.ppermutes, sizes, n_bytes, choices)
-  return record.ppermutes(tuple(sizes), **kwargs)
-
-
-def half_duplex(steps: topology.Steps) -> topology.Steps:
-  """The schedule as gloo runs it: in every step, a message ``a → b`` whose reverse
-  ``b → a`` is in the same step carries both fractions (the pair takes turns).
-  Identical steps stay shared (one conversion each), so long schedules stay cheap."""
-  converted: dict[int, list] = {}
-  out = []
-  for step in steps:
-    key = id(step)
-    if key not in converted:
-      pair = {}
-      for m in step:
-        pair[(m[0], m[1])] = pair.get((m[0], m[1]), 0.0) + m[2]
-      new = []
-      for m in step:
-        back = pair.get((m[1], m[0]), 0.0)
-        new.append((m[0], m[1], m[2] + back, *m[3:]))
-      converted[key] = new
-    out.append(converted[key])
-  return out
-
-
-def steps_as_run(
-  algorithm: str,
-  sizes: tuple[int, ...],
-  n_bytes: float,
-  duplex: str = "half",
-  choices: dict | None = None,
-) -> topology.Steps:
-  """The steps :func:`predict_seconds` replays: ``duplex="half"``, as XLA:CPU and gloo run
-  them (:func:`ppermute_steps`, then :func:`half_duplex`); ``"recv_first"``, as they would
-  run with each receive posted before its send (:func:`ppermute_steps` alone: one ppermute
-  at a time, an exchange at full duplex; measured with gloo alone in
-  ``experiments/gloo_pair_order/``); ``"full"``, the record's ``messages`` as
-  :mod:`allreduce_jax.topology` replays them. ``choices`` as :func:`ppermute_steps` takes
-  them."""
-  cost_model.check_duplex(duplex)
-  if duplex == "half":
-    return half_duplex(ppermute_steps(algorithm, sizes, n_bytes, choices))
-  if duplex == "recv_first":
-    return ppermute_steps(algorithm, sizes, n_bytes, choices)
-  return topology.messages(algorithm, sizes, n_bytes, choices)
-
-
-DUPLEX = cost_model.DUPLEX
-"""The ``duplex`` values :func:`steps_as_run` and :func:`predict_seconds` take: XLA:CPU over
-gloo as it is, as it would be with each receive posted first, and the replay's own
-full-duplex assumption."""
 
 
 def predict_seconds(
@@ -157,16 +92,16 @@ def predict_seconds(
 ) -> float:
   """The replayed time of ``algorithm`` (generated schedule) on ``top`` (default the
   switch) with ``params``; ``duplex="half"`` prices it as XLA:CPU and gloo run it (one
-  ppermute at a time, :func:`ppermute_steps`; exchanges at half duplex), ``"recv_first"``
+  ppermute at a time; exchanges at half duplex: ``replay.messages(..., duplex=)``), ``"recv_first"``
   as it would run with each receive posted first (one ppermute at a time, every link full
-  duplex), ``"full"`` is :func:`topology.predict_seconds`'s assumption (a step's ppermutes
+  duplex), ``"full"`` is :func:`replay.predict_seconds`'s assumption (a step's ppermutes
   together, every link full duplex). ``bucket_s > 0``: every directed link is a token bucket of that
   many seconds of its rate (:func:`bucket_replay`), or of its own where ``bucket_s`` holds
   one a directed link (:func:`link_buckets`); 0 prices every byte at the rate.
   ``choices``: the schedule's trace-time choices, as the run made them (a bench row's
   ``choices``, e.g. the double binary tree's chunk count); default those the cost
   parameters in effect make, which are the run's only if it traced with the same."""
-  cost_model.check_duplex(duplex)
+  replay.check_duplex(duplex)
   bucket = np.asarray(bucket_s, dtype=float)
   if bucket.ndim > 1 or not np.all(bucket >= 0):
     raise ValueError(
@@ -175,12 +110,14 @@ def predict_seconds(
     )
   if p < 2:
     return 0.0
-  top = top or topology.switch()
-  if choices is None:  # the schedule's choices now, so that the plan below is keyed by them
-    choices = topology.trace_choices(algorithm, p, n_bytes)
-  prof, loads = _plan(algorithm, p, float(n_bytes), top, duplex, tuple(sorted(choices.items())))
+  top = top or networks.switch()
+  if choices is None:  # the schedule's choices now, so that the buckets' loads are keyed by them
+    choices = replay.trace_choices(algorithm, p, n_bytes)
+  n_bytes = float(n_bytes)
+  prof = replay.algorithm_profile(algorithm, p, top, n_bytes, choices=choices, duplex=duplex)
   params = cost_model.resolve(params, algorithm)
   if np.any(bucket):
+    loads = _loads(algorithm, p, n_bytes, top, duplex, tuple(sorted(choices.items())))
     return float(_drain(prof, loads, n_bytes, params, bucket).sum())
   return float(prof.seconds(n_bytes, params).sum())
 
@@ -201,7 +138,7 @@ def choose(
   ``bucket_s``: each link's token bucket, as :func:`predict_seconds` takes it (one value
   for every link, or one per link: :func:`link_buckets`; not with ``duplex="full"``).
   Without ``topology``: the flat formula, as ``cost_model.choose``."""
-  cost_model.check_duplex(duplex)
+  replay.check_duplex(duplex)
   if np.any(bucket_s) and (topology is None or duplex == "full"):
     raise ValueError(
       f"choose: bucket_s prices a topology's links at duplex 'half' or 'recv_first', got"
@@ -214,31 +151,32 @@ def choose(
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(algorithm: str, p: int, n_bytes: float, top, duplex: str, choices: tuple):
-  """The parts of :func:`predict_seconds` that do not depend on the cost parameters:
-  the routed profile of :func:`steps_as_run`'s steps on ``top`` and, for the token
-  bucket, each step's link loads per turn (:func:`exchange_turns` of the posted step at
-  ``duplex="half"``). Cached: fits price the same schedules many times."""
-  sizes = topology.axis_sizes(algorithm, p, top)
+def _loads(algorithm: str, p: int, n_bytes: float, top, duplex: str, choices: tuple):
+  """For the token bucket, each step's link loads per turn (:func:`exchange_turns` of
+  the posted step at ``duplex="half"``); None on a network without physical links.
+  Cached: fits price the same schedules many times."""
+  if not _has_links(top):
+    return None
+  sizes = replay.axis_sizes(algorithm, p, top)
+  steps = replay.messages(algorithm, sizes, n_bytes, dict(choices), duplex)
   posted = None
-  if duplex == "half":  # steps_as_run's, keeping the posted steps the buckets take turns on
-    posted = ppermute_steps(algorithm, sizes, n_bytes, dict(choices))
-    steps = half_duplex(posted)
-  else:
-    steps = steps_as_run(algorithm, sizes, n_bytes, duplex, dict(choices))
-  prof = topology.profile(steps, top, p)
-  loads = None
-  if isinstance(top, (topology.Torus, topology.FatTree)) or (
-    isinstance(top, topology.Switch) and top.ports is not None
-  ):
-    loads = _turn_loads(steps, top.fit(p), p, posted)
-  return prof, loads
+  if duplex == "half":  # the posted steps the buckets take turns on, before their merge
+    posted = replay.messages(algorithm, sizes, n_bytes, dict(choices), "recv_first")
+  return _turn_loads(steps, top.fit(p), p, posted)
 
 
-def _link_vector(step: topology.Step, top, p: int) -> np.ndarray:
+def _has_links(top) -> bool:
+  """Whether ``top``'s hosts have physical links of their own, each a token bucket:
+  ``switch(ports)``, a torus, a fat tree (not ``switch()`` nor islands)."""
+  return isinstance(top, (networks.Torus, networks.FatTree)) or (
+    isinstance(top, networks.Switch) and top.ports is not None
+  )
+
+
+def _link_vector(step: replay.Step, top, p: int) -> np.ndarray:
   """Every directed link's load in one step (units of n per capacity), in one fixed
   order for any step on ``p`` participants, an empty one included: the vector form of
-  :func:`topology.step_link_loads`, whose per-host classes end at the step's highest
+  :func:`replay.step_link_loads`, whose per-host classes end at the step's highest
   participant (a zero message p-1 → p-1 pads them to p here)."""
   src = np.array([m[0] for m in step] + [p - 1])
   dst = np.array([m[1] for m in step] + [p - 1])
@@ -247,26 +185,26 @@ def _link_vector(step: topology.Step, top, p: int) -> np.ndarray:
   return np.concatenate([np.ravel(loads[c]) for c in sorted(loads)])
 
 
-def exchange_turns(step: topology.Step) -> tuple[topology.Step, ...]:
+def exchange_turns(step: replay.Step) -> tuple[replay.Step, ...]:
   """The parts of one ``ppermute`` step whose links move one after the other over gloo:
   an exchange (every message ``a → b`` has its reverse ``b → a`` in the step) runs in two
-  turns, ``a → b`` for ``a < b`` then the reverse (:func:`half_duplex`: which peer sends
+  turns, ``a → b`` for ``a < b`` then the reverse (:func:`~allreduce_jax.replay.half_duplex`: which peer sends
   first depends on who posted later; with equal fractions either order prices the same);
-  any other step is one part, :func:`half_duplex`'s (a pair inside it shares its time)."""
+  any other step is one part, ``half_duplex``'s (a pair inside it shares its time)."""
   have = {(m[0], m[1]) for m in step}
   if step and all((m[1], m[0]) in have and m[0] != m[1] for m in step):
     return [m for m in step if m[0] < m[1]], [m for m in step if m[0] > m[1]]
-  return (half_duplex([step])[0],)
+  return (replay.half_duplex([step])[0],)
 
 
 def bucket_replay(
-  steps: topology.Steps,
+  steps: replay.Steps,
   top,
   p: int,
   n_bytes: float,
   params: cost_model.Params,
   bucket_s: float | np.ndarray,
-  posted: topology.Steps | None = None,
+  posted: replay.Steps | None = None,
 ) -> np.ndarray:
   """``float[steps]``: each step's time when every directed link of ``top`` is a token
   bucket holding ``bucket_s`` seconds of its own rate (``tc``'s ``tbf``), or each its own
@@ -280,8 +218,8 @@ def bucket_replay(
   link refills again: ``tokens = min(bucket, have - need + d)``. With ``bucket_s = 0``
   this is the replay's own ``f + max(need)`` per step.
 
-  ``posted``: the same steps, one per posted ``ppermute`` (:func:`ppermute_steps`,
-  before :func:`half_duplex` merged each exchange; ``steps`` then are its merge, which
+  ``posted``: the same steps, one per posted ``ppermute`` (``duplex="recv_first"``,
+  before :func:`~allreduce_jax.replay.half_duplex` merged each exchange; ``steps`` then are its merge, which
   keeps its fixed time). Each step's data then moves in :func:`exchange_turns`: an
   exchange's first turn as above, then its second, whose links refilled during the
   first (``d = d1 + d2``). With ``bucket_s = 0`` that is the merged step's time again.
@@ -293,19 +231,19 @@ def bucket_replay(
   if posted is not None and len(posted) != len(steps):
     raise ValueError(f"posted: {len(posted)} steps where steps has {len(steps)}.")
   fit = top.fit(p)
-  prof = topology.profile(steps, fit, p)
+  prof = replay.profile(steps, fit, p)
   return _drain(prof, _turn_loads(steps, fit, p, posted), n_bytes, params, bucket_s)
 
 
 def _check_bucket_network(top) -> None:
-  if isinstance(top, topology.Islands) or (isinstance(top, topology.Switch) and top.ports is None):
+  if not _has_links(top):
     raise ValueError(
       f"top={top!r}: a token bucket needs a network of physical links (switch(1), torus,"
       " fat_tree; gloo_model.emulated(spec) gives the one a cluster builds)."
     )
 
 
-def _turn_loads(steps: topology.Steps, fit, p: int, posted) -> list[list[np.ndarray]]:
+def _turn_loads(steps: replay.Steps, fit, p: int, posted) -> list[list[np.ndarray]]:
   """Per step, its directed links' loads (units of n per capacity) in each turn: the
   step itself, or its posted step's :func:`exchange_turns`. Identical steps share one
   list."""
@@ -351,12 +289,12 @@ def _drain(prof, loads, n_bytes: float, params: cost_model.Params, bucket_s: flo
 
 def link_bucket_s(rate_bytes_per_s: float) -> float:
   """Seconds of its own rate that an emulated link's token bucket holds
-  (:func:`allreduce_jax.netns.bucket_bytes` / rate): 4 ms from 16.4 MB/s up. A fat
+  (:func:`allreduce_jax.networks.bucket_bytes` / rate): 4 ms from 16.4 MB/s up. A fat
   tree's uplinks, at k/r host links' rate, hold 4 ms of theirs too (for rates where
   64 KiB is not the floor)."""
   if not rate_bytes_per_s > 0:
     raise ValueError(f"rate_bytes_per_s={rate_bytes_per_s!r}: expected bytes/s > 0.")
-  return netns.bucket_bytes(rate_bytes_per_s) / rate_bytes_per_s
+  return networks.bucket_bytes(rate_bytes_per_s) / rate_bytes_per_s
 
 
 def link_buckets(
@@ -487,7 +425,7 @@ def emulated_network(
     if not (isinstance(r, (int, float)) and 0 < r < float("inf")):
       raise ValueError(f"link_rates: host {host!r}'s rate {r!r} is not bytes/s > 0.")
   try:
-    return topology.with_link_rates(top, {h: r / rate for h, r in link_rates.items()}, p)
+    return networks.with_link_rates(top, {h: r / rate for h, r in link_rates.items()}, p)
   except ValueError as e:
     raise ValueError(f"link_rates: {str(e).split(': ', 1)[1]}") from None
 
@@ -534,8 +472,7 @@ def replay_steps(algorithm: str, p: int, n_bytes: float, network: str, duplex: s
   in α (without a bucket), e.g. 2(p−1) for the ring and 2·lg p for halving-doubling, one
   step per ``ppermute`` at ``duplex="half"``/``"recv_first"``."""
   top = emulated(network)
-  steps = steps_as_run(algorithm, topology.axis_sizes(algorithm, p, top), n_bytes, duplex)
-  return int(topology.profile(steps, top, p).steps)
+  return int(replay.algorithm_profile(algorithm, p, top, n_bytes, duplex=duplex).steps)
 
 
 def fit_alpha(
@@ -611,7 +548,7 @@ def _golden_min(f, lo: float, hi: float, tol: float = 1e-8) -> float:
 
 
 def steady_step_seconds(
-  step: topology.Step,
+  step: replay.Step,
   p: int,
   n_bytes: float,
   network: str,
@@ -628,7 +565,8 @@ def steady_step_seconds(
   posted = [list(step)] * repeats
   top = emulated(network)
   params = link_params(rate, alpha)
-  return float(bucket_replay(half_duplex(posted), top, p, n_bytes, params, bucket_s, posted)[-1])
+  steps = replay.half_duplex(posted)
+  return float(bucket_replay(steps, top, p, n_bytes, params, bucket_s, posted)[-1])
 
 
 def traced_params(rows) -> cost_model.Params:
@@ -646,7 +584,7 @@ def traced_params(rows) -> cost_model.Params:
       alg, p, n = r["algorithm"], r["n_devices"], r["bytes"]
       ours = cost_model.predict_us(alg, p, n, params) if alg == "ring" else None
       off = ours is not None and abs(ours - r["predicted_us"]) > 1e-6 * ours
-      if off or r.get("choices") not in (None, topology.trace_choices(alg, p, n) or None):
+      if off or r.get("choices") not in (None, replay.trace_choices(alg, p, n) or None):
         raise ValueError(
           f"rows: the {alg} row at {n} bytes on {p} hosts traced with other cost parameters"
           " than the shipped CPU fit; the replay would price another schedule than the one"

@@ -57,8 +57,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from allreduce_jax import topology as topology_lib
-from allreduce_jax import units
+from allreduce_jax import networks, units
 from allreduce_jax.results import ENV_NETWORK
 
 #: Every namespace this module creates is named ``PREFIX-PID-...``.
@@ -217,10 +216,10 @@ def plan(
       f"--congestion-control must be a kernel's algorithm name (reno, cubic, bbr...),"
       f" got {congestion_control!r}."
     )
-  top = topology_lib.parse(network)
-  if isinstance(top, topology_lib.Switch) and top.ports is not None:
+  top = networks.parse(network)
+  if isinstance(top, networks.Switch) and top.ports is not None:
     raise ValueError(f"--topology {network!r}: switch:PORTS (several NICs) is not emulated.")
-  if isinstance(top, topology_lib.Torus):
+  if isinstance(top, networks.Torus):
     top = top.fit(hosts)
     if math.prod(top.dims) != hosts:
       raise ValueError(
@@ -228,7 +227,7 @@ def plan(
       )
     if not top.wrap:
       raise ValueError(f"--topology {network!r}: a mesh without wraparound is not emulated.")
-  elif not isinstance(top, (topology_lib.Switch, topology_lib.FatTree)):
+  elif not isinstance(top, (networks.Switch, networks.FatTree)):
     raise ValueError(
       f"--topology {network!r}: only switch, fat_tree:K:R and torus:AxB can be emulated."
     )
@@ -246,7 +245,7 @@ def plan(
     for nxt in (int(top.route(i, j, hosts)[1][1:]),)
   )
   devices = ("lo" if routed else "eth0",) * hosts
-  name = "switch" if isinstance(top, topology_lib.Switch) else top.name
+  name = "switch" if isinstance(top, networks.Switch) else top.name
   return Plan(
     tag, name, rate, names, hostnames, addresses, devices, bridges, links, routes, queue, mtu,
     tcp_queue, congestion_control,
@@ -526,18 +525,11 @@ def congestion_control_problem(name: str | None) -> str | None:
   return None
 
 
-def bucket_bytes(rate: float) -> int:
-  """The bytes a shaped link's token bucket holds (tbf's ``burst``): 4 ms of ``rate``
-  bytes/s, at least 64 KiB (a GSO segment). A link idle that long passes them at veth
-  speed; :func:`allreduce_jax.gloo_model.predict_seconds` prices it (``bucket_s``)."""
-  return max(64 * 1024, int(rate * 0.004))
-
-
 def _shape(ns: str, dev: str, rate: float, queue: float = DEFAULT_QUEUE) -> list[str]:
   """A token bucket on ``dev``'s egress: at most ``rate`` bytes/s leave through it.
-  The bucket holds :func:`bucket_bytes`; its queue holds ``queue`` seconds (tbf's
-  ``latency``), beyond which packets are dropped."""
-  burst = bucket_bytes(rate)
+  The bucket holds :func:`allreduce_jax.networks.bucket_bytes`; its queue holds ``queue``
+  seconds (tbf's ``latency``), beyond which packets are dropped."""
+  burst = networks.bucket_bytes(rate)
   return ["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate",
           units.tc_rate(rate), "burst", str(burst), "latency", f"{queue * 1e6:.0f}us"]  # fmt: skip
 

@@ -10,6 +10,11 @@ The spec strings of the command line (``switch``, ``torus:16x16x16``, ``fat_tree
 ``islands:8:nvlink4:ib_ndr``) have one parse table, :data:`SPECS`; :func:`parse` reads
 them and :func:`register_spec` adds a kind.
 
+The emulated cluster's links are modelled here too: which networks take a rate per host
+link (:func:`takes_link_rates`, :func:`with_link_rates`) and how much a shaped link's
+token bucket holds (:func:`bucket_bytes`), so the cluster that shapes a link and the
+replay that prices it read the same rule.
+
 Pure NumPy: importing this module does not import JAX.
 """
 
@@ -410,6 +415,18 @@ def _rates_name(rates: tuple[tuple[int, float], ...]) -> str:
   return "".join(f" h{h}@{r:g}" for h, r in rates)
 
 
+def takes_link_rates(net: Network) -> bool:
+  """Whether ``net``'s host links can run at rates of their own (:func:`with_link_rates`):
+  a switch, a fat tree or a torus; not islands, whose levels are priced as a whole.
+
+  Example:
+    >>> takes_link_rates(switch(1)), takes_link_rates(torus((8,))), takes_link_rates(
+    ...   islands(4, "nvlink4", "ib_ndr"))
+    (True, True, False)
+  """
+  return isinstance(net, (Switch, FatTree, Torus))
+
+
 def with_link_rates(net: Network, rates: dict[int, float], p: int | None = None) -> Network:
   """``net`` with host links at other rates: ``rates`` maps a host (participant number) to
   its link's rate as a fraction of a host link's (0.1: a tenth), both directions, as
@@ -424,7 +441,7 @@ def with_link_rates(net: Network, rates: dict[int, float], p: int | None = None)
     >>> [lk.rate for lk in slow.links(3)]
     [1.0, 0.1, 1.0]
   """
-  if not isinstance(net, (Switch, FatTree, Torus)):
+  if not takes_link_rates(net):
     raise ValueError(
       f"net={getattr(net, 'name', net)!r}: per-host link rates need a switch, a fat tree or"
       " a torus."
@@ -444,6 +461,19 @@ def with_link_rates(net: Network, rates: dict[int, float], p: int | None = None)
     if rate != 1:
       out.append((int(host), float(rate)))
   return dataclasses.replace(net, rates=tuple(sorted(out)))
+
+
+def bucket_bytes(rate: float) -> int:
+  """The bytes an emulated link's token bucket holds (``tc``'s ``tbf`` ``burst``, as
+  ``allreduce-jax cluster`` shapes every link and ``--fault link:`` reshapes one): 4 ms of
+  ``rate`` bytes/s, at least 64 KiB (a GSO segment). A link idle that long passes them at
+  veth speed; :func:`allreduce_jax.gloo_model.predict_seconds` prices it (``bucket_s``).
+
+  Example:
+    >>> bucket_bytes(25e6), bucket_bytes(2.5e6)  # 200 and 20 Mbit/s
+    (100000, 65536)
+  """
+  return max(64 * 1024, int(rate * 0.004))
 
 
 #: The networks shipped here (any object with :class:`Network`'s methods is priced too).

@@ -22,6 +22,13 @@ Schedules come from two places, checked equal at every p that can be traced
   module, registered with its record), used at thousands of participants where
   nothing can be traced.
 
+How the steps run is :func:`messages`' ``duplex`` (:data:`DUPLEX`): ``"full"``, a step's
+messages together on full-duplex links (the generators' own steps); ``"recv_first"``,
+one step per ``ppermute``, as XLA:CPU runs its collectives one at a time (the record's
+``ppermutes`` where a step holds several); ``"half"``, those steps with an exchange's two
+directions taking turns, as XLA:CPU runs them over gloo (:func:`half_duplex`;
+:mod:`allreduce_jax.gloo_model` says why).
+
 What is modelled: full-duplex links, minimal-hop dimension-order routing on tori,
 ideal ECMP (uplink load spread evenly) on fat trees, a dedicated NIC per participant
 between islands. What is not: collisions of real routing beyond dimension order,
@@ -318,6 +325,40 @@ def axis_sizes(algorithm: str, p: int, topology: Network | None = None) -> tuple
   return tuple(sorted(even_dims(p, k)))
 
 
+DUPLEX = ("half", "recv_first", "full")
+"""The ``duplex`` values the replay takes (:func:`messages`, :func:`algorithm_profile`,
+:func:`allreduce_jax.gloo_model.predict_seconds`, ``cost_model.use_topology``): XLA:CPU
+over gloo as it is, as it would be with each receive posted first, and the generators'
+own full-duplex steps."""
+
+
+def check_duplex(duplex: str) -> None:
+  """A ``ValueError`` naming ``duplex`` unless it is one of :data:`DUPLEX`."""
+  if duplex not in DUPLEX:
+    raise ValueError(f"duplex={duplex!r}: expected one of {', '.join(map(repr, DUPLEX))}.")
+
+
+def half_duplex(steps: Steps) -> Steps:
+  """The schedule as gloo runs it: in every step, a message ``a → b`` whose reverse
+  ``b → a`` is in the same step carries both fractions (the pair takes turns).
+  Identical steps stay shared (one conversion each), so long schedules stay cheap."""
+  converted: dict[int, list] = {}
+  out = []
+  for step in steps:
+    key = id(step)
+    if key not in converted:
+      pair = {}
+      for m in step:
+        pair[(m[0], m[1])] = pair.get((m[0], m[1]), 0.0) + m[2]
+      new = []
+      for m in step:
+        back = pair.get((m[1], m[0]), 0.0)
+        new.append((m[0], m[1], m[2] + back, *m[3:]))
+      converted[key] = new
+    out.append(converted[key])
+  return out
+
+
 _GENERATED: dict = {}  # key -> (steps, distinct messages), oldest first
 #: The most distinct messages the schedule cache keeps (~150 bytes each in Python): a
 #: sweep to 16384 participants generates schedules of millions of messages per p.
@@ -372,25 +413,47 @@ def messages(
   sizes: tuple[int, ...],
   n_bytes: float | None = None,
   choices: dict | None = None,
+  duplex: str = "full",
 ) -> Steps:
   """``ALGORITHMS[algorithm].messages(sizes)``, cached: the most recent schedules up to
   :data:`CACHE_MESSAGES` messages in all (always the newest one). A schedule that
   depends on the size is generated for ``n_bytes`` as the algorithm would trace it
   (its ``choices``: given, else under the cost parameters in effect, like the
-  pipelined double binary tree's chunk count), and cached under those choices."""
-  kwargs = generator_kwargs(algorithm, ALGORITHMS[algorithm].messages, sizes, n_bytes, choices)
-  return _generated(algorithm, sizes, kwargs)
+  pipelined double binary tree's chunk count), and cached under those choices.
+
+  ``duplex`` (:data:`DUPLEX`): ``"full"``, those steps; ``"recv_first"``, one step per
+  ``ppermute`` as XLA:CPU runs them (the record's ``ppermutes`` where its message steps
+  hold several, else its ``messages``, each step already one ppermute); ``"half"``, those
+  with every exchange at half duplex (:func:`half_duplex`), as XLA:CPU runs them over
+  gloo."""
+  which = _generator(algorithm, duplex)
+  kwargs = generator_kwargs(
+    algorithm, getattr(ALGORITHMS[algorithm], which), sizes, n_bytes, choices
+  )
+  steps = _generated(algorithm, sizes, kwargs, which)
+  return half_duplex(steps) if duplex == "half" else steps
 
 
-def _generated(algorithm: str, sizes: tuple[int, ...], kwargs: dict) -> Steps:
-  """``ALGORITHMS[algorithm].messages(sizes, **kwargs)`` through the bounded cache, keyed
-  on the generator's keyword arguments (:func:`generator_kwargs`)."""
+def _generator(algorithm: str, duplex: str) -> str:
+  """Which generator of ``algorithm``'s record gives its steps at ``duplex``: its
+  ``ppermutes`` (one step per ppermute) where it has them and they run one at a time."""
+  check_duplex(duplex)
+  record = ALGORITHMS[algorithm]
+  return "ppermutes" if duplex != "full" and record.ppermutes is not None else "messages"
+
+
+def _generated(
+  algorithm: str, sizes: tuple[int, ...], kwargs: dict, which: str = "messages"
+) -> Steps:
+  """``ALGORITHMS[algorithm].messages(sizes, **kwargs)`` (or its ``ppermutes``,
+  ``which``) through the bounded cache, keyed on the generator's keyword arguments
+  (:func:`generator_kwargs`)."""
   record = ALGORITHMS[algorithm]
   if record.messages is None:
     raise ValueError(f"algorithm={algorithm!r} has no message generator to replay.")
-  key = (algorithm, tuple(sizes), tuple(sorted(kwargs.items())))
+  key = (algorithm, which, tuple(sizes), tuple(sorted(kwargs.items())))
   if key not in _GENERATED:
-    steps = record.messages(tuple(sizes), **kwargs)
+    steps = getattr(record, which)(tuple(sizes), **kwargs)
     count = distinct_messages(steps)
     held = sum(c for _, c in _GENERATED.values())
     while _GENERATED and held + count > CACHE_MESSAGES:
@@ -409,17 +472,19 @@ def algorithm_profile(
   n_bytes: float | None = None,
   sizes: tuple[int, ...] | None = None,
   choices: dict | None = None,
+  duplex: str = "full",
 ) -> Profile:
-  """:func:`profile` of ``algorithm``'s generated schedule at ``p`` (cached; ``n_bytes``
-  and ``choices`` as :func:`messages` takes them; ``sizes``: the mesh axis sizes,
-  default :func:`axis_sizes` on this topology)."""
+  """:func:`profile` of ``algorithm``'s generated schedule at ``p`` (cached; ``n_bytes``,
+  ``choices`` and ``duplex`` as :func:`messages` takes them; ``sizes``: the mesh axis
+  sizes, default :func:`axis_sizes` on this topology)."""
   sizes = tuple(sizes) if sizes is not None else axis_sizes(algorithm, p, topology)
-  kwargs = generator_kwargs(algorithm, ALGORITHMS[algorithm].messages, sizes, n_bytes, choices)
-  key = (algorithm, sizes, topology, tuple(sorted(kwargs.items())))
+  generator = getattr(ALGORITHMS[algorithm], _generator(algorithm, duplex))
+  kwargs = generator_kwargs(algorithm, generator, sizes, n_bytes, choices)
+  key = (algorithm, sizes, topology, tuple(sorted(kwargs.items())), duplex)
   if key not in _PROFILES:
     if len(_PROFILES) > 4096:
       _PROFILES.clear()
-    _PROFILES[key] = profile(_generated(algorithm, sizes, kwargs), topology, p)
+    _PROFILES[key] = profile(messages(algorithm, sizes, n_bytes, choices, duplex), topology, p)
   return _PROFILES[key]
 
 

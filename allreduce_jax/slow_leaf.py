@@ -11,7 +11,7 @@ the result once, both at the same time, in chunks:
   carries the leaf's chunk ``t`` to healthy host ``a`` and the finished chunk ``t-1``
   from healthy host ``b`` to the leaf. ``a`` and ``b`` are different hosts (for
   p ≥ 3): over gloo an exchange with one peer runs half duplex
-  (:func:`allreduce_jax.gloo_model.half_duplex`), a send to one and a receive from
+  (:func:`allreduce_jax.replay.half_duplex`), a send to one and a receive from
   another run at once;
 - after stage ``t`` the p-1 healthy hosts all-reduce chunk ``t`` among themselves, the
   leaf's part added at ``a``: a ring (reduce-scatter then all-gather) over the healthy
@@ -228,7 +228,7 @@ def slow_leaf_seconds(
   """
   if not rate > 0:
     raise ValueError(f"rate={rate!r}: expected a link rate in bytes/s > 0.")
-  steps = gloo_model.half_duplex(slow_leaf_messages(p, leaf=leaf, chunks=chunks))
+  steps = replay.half_duplex(slow_leaf_messages(p, leaf=leaf, chunks=chunks))
   if not steps:
     return 0.0
   top = gloo_model.emulated_network(network, p, rate=rate, link_rates=link_rates)

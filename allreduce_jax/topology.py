@@ -35,10 +35,12 @@ from allreduce_jax.networks import (
   parse,
   register_spec,
   switch,
+  takes_link_rates,
   torus,
   with_link_rates,
 )
 from allreduce_jax.replay import (
+  DUPLEX,
   TRACE_N,
   Message,
   Profile,
@@ -51,6 +53,7 @@ from allreduce_jax.replay import (
   candidates,
   choose,
   distinct_messages,
+  half_duplex,
   messages,
   predict_seconds,
   profile,
@@ -62,6 +65,7 @@ from allreduce_jax.replay import (
 )
 
 __all__ = [
+  "DUPLEX",
   "SPECS",
   "TRACE_N",
   "FatTree",
@@ -86,6 +90,7 @@ __all__ = [
   "distinct_messages",
   "even_dims",
   "fat_tree",
+  "half_duplex",
   "halving_doubling_messages",
   "islands",
   "messages",
@@ -99,6 +104,7 @@ __all__ = [
   "ring_messages",
   "step_link_loads",
   "switch",
+  "takes_link_rates",
   "takes_size",
   "torus",
   "trace_choices",

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from allreduce_jax import cost_model, gloo_model, topology
+from allreduce_jax import cost_model, gloo_model, netns, networks, topology
 
 N = 16 << 20
 
@@ -19,9 +19,9 @@ def test_schedule_bytes_c1_ring_near_2n_and_c2_root_carries_p_minus_1_n(p):
 
 def test_half_duplex_doubles_an_exchange_and_leaves_a_shift_alone():
   shift = [[(j, (j + 1) % 4, 0.25, True) for j in range(4)]]
-  assert gloo_model.half_duplex(shift) == shift
+  assert topology.half_duplex(shift) == shift
   pairs = [[(j, j ^ 1, 0.5, True) for j in range(4)]]
-  assert gloo_model.half_duplex(pairs) == [[(j, j ^ 1, 1.0, True) for j in range(4)]]
+  assert topology.half_duplex(pairs) == [[(j, j ^ 1, 1.0, True) for j in range(4)]]
 
 
 def test_payload_share_is_tcp_segments_in_ethernet_frames():
@@ -74,7 +74,7 @@ def test_receive_first_prices_exchanges_at_full_duplex_one_ppermute_at_a_time(p)
   full = gloo_model.predict_seconds("bidirectional_ring", p, N, params, ring_of_links, "full")
   assert full == pytest.approx(ring_s / 2 if p > 2 else ring_s)  # p = 2: one link each way
   alpha = cost_model.Params(1e-3, 0.0)
-  steps = len(gloo_model.ppermute_steps("halving_doubling", (p,), N))
+  steps = len(topology.messages("halving_doubling", (p,), N, duplex="recv_first"))
   hd_alpha = gloo_model.predict_seconds("halving_doubling", p, N, alpha, top, "recv_first")
   assert hd_alpha == pytest.approx(steps * 1e-3)
   with pytest.raises(ValueError, match=r"duplex='both'.*'half', 'recv_first', 'full'"):
@@ -86,7 +86,7 @@ def test_one_ppermute_at_a_time_prices_the_bidirectional_ring_as_two_shifts_in_t
   """Its two lanes run one after the other (XLA:CPU serializes collectives), each a
   shift at full duplex: the ring's n·2(p-1)/p·β with twice the ring's steps, not the
   exchange between neighbours that one step of both lanes would be (2x at half duplex)."""
-  steps = gloo_model.ppermute_steps("bidirectional_ring", (p,), N)
+  steps = topology.messages("bidirectional_ring", (p,), N, duplex="recv_first")
   assert len(steps) == 4 * (p - 1)
   beta = gloo_model.link_params(25e6, 0.0)
   top = gloo_model.emulated("switch")
@@ -128,7 +128,7 @@ BETA = gloo_model.link_params(RATE, 0.0).beta
 def test_a_bucket_of_zero_is_the_replay_without_one(net, alg):
   params, top = gloo_model.link_params(RATE, 1.3e-3), gloo_model.emulated(net)
   plain = gloo_model.predict_seconds(alg, 8, N, params, top)
-  steps = gloo_model.steps_as_run(alg, topology.axis_sizes(alg, 8, top), N, "half")
+  steps = topology.messages(alg, topology.axis_sizes(alg, 8, top), N, duplex="half")
   per = gloo_model.bucket_replay(steps, top, 8, N, params, 0.0)
   assert per.sum() == pytest.approx(plain)
   assert per == pytest.approx(topology.profile(steps, top, 8).seconds(N, params))
@@ -162,7 +162,7 @@ def test_an_exchanges_turns_each_find_a_full_bucket(alg):
   got = gloo_model.predict_seconds(alg, 2, N, params, top, bucket_s=bucket)
   steps = 1 if alg == "recursive_doubling" else 2
   assert got == pytest.approx(steps * alpha + 2 * (N * BETA - steps * bucket))
-  merged = gloo_model.steps_as_run(alg, (2,), N, "half")
+  merged = topology.messages(alg, (2,), N, duplex="half")
   one_bucket = gloo_model.bucket_replay(merged, top, 2, N, params, bucket).sum()
   assert one_bucket == pytest.approx(2 * N * BETA + alpha - bucket)
 
@@ -176,7 +176,7 @@ def test_exchange_turns_split_only_steps_that_are_all_exchange():
   shift = [(j, (j + 1) % 4, 0.25, True) for j in range(4)]
   assert gloo_model.exchange_turns(shift) == (shift,)
   mixed = [(0, 1, 0.5, True), (1, 0, 0.5, True), (2, 3, 0.5, True)]
-  assert gloo_model.exchange_turns(mixed) == tuple(gloo_model.half_duplex([mixed]))
+  assert gloo_model.exchange_turns(mixed) == tuple(topology.half_duplex([mixed]))
 
 
 @pytest.mark.parametrize("net", ["switch", "fat_tree:4:2", "torus:8"])
@@ -187,8 +187,8 @@ def test_turns_with_no_bucket_are_the_merged_replay(net, alg):
   other on disjoint links)."""
   params, top = gloo_model.link_params(RATE, 1.3e-3), gloo_model.emulated(net)
   sizes = topology.axis_sizes(alg, 8, top)
-  merged = gloo_model.steps_as_run(alg, sizes, N, "half")
-  posted = gloo_model.ppermute_steps(alg, sizes, N)
+  merged = topology.messages(alg, sizes, N, duplex="half")
+  posted = topology.messages(alg, sizes, N, duplex="recv_first")
   per = gloo_model.bucket_replay(merged, top, 8, N, params, 0.0, posted)
   assert per == pytest.approx(topology.profile(merged, top, 8).seconds(N, params))
   with pytest.raises(ValueError, match="posted: 1 steps"):
@@ -212,7 +212,7 @@ def test_a_bucket_refills_between_small_steps_only_by_the_time_spent():
   n = 4 * 3e-3 / BETA
   top = gloo_model.emulated("switch")
   params = gloo_model.link_params(RATE, alpha)
-  steps = gloo_model.steps_as_run("ring", (4,), n, "half")
+  steps = topology.messages("ring", (4,), n, duplex="half")
   per = gloo_model.bucket_replay(steps, top, 4, n, params, bucket)
   assert per * 1e3 == pytest.approx([1, 2, 3, 3, 3, 3])
   assert gloo_model.predict_seconds("ring", 4, n, params, top, bucket_s=bucket) == pytest.approx(
@@ -233,12 +233,10 @@ def test_a_bucket_needs_physical_links_and_seconds():
 
 
 def test_an_emulated_links_bucket_is_tbf_burst_over_its_rate():
-  from allreduce_jax import netns
-
   assert gloo_model.link_bucket_s(RATE) == pytest.approx(0.004)  # 100 KB at 200 Mbit/s
   assert gloo_model.link_bucket_s(1e6) == pytest.approx(65536 / 1e6)  # the 64 KiB floor
   cmd = netns._shape("ns", "dev", RATE)
-  assert cmd[cmd.index("burst") + 1] == str(netns.bucket_bytes(RATE)) == "100000"
+  assert cmd[cmd.index("burst") + 1] == str(networks.bucket_bytes(RATE)) == "100000"
   with pytest.raises(ValueError, match="rate_bytes_per_s=0"):
     gloo_model.link_bucket_s(0)
 
@@ -286,7 +284,7 @@ def test_the_double_trees_chunks_follow_the_parameters_in_effect_not_a_stale_cac
   assert k_guess != k_cpu  # else this test shows nothing
 
   def direct(k):  # the generator itself, no cache
-    steps = gloo_model.half_duplex(_dbtree.double_binary_tree_ppermutes((8,), chunks=k))
+    steps = topology.half_duplex(_dbtree.double_binary_tree_ppermutes((8,), chunks=k))
     return float(topology.profile(steps, top, 8).seconds(n, price).sum())
 
   seen = {}

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from allreduce_jax import netns, units
+from allreduce_jax import netns, networks, units
 
 KINDS = ("kill", "stop", "spin", "link", "down", "cpu")
 USAGE = (
@@ -195,7 +195,7 @@ class Injector:
       os.kill(pid, sig)
       return f"{sig.name} to pid {pid}" + (" (it spins in Python)" if f.kind == "spin" else "")
     if f.kind == "link":
-      burst = netns.bucket_bytes(f.value)
+      burst = networks.bucket_bytes(f.value)
       for ns, dev in self._ends(f.host):
         self._tc(["tc", "-n", ns, "qdisc", "change", "dev", dev, "root", "tbf", "rate",
                   units.tc_rate(f.value), "burst", str(burst),
