@@ -97,6 +97,31 @@ def test_no_import_cycle():
   assert _cycles(_import_graph()) == []
 
 
+def _local_imports(source: str) -> list[str]:
+  """Imports of the package's own modules inside a function (``line: statement``): an
+  import that hides an ordering problem, or work, from the module's top."""
+  found = []
+  for fn in ast.walk(ast.parse(source)):
+    if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      for node in ast.walk(fn):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom):
+          names = [node.module or ""] if node.level == 0 else ["."]
+        if any(n == "." or n.split(".")[0] == "allreduce_jax" for n in names):
+          found.append(f"{node.lineno}: {ast.unparse(node)}")
+  return found
+
+
+def test_the_local_import_finder_finds_them():
+  src = "import json\ndef f():\n  import numpy\n  from allreduce_jax import units\n  return units\n"
+  assert _local_imports(src) == ["4: from allreduce_jax import units"]
+
+
+def test_no_module_imports_its_own_package_inside_a_function():
+  found = {m: _local_imports(f.read_text()) for m, f in _modules().items()}
+  assert {m: v for m, v in found.items() if v} == {}
+
+
 def _private_uses(source: str, modules: dict[str, Path]) -> list[str]:
   """``module._name`` that ``source`` imports or reads from another module of the
   package (private modules themselves may be imported: they are the package's own)."""

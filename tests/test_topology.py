@@ -395,7 +395,9 @@ def test_schedule_cache_is_bounded_by_messages(monkeypatch):
     assert steps == ALGORITHMS["recursive_doubling"].messages((p,))
     held = sum(c for _, c in replay._GENERATED.values())
     assert held <= max(3000, replay.distinct_messages(steps))
-  assert list(replay._GENERATED) == [("recursive_doubling", "messages", (1024,), ())]  # 10240 > 3000
+  assert list(replay._GENERATED) == [
+    ("recursive_doubling", "messages", (1024,), ())
+  ]  # 10240 > 3000
   assert replay.distinct_messages(ALGORITHMS["ring"].messages((1024,))) == 2 * 1024
 
 

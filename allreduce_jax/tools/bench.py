@@ -181,7 +181,7 @@ def bandwidths(nbytes: float, seconds: float, p: int) -> tuple[float, float]:
 # ----------------------------------------------------------------------------------------
 
 
-def _verifiable_block(index, p: int, count: int, seed: int = 0) -> np.ndarray:
+def verifiable_block(index, p: int, count: int, seed: int = 0) -> np.ndarray:
   """Rows ``index[0]`` (participants) × columns ``index[1]`` of the verifiable input
   ``x[i, k] = compare.rank_coded(i, k, seed)`` of shape ``(p, count)``, built for this
   process's shards only."""
@@ -190,7 +190,7 @@ def _verifiable_block(index, p: int, count: int, seed: int = 0) -> np.ndarray:
   return compare.rank_coded(rows, cols, seed)
 
 
-def _programs(algorithm: str, p: int, op: str, wire: str | None = None):
+def programs(algorithm: str, p: int, op: str, wire: str | None = None):
   """``(mesh, spec, timed_fn, check_fn)`` for one algorithm on ``p`` devices.
 
   ``timed_fn``: ``T[p, count] -> T[p, count]``, row ``i`` all-reduced on device ``i``
@@ -233,13 +233,6 @@ def _programs(algorithm: str, p: int, op: str, wire: str | None = None):
   return mesh, spec, timed, checker
 
 
-#: Public names for scripts that run what ``bench`` runs (e.g. counting the bytes each host
-#: sends): :func:`programs` gives ``(mesh, spec, timed_fn, check_fn)`` for one algorithm,
-#: :func:`verifiable_block` the rank-coded input shard ``bench`` feeds it.
-programs = _programs
-verifiable_block = _verifiable_block
-
-
 def measure_size(
   algorithms: Sequence[str],
   p: int,
@@ -277,11 +270,11 @@ def measure_size(
         continue
       if wire not in ALGORITHMS[alg].wires:
         continue
-      mesh, spec, timed, checker = _programs(alg, p, op, wire)
+      mesh, spec, timed, checker = programs(alg, p, op, wire)
       key = (mesh.axis_names, mesh.devices.shape)
       if key not in inputs:
         inputs[key] = devices.put(
-          (p, count), dtype, NamedSharding(mesh, spec), lambda idx: _verifiable_block(idx, p, count)
+          (p, count), dtype, NamedSharding(mesh, spec), lambda idx: verifiable_block(idx, p, count)
         )
       built.append((alg, wire, timed, inputs[key], checker))
   params = params or cost_model.current_params()  # auto traces with these (never a file)

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from allreduce_jax import netns, networks, units
+from allreduce_jax import cluster_rows, netns, networks, units
 
 KINDS = ("kill", "stop", "spin", "link", "down", "cpu")
 USAGE = (
@@ -267,17 +267,18 @@ class Injector:
     return self.rows
 
 
-# ---- bench rows of a cluster with a slow link, beside the replay ---------------------
+# ---- a row's faults, read back ----------------------------------------------------
 
 
-def row_links(row: dict) -> tuple[str, int, float, dict[int, float]] | None:
+def row_links(row: dict) -> cluster_rows.Links:
   """``(network, hosts, rate, link_rates)`` of a ``bench`` row measured on ``allreduce-jax
   cluster`` (its key's ``network``: the ``--topology`` spec, the hosts, every link's rate
   in bytes/s, and ``{host: bytes/s}`` of its ``--fault link:H=RATE@0``); None for a row of
   another machine, or with any other fault (a rate changed mid-run, a link down, a kill:
-  no steady network to replay)."""
-  net = json.loads(row.get("key", "{}")).get("network") or {}
-  if "link_Bps" not in net:
+  no steady network to replay). What :func:`allreduce_jax.cluster_rows.link_rate_cells`
+  takes as ``links``."""
+  net = cluster_rows.network(row)
+  if net is None:
     return None
   hosts = int(net["hosts"])
   link_rates = {}
@@ -287,119 +288,3 @@ def row_links(row: dict) -> tuple[str, int, float, dict[int, float]] | None:
       return None
     link_rates[f.host] = f.value
   return net["network"], hosts, float(net["link_Bps"]), link_rates
-
-
-def healthy_alpha(rows_dir, network: str, hosts: int, *, rate: float) -> float:
-  """α per step of a healthy run: :func:`~allreduce_jax.gloo_model.fit_alpha` on the
-  ``bench`` rows (``wrong`` 0) of ``rows_dir/blocks_{network}_{hosts}.jsonl`` (``:`` as
-  ``_``; calls timed in blocks, as the emulated network study writes them), else of the
-  switch's with as many hosts (fitted as a switch); 0.0 if neither file exists.
-
-  Args:
-    rows_dir: the folder of those files.
-    network: the ``--topology`` spec, e.g. ``"switch"`` or ``"torus:4"``.
-    hosts: the host count.
-    rate: every link's rate in bytes/s, as the rows were measured.
-  """
-  from pathlib import Path
-
-  from allreduce_jax import gloo_model, results
-
-  for name in (network, "switch"):
-    path = Path(rows_dir) / f"blocks_{name.replace(':', '_')}_{hosts}.jsonl"
-    rows = [r for r in results.read_rows(path, "bench") if r.get("wrong") == 0]
-    if rows:
-      return gloo_model.fit_alpha(rows, hosts, name, rate=rate)
-  return 0.0
-
-
-def link_rate_cells(rows, alpha, duplex: str = "half", buckets: bool = False) -> list[dict]:
-  """Every ``bench`` row of ``rows`` with a steady emulated network (:func:`row_links`)
-  beside its replay with those link rates (:func:`~allreduce_jax.gloo_model.emulated_seconds`) and the cut bound
-  (:func:`~allreduce_jax.gloo_model.cut_bound_seconds`).
-
-  Args:
-    rows: ``bench`` rows (``wrong`` 0), e.g. of ``cluster --fault link:1=20Mbit@0``.
-    alpha: ``alpha(network, hosts) -> seconds per step`` (:func:`~allreduce_jax.gloo_model.fit_alpha` of a healthy
-      run of that network).
-    duplex: as :func:`~allreduce_jax.gloo_model.emulated_seconds` takes it.
-    buckets: the replay prices every link's token bucket as the cluster shapes it
-      (:func:`~allreduce_jax.gloo_model.link_buckets`: a slowed link's holds 64 KiB, more
-      seconds of its rate than a healthy one's 4 ms); ``alpha`` as without.
-
-  Returns:
-    One dict a row: ``algorithm, network, hosts, rate, link_rates, bytes, measured_s``,
-    ``replay_s`` (None where the algorithm has no schedule, ``psum``, or the network takes
-    no per-host rates) and ``bound_s`` (:func:`~allreduce_jax.gloo_model.cut_bound_seconds`; None where the
-    network takes no per-host rates).
-  """
-  from allreduce_jax import gloo_model, registry
-
-  out = []
-  for r in rows:
-    links = row_links(r) if r.get("kind") == "bench" and r.get("wrong") == 0 else None
-    if links is None:
-      continue
-    net, p, rate, slow = links
-    alg, n = r["algorithm"], r["bytes"]
-    replay_s = None
-    if alg in registry.ALGORITHMS and registry.ALGORITHMS[alg].messages is not None:
-      try:
-        replay_s = gloo_model.emulated_seconds(alg, p, n, net, rate=rate, alpha=alpha(net, p),
-                                    duplex=duplex, link_rates=slow, choices=r.get("choices"),
-                                    buckets=buckets)  # fmt: skip
-      except ValueError:  # a network that takes no per-host rates (the ring of links)
-        replay_s = None
-    bound = None
-    if _takes_rates(net):
-      bound = gloo_model.cut_bound_seconds(n, p, rate=rate, link_rates=slow, network=net)
-    out.append({
-      "algorithm": alg, "network": net, "hosts": p, "rate": rate, "link_rates": slow,
-      "bytes": n, "measured_s": r["time_us"] * 1e-6, "replay_s": replay_s, "bound_s": bound,
-    })  # fmt: skip
-  return out
-
-
-def _takes_rates(network: str) -> bool:
-  from allreduce_jax import gloo_model, topology
-
-  return isinstance(
-    gloo_model.emulated(network), (topology.Switch, topology.FatTree, topology.Torus)
-  )
-
-
-def auto_picks(cells: list[dict], alpha, duplex: str = "half", buckets: bool = False) -> list[dict]:
-  """``auto`` told the link rates, per network, host count, size and link rates of
-  :func:`link_rate_cells`' ``cells``: :func:`allreduce_jax.gloo_model.choose` among the
-  measured candidates of ``auto`` (:func:`~allreduce_jax.cost_model.auto_candidates`),
-  priced by the replay on the network with those rates (``duplex`` as it runs; ``buckets``:
-  with each link's token bucket as the cluster shapes it, as :func:`link_rate_cells`),
-  against the fastest measured row (``psum`` included) and the fastest measured candidate.
-
-  Returns:
-    One dict a group: ``network, hosts, rate, link_rates, bytes, pick, pick_s, best,
-    best_s, best_candidate, best_candidate_s``.
-  """
-  from allreduce_jax import cost_model, gloo_model
-
-  groups: dict[tuple, list[dict]] = {}
-  for c in cells:
-    key = (c["network"], c["hosts"], c["rate"], tuple(sorted(c["link_rates"].items())), c["bytes"])
-    groups.setdefault(key, []).append(c)
-  out = []
-  for (net, p, rate, slow, n), group in groups.items():
-    t = {c["algorithm"]: c["measured_s"] for c in group}
-    cands = tuple(a for a in cost_model.auto_candidates() if a in t)
-    if not cands or (slow and not _takes_rates(net)):
-      continue
-    top = gloo_model.emulated_network(net, p, rate=rate, link_rates=dict(slow))
-    params = gloo_model.link_params(rate, alpha(net, p))
-    bucket = gloo_model.link_buckets(net, p, rate=rate, link_rates=dict(slow)) if buckets else 0.0
-    pick = gloo_model.choose(p, n, params, cands, topology=top, duplex=duplex, bucket_s=bucket)
-    best, best_c = min(t, key=t.get), min(cands, key=t.get)
-    out.append({
-      "network": net, "hosts": p, "rate": rate, "link_rates": dict(slow), "bytes": n,
-      "pick": pick, "pick_s": t[pick], "best": best, "best_s": t[best],
-      "best_candidate": best_c, "best_candidate_s": t[best_c],
-    })  # fmt: skip
-  return out

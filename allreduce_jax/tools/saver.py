@@ -12,24 +12,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
+
+from allreduce_jax.training import checkpoint
+
 SIZE = 1 << 22  # float32 values a checkpoint: 16 MiB
 OPT_SIZE = 1000
 IDENTITY = {"run": "torn"}
 
 
 def _checkpoints(directory: str | Path):
-  from allreduce_jax.training import checkpoint
-
   return checkpoint.Checkpoints(directory, 1, IDENTITY)
 
 
 def save(directory: str | Path, steps: int = 100_000) -> None:
   """Saves ``steps`` checkpoints after the newest in ``directory``, printing "saving"
   (flushed) before the first."""
-  import numpy as np
-
-  from allreduce_jax.training import checkpoint
-
   ck = _checkpoints(directory)
   start = (ck.latest() or 0) + 1
   print("saving", flush=True)
@@ -43,8 +41,6 @@ def save(directory: str | Path, steps: int = 100_000) -> None:
 def restore(directory: str | Path):
   """The newest complete checkpoint in ``directory`` (a ``checkpoint.State``), or None;
   a torn save there is removed."""
-  import numpy as np
-
   ck = _checkpoints(directory)
   try:
     z = np.zeros((SIZE,), np.float32)
@@ -55,8 +51,6 @@ def restore(directory: str | Path):
 
 def complete(state) -> bool:
   """Whether every value of ``state`` (from :func:`restore`) is its step's."""
-  import numpy as np
-
   return bool(
     state is not None
     and state.losses == [float(state.step)]

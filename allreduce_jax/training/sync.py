@@ -32,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import ALGORITHMS, all_reduce_tree, devices, progress
 from allreduce_jax.training import models
+from allreduce_jax.training.checkpoint import State
 
 
 def make_sync_chunk(
@@ -312,8 +313,6 @@ def train_sync(
 
 
 def _checkpoint_state(step, w, s, examples, p, checkpoints, losses, eval_steps, test_acc):
-  from allreduce_jax.training.checkpoint import State
-
   return State(
     step=step,
     params=first_replica(w),

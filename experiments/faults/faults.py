@@ -47,7 +47,6 @@ HERE = Path(__file__).resolve().parent
 ROWS = HERE / "rows"
 HOSTS = 4
 LINK = "200Mbit"
-RATE = 25e6  # bytes/s, 200 Mbit/s
 SLOW = {1: None, 2: "100Mbit", 10: "20Mbit", 100: "2Mbit"}  # k -> host 1's rate (link at 1/k)
 ALGORITHMS = "ring,bidirectional_ring,tree,halving_doubling,naive,psum"
 KILL_AT = (3.0, 4.5, 6.0)  # seconds after the hosts joined: 1, 2.5, 4 s into the calls
@@ -644,6 +643,7 @@ def _within_20(ratio: float) -> bool:
 
 def alone_table() -> str:
   """The ring alone (:func:`slow_alone`): each run against the replay."""
+  from allreduce_jax import cluster_rows
   from allreduce_jax.tools import faults
 
   rows = [r for r in _read("slow_link_alone.jsonl") if r["iters"] == 6]  # every's: 3 calls
@@ -653,7 +653,7 @@ def alone_table() -> str:
            " replay ms | measured / replay |", "|---|---|---|---|---|---|---|"]  # fmt: skip
   with _traced():
     for r in rows:
-      (c,) = faults.link_rate_cells([r], _alpha)
+      (c,) = cluster_rows.link_rate_cells([r], faults.row_links, _alpha)
       q = json.loads(r["key"])["network"]["queue_s"] * 1e3
       lines.append(f"| {q:g} | {c['algorithm']} | {c['bytes'] / 2**20:g} | {r['iters']} |"
                    f" {r['time_us'] / 1e3:.0f}; {r['time_us_min'] / 1e3:.0f}–"
@@ -664,12 +664,13 @@ def alone_table() -> str:
 
 def _blocks_cells() -> list[dict]:
   """``slow-alone every``'s rows (3 calls a run, unlike the ring alone's 6), one dict a cell
-  (host 1's slow factor k, congestion control, queue, algorithm, size) of :func:`~allreduce_jax.tools.faults.link_rate_cells`
+  (host 1's slow factor k, congestion control, queue, algorithm, size) of :func:`~allreduce_jax.cluster_rows.link_rate_cells`
   (replayed with each link's own token bucket, ``buckets=True``: the slow link's 64 KiB)
   with ``k``, ``cc``, ``queue_ms``, ``runs_s`` (each run's measured seconds; a key's n-th row is run
   n), ``measured_s`` their median and ``rr`` the round-robin cell's measured / replay (the
   median of its runs in ``slow_link.jsonl``, same k, congestion control and queue; None if
   none)."""
+  from allreduce_jax import cluster_rows
   from allreduce_jax.tools import faults
 
   rows = [r for r in _read("slow_link_alone.jsonl") if r.get("wrong") == 0 and r["iters"] != 6]
@@ -677,14 +678,16 @@ def _blocks_cells() -> list[dict]:
   with _traced():
     for r in rows:
       if r["key"] not in cells:
-        (c,) = faults.link_rate_cells([r], _alpha, buckets=True)  # each link's own bucket
+        (c,) = cluster_rows.link_rate_cells(
+          [r], faults.row_links, _alpha, buckets=True
+        )  # each link's own bucket
         cells[r["key"]] = {**c, "cc": _cc(r), "k": _k(r), "runs_s": [],
                            "queue_ms": json.loads(r["key"])["network"]["queue_s"] * 1e3}  # fmt: skip
       cells[r["key"]]["runs_s"].append(r["time_us"] / 1e6)
     rr = {}
     for r in _slow_rows():
       if r.get("slow_start_after_idle") is None:
-        for c in faults.link_rate_cells([r], _alpha):
+        for c in cluster_rows.link_rate_cells([r], faults.row_links, _alpha):
           q = json.loads(r["key"])["network"]["queue_s"] * 1e3
           rr[r["k"], _cc(r), q, c["network"], c["hosts"], c["algorithm"], c["bytes"]] = c
   for c in cells.values():
@@ -700,7 +703,7 @@ def blocks_tables() -> list[str]:
   """Every algorithm timed in blocks (:func:`slow_alone` ``every``) against the replay, per
   host 1's rate, congestion control and queue: each cell's runs, the within-20 % count per algorithm, and ``auto``
   told the rates against the best measured in the same runs."""
-  from allreduce_jax.tools import faults
+  from allreduce_jax import cluster_rows
 
   cells = _blocks_cells()
   if not cells:
@@ -737,8 +740,8 @@ def blocks_tables() -> list[str]:
             " (min–max over runs) | best measured | best / best candidate | pick priced without"
             " buckets / best measured (min–max) |", "|---|---|---|---|---|---|"]  # fmt: skip
     with _traced():
-      without = {h["bytes"]: h["pick"] for h in faults.auto_picks(mine, _alpha)}
-      for h in faults.auto_picks(mine, _alpha, buckets=True):
+      without = {h["bytes"]: h["pick"] for h in cluster_rows.auto_picks(mine, _alpha)}
+      for h in cluster_rows.auto_picks(mine, _alpha, buckets=True):
         same = [c for c in mine if c["bytes"] == h["bytes"]]
         t = {c["algorithm"]: c["measured_s"] for c in same}
         b = without[h["bytes"]]
@@ -752,7 +755,7 @@ def blocks_tables() -> list[str]:
                     f" ({_span(each[h['pick']])}) | {h['best']} | {h['best_s'] / h['best_candidate_s']:.2f} |"
                     f" {b} {t[b] / h['best_s']:.2f} ({_span(each[b])}) |")  # fmt: skip
     out += [
-      f"#### {net}, {p} hosts, host 1 at 1/{k} ({RATE * 8e-6 / k:g} Mbit/s), queues of {q:g} ms, {f'`{cc}`' if cc else 'no `--congestion-control` (the hosts inherit the machine' + chr(39) + 's)'}", "",
+      f"#### {net}, {p} hosts, host 1 at 1/{k} ({mine[0]['rate'] * 8e-6 / k:g} Mbit/s), queues of {q:g} ms, {f'`{cc}`' if cc else 'no `--congestion-control` (the hosts inherit the machine' + chr(39) + 's)'}", "",
       f"Measured within 20 % of the replay (medians over runs) in"
       f" {sum(_within_20(c['measured_s'] / c['replay_s']) for c in hand)} of {len(hand)} hand-written"
       f" cells; per algorithm: {per_alg}. The same cells in round-robin order:"
@@ -797,7 +800,10 @@ def _median(xs: list[float]) -> float:
 
 
 def slow_link_table(net: str) -> str:
+  from allreduce_jax import cluster_rows
+
   rows = [r for r in _slow_rows() if r["net"] == net]
+  rate = cluster_rows.link_rate(rows)
   ks = [k for k in SLOW if any(r["k"] == k for r in rows)]
   slow = [k for k in ks if k > 1]
   cols = ["algorithm", "MiB", "runs", *(f"1/{k} ms" for k in ks),
@@ -813,7 +819,7 @@ def slow_link_table(net: str) -> str:
       runs = ", ".join(dict.fromkeys(str(c[k]["runs"]) for k in ks if k in c))
       ms = [_ms(c[k]["times_us"]) if k in c else "–" for k in ks]
       ratio = [f"{t[k] / t[1]:.1f}" if k in t and 1 in t else "–" for k in slow]
-      bound = [f"{t[k] / 1e6 / (size * k / RATE):.2f}" if k in t else "–" for k in ks]
+      bound = [f"{t[k] / 1e6 / (size * k / rate):.2f}" if k in t else "–" for k in ks]
       lines.append("| " + " | ".join([alg, f"{size / 2**20:g}", runs, *ms, *ratio, *bound]) + " |")
   return "\n".join(head + lines)
 
@@ -1003,10 +1009,10 @@ def _alpha(net: str, p: int) -> float:
   """α per step of a healthy run of ``net`` on ``p`` hosts: ``gloo_model.fit_alpha`` on the
   emulated network study's 4 and 64 KiB rows (timed in blocks at the same 16 KiB TCP
   queue); the switch's of ``p`` hosts where that study has no such network; 0 if neither
-  (:func:`allreduce_jax.tools.faults.healthy_alpha`)."""
-  from allreduce_jax.tools.faults import healthy_alpha
+  (:func:`allreduce_jax.cluster_rows.healthy_alpha`)."""
+  from allreduce_jax import cluster_rows
 
-  return healthy_alpha(EMULATED, net, p, rate=RATE)
+  return cluster_rows.healthy_alpha(EMULATED, net, p)
 
 
 def _link_label(c: dict) -> str:
@@ -1041,19 +1047,20 @@ def replay_tables() -> list[str]:
   """Every slow-link cell (the median of its runs) against the replay with that link's rate
   (half duplex, α of a healthy run) and the cut bound, then ``auto`` told the rates against
   the best measured, per queue."""
+  from allreduce_jax import cluster_rows
   from allreduce_jax.tools import faults
 
   rows = _slow_rows()
   cells = []
   with _traced():
     for row in rows:
-      for c in faults.link_rate_cells([row], _alpha):
+      for c in cluster_rows.link_rate_cells([row], faults.row_links, _alpha):
         queue = json.loads(row["key"])["network"]["queue_s"] * 1e3
         cells.append({**c, "queue_ms": queue, "queue": f"{queue:g}{_idle_label(row)}",
                       "idle": row.get("slow_start_after_idle"),
                       "times_s": [t / 1e6 for t in row["times_us"]]})  # fmt: skip
     queues = list(dict.fromkeys(c["queue"] for c in sorted(cells, key=_queue_order)))
-    picks = {(q, d): faults.auto_picks([c for c in cells if c["queue"] == q], _alpha, d)
+    picks = {(q, d): cluster_rows.auto_picks([c for c in cells if c["queue"] == q], _alpha, d)
              for q in queues for d in ("half", "full")}  # fmt: skip
   f = lambda v: "–" if v is None else f"{v * 1e3:.0f}"  # noqa: E731
   r = lambda a, b: "–" if b is None else f"{a / b:.2f}"  # noqa: E731
@@ -1133,7 +1140,7 @@ def replay_tables() -> list[str]:
     " same cell of the round-robin runs above (same network, rate, congestion control and queue), whose calls"
     " each start with the skew between the processes that the call before left"
     " ([replay_trace.md](replay_trace.md)). `auto` as in the section below, its candidates"
-    " priced by this replay, each link's bucket included (`tools.faults.auto_picks(...,"
+    " priced by this replay, each link's bucket included (`cluster_rows.auto_picks(...,"
     " buckets=True)`); beside it what it picks priced without the buckets.", "",
     *blocks_tables(),
     "### Host 1's TCP and the slow link's queues during the slow-link runs", "",
@@ -1199,6 +1206,7 @@ def figure(path: Path) -> None:
   import matplotlib.pyplot as plt
   import matplotlib.ticker
 
+  from allreduce_jax import cluster_rows
   from allreduce_jax.palette import style
 
   rows = [r for r in _slow_rows() if r["bytes"] == 2**20 and r["net"].startswith("switch, 4 hosts")
@@ -1215,7 +1223,7 @@ def figure(path: Path) -> None:
                 markersize=4, **look)  # fmt: skip
   ks = sorted({r["k"] for r in rows})
   n = 2**20
-  ax.plot(ks, [n * k / RATE for k in ks], "k--", label="bound n·k/B")
+  ax.plot(ks, [n * k / cluster_rows.link_rate(rows) for k in ks], "k--", label="bound n·k/B")
   ax.set_xscale("log")
   ax.set_yscale("log")
   ax.set_xticks(ks, [f"1/{k}" for k in ks])

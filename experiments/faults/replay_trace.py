@@ -38,14 +38,13 @@ HERE = Path(__file__).resolve().parent
 ROWS = HERE / "rows" / "replay_trace.jsonl"
 SLOW_LINK = HERE / "rows" / "slow_link.jsonl"  # the study's bench rows: their traced parameters
 EMULATED = HERE.parent / "emulated_network" / "rows" / "tcp_queue_16k"  # healthy runs: α
-RATE = 25e6  # bytes/s, 200 Mbit/s
 
 
 def _alpha(net: str, p: int) -> float:
   """α per step of a healthy run of ``net`` on ``p`` hosts, as the study's tables take it."""
-  from allreduce_jax.tools.faults import healthy_alpha
+  from allreduce_jax import cluster_rows
 
-  return healthy_alpha(EMULATED, net, p, rate=RATE)
+  return cluster_rows.healthy_alpha(EMULATED, net, p)
 
 
 def naive_steps(p: int) -> list[tuple[int, int]]:
@@ -223,7 +222,7 @@ def table(rows: list[dict]) -> str:
 def bench_table(rows: list[dict]) -> str:
   """``bench --order blocks`` rows (every call of one algorithm back to back) against the
   replay: the slowest process's median of the calls."""
-  from allreduce_jax import cost_model, gloo_model, results
+  from allreduce_jax import cluster_rows, cost_model, gloo_model, results
   from allreduce_jax.tools import faults
 
   lines = [
@@ -233,7 +232,7 @@ def bench_table(rows: list[dict]) -> str:
   ]
   with cost_model.use_params(gloo_model.traced_params(results.read_rows(SLOW_LINK, "bench"))):
     for r in rows:
-      (c,) = faults.link_rate_cells([r], _alpha)
+      (c,) = cluster_rows.link_rate_cells([r], faults.row_links, _alpha)
       lines.append(
         f"| {c['algorithm']} | {c['bytes'] / 2**20:g} | {r['iters']} |"
         f" {r['time_us'] / 1e3:.0f}; {r['time_us_min'] / 1e3:.0f}–{r['time_us_max'] / 1e3:.0f} |"

@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROWS = HERE / "rows" / "slow_leaf.jsonl"
 EMULATED = HERE.parent / "emulated_network" / "rows" / "tcp_queue_16k"  # healthy, in blocks
-HOSTS, LEAF, RATE = 4, 1, 25e6  # 200 Mbit/s links, bytes/s
+HOSTS, LEAF, LINK = 4, 1, "200Mbit"  # every link's rate (cluster --link)
 CELLS = {  # host 1's link at 1/k -> (its rate, sizes in MiB)
   10: ("20Mbit", (1, 4)),
   100: ("2Mbit", (1,)),
@@ -37,9 +37,9 @@ OTHERS = ("ring", "tree", "psum")
 def alpha() -> float:
   """α per step: ``gloo_model.fit_alpha`` on the emulated network study's healthy 4-host
   switch rows (timed in blocks, 16 KiB TCP queue)."""
-  from allreduce_jax.tools.faults import healthy_alpha
+  from allreduce_jax import cluster_rows
 
-  return healthy_alpha(EMULATED, "switch", HOSTS, rate=RATE)
+  return cluster_rows.healthy_alpha(EMULATED, "switch", HOSTS)
 
 
 def measure(slow: int, sizes: list[int], out: Path, run: int) -> None:
@@ -51,7 +51,8 @@ def measure(slow: int, sizes: list[int], out: Path, run: int) -> None:
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from allreduce_jax import all_reduce, devices, distributed, gloo_model
+  from allreduce_jax import all_reduce, devices, distributed, gloo_model, units
+  from allreduce_jax.results import run_context
   from allreduce_jax.slow_leaf import slow_leaf_all_reduce, slow_leaf_seconds
   from allreduce_jax.tools.bench import time_round_robin
 
@@ -89,22 +90,23 @@ def measure(slow: int, sizes: list[int], out: Path, run: int) -> None:
   if jax.process_index() != 0:
     return
   a = alpha()
-  rates = {LEAF: RATE / slow} if slow > 1 else None
+  rate = (run_context().get("network") or {}).get("link_Bps") or units.parse_rate(LINK)
+  rates = {LEAF: rate / slow} if slow > 1 else None
   with open(out, "a") as f:
     for (name, mib), (med, lo, hi) in zip(names, slowest):
       n_bytes = mib * 2**20
       algo, _, k = name.partition(":")
       if algo == "slow_leaf":
-        replay = slow_leaf_seconds(p, n_bytes, leaf=LEAF, chunks=int(k), rate=RATE, alpha=a,
+        replay = slow_leaf_seconds(p, n_bytes, leaf=LEAF, chunks=int(k), rate=rate, alpha=a,
                                    link_rates=rates)  # fmt: skip
       elif algo == "psum":
         replay = None
       else:
-        replay = gloo_model.emulated_seconds(algo, p, n_bytes, "switch", rate=RATE, alpha=a,
+        replay = gloo_model.emulated_seconds(algo, p, n_bytes, "switch", rate=rate, alpha=a,
                                              link_rates=rates)  # fmt: skip
-      bound = gloo_model.cut_bound_seconds(n_bytes, p, rate=RATE, link_rates=rates)
+      bound = gloo_model.cut_bound_seconds(n_bytes, p, rate=rate, link_rates=rates)
       row = {"study": "slow_leaf", "algorithm": algo, "chunks": int(k) if k else None,
-             "hosts": p, "network": "switch", "link": "200Mbit", "slow_host": LEAF,
+             "hosts": p, "network": "switch", "link": LINK, "slow_host": LEAF,
              "slow": slow, "bytes": n_bytes, "run": run, "time_s": med, "time_min_s": lo,
              "time_max_s": hi, "calls": 3, "time_from": "slowest process, median of 3 calls",
              "bound_s": bound, "replay_s": replay, "alpha_s": a, "wrong": wrong[(name, mib)],
@@ -132,7 +134,7 @@ def run(runs: int = 3, slows: list[int] | None = None) -> None:
     for r in sorted(set(range(runs)) - done):
       fault = ["--fault", f"link:{LEAF}={rate}@0"] if rate else []
       cmd = [sys.executable, "-m", "allreduce_jax", "cluster", "--hosts", str(HOSTS), "--link",
-             "200Mbit", "--timeout", "900", *fault, "--", sys.executable, str(Path(__file__)),
+             LINK, "--timeout", "900", *fault, "--", sys.executable, str(Path(__file__)),
              "measure", str(slow), ",".join(map(str, sizes)), str(ROWS), str(r)]  # fmt: skip
       t0 = time.time()
       subprocess.run(cmd, check=True)

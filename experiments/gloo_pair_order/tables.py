@@ -17,13 +17,11 @@ import json
 import statistics
 from pathlib import Path
 
-from allreduce_jax import cost_model, gloo_model, results
+from allreduce_jax import cluster_rows, cost_model, gloo_model, results
 from allreduce_jax.units import spread
 
 HERE = Path(__file__).resolve().parent
 NETWORK_ROWS = HERE.parent / "emulated_network" / "rows"
-RATE = 25e6  # 200 Mbit/s, every committed run's link rate
-BUCKET_S = gloo_model.link_bucket_s(RATE)  # 4 ms: every emulated link's tbf bucket
 
 
 def _rows(path: Path) -> list[dict]:
@@ -40,13 +38,19 @@ def _mib(n: int) -> str:
   return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
-def fit_alpha(rows: list[dict], p: int, net: str, duplex: str, bucket_s: float = 0.0) -> float:
-  return gloo_model.fit_alpha(rows, p, net, rate=RATE, duplex=duplex, bucket_s=bucket_s)
+def fit_alpha(rows: list[dict], p: int, net: str) -> tuple[float, float]:
+  """``(α, rate)`` of the emulated network's ``rows``: their link rate (their keys') and
+  the α that fits them with each link's token bucket (:func:`gloo_model.link_bucket_s`)."""
+  rate = cluster_rows.link_rate(rows)
+  bucket_s = gloo_model.link_bucket_s(rate)
+  return gloo_model.fit_alpha(rows, p, net, rate=rate, duplex="half", bucket_s=bucket_s), rate
 
 
-def model(alg: str, p: int, n: int, net: str, duplex: str, alpha: float, bucket_s: float) -> float:
+def model(alg: str, p: int, n: int, net: str, duplex: str, alpha: float, rate: float) -> float:
+  """The replay with each link's token bucket, at the rows' ``rate``."""
+  bucket_s = gloo_model.link_bucket_s(rate)
   return gloo_model.emulated_seconds(
-    alg, p, n, net, rate=RATE, alpha=alpha, duplex=duplex, bucket_s=bucket_s
+    alg, p, n, net, rate=rate, alpha=alpha, duplex=duplex, bucket_s=bucket_s
   )
 
 
@@ -90,11 +94,11 @@ def half_duplex_sizes_table(root: Path, network: Path) -> list[str]:
   if not rows:
     return []
   cubic = _good(network / "tcp_queue_16k" / "cubic_finish", "blocks_switch_4.jsonl")
-  alpha = fit_alpha(cubic, 4, "switch", "half", BUCKET_S)
+  alpha, rate = fit_alpha(cubic, 4, "switch")
 
   def steady(step, n):
     return gloo_model.steady_step_seconds(
-      step, 4, n, "switch", rate=RATE, alpha=alpha, bucket_s=BUCKET_S
+      step, 4, n, "switch", rate=rate, alpha=alpha, bucket_s=gloo_model.link_bucket_s(rate)
     )
 
   shift = [(j, (j + 1) % 4, 1.0) for j in range(4)]
@@ -121,7 +125,7 @@ def half_duplex_sizes_table(root: Path, network: Path) -> list[str]:
     hs = [t[(k, n, "handshake")] / t[(k, n, "shift")] for k in runs]
     model = steady(exchange, n) / steady(shift, n)
     lines.append(
-      f"| {_mib(n)} | {statistics.median(sh):.4g} | {statistics.median(sh) * RATE / n:.2f} |"
+      f"| {_mib(n)} | {statistics.median(sh):.4g} | {statistics.median(sh) * rate / n:.2f} |"
       f" {spread(ex)} | {spread(hs)} | {model:.2f} |"
     )
   return [*lines, ""]
@@ -193,7 +197,7 @@ def _hd_replay_lines(network: Path, t: dict, runs: list[int], p: int) -> list[st
   rows = _good(network / "tcp_queue_16k", f"blocks_switch_{p}.jsonl")
   if not rows:
     return []
-  alpha = fit_alpha(rows, p, "switch", "half", BUCKET_S)
+  alpha, rate = fit_alpha(rows, p, "switch")
   cells = []
   for n in (4 << 20, 16 << 20):
     keys = {
@@ -202,8 +206,8 @@ def _hd_replay_lines(network: Path, t: dict, runs: list[int], p: int) -> list[st
     if not all(key in t for ks in keys.values() for key in ks):
       continue
     measured = {o: statistics.median(t[key] for key in ks) for o, ks in keys.items()}
-    half = model("halving_doubling", p, n, "switch", "half", alpha, BUCKET_S)
-    first = model("halving_doubling", p, n, "switch", "recv_first", alpha, BUCKET_S)
+    half = model("halving_doubling", p, n, "switch", "half", alpha, rate)
+    first = model("halving_doubling", p, n, "switch", "recv_first", alpha, rate)
     cells.append(
       f"at {_mib(n)}, send first {measured['send_first']:.3f} s (replay as XLA runs it,"
       f' `duplex="half"`: {half:.3f} s), receive first {measured["recv_first"]:.3f} s'

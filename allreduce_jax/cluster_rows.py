@@ -1,0 +1,177 @@
+"""Rows measured on an emulated cluster, beside the model of its network.
+
+``allreduce-jax cluster`` puts its network in every row's key (``results.run_context``:
+the ``--topology`` spec, the hosts, every link's rate in bytes/s, its queue, MTU, TCP
+queue, and the ``--fault`` specs it injected), so a row says which network it ran on.
+Here those rows are read back and set beside the replay of that same network
+(:mod:`allreduce_jax.gloo_model`): the link rate of the rows (:func:`link_rate`), the α
+per step of a healthy run (:func:`healthy_alpha`), every row with a steady network next to
+its replayed time and its cut bound (:func:`link_rate_cells`), and what ``auto`` picks
+when told the links' rates (:func:`auto_picks`).
+
+Which links a row's faults slowed is read with the faults' own grammar
+(``tools.faults.row_links``), handed in as ``links``.
+
+NumPy over the replay; it touches no device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from allreduce_jax import cost_model, gloo_model, networks, registry, results
+
+#: A row's steady network: ``(network spec, hosts, every link's bytes/s, {host: bytes/s}
+#: of the links set to another rate from the start)``, or None (another fault, or not a
+#: row of an emulated cluster).
+Links = tuple[str, int, float, dict[int, float]] | None
+
+
+def network(row: dict) -> dict | None:
+  """The emulated network ``row`` was measured on: its key's ``network`` (spec, hosts,
+  ``link_Bps``, queue, MTU, TCP queue, faults), or None for a row of another machine.
+
+  Example:
+    >>> network({"key": '{"network": {"network": "switch", "hosts": 4, "link_Bps": 25e6}}'})
+    {'network': 'switch', 'hosts': 4, 'link_Bps': 25000000.0}
+  """
+  net = json.loads(row.get("key") or "{}").get("network") or {}
+  return net if "link_Bps" in net else None
+
+
+def link_rate(rows: Iterable[dict]) -> float:
+  """The link rate, bytes/s, every one of ``rows`` measured on an emulated cluster ran
+  at (their keys' ``link_Bps``); a ``ValueError`` where they ran at several or none did.
+
+  Example:
+    >>> link_rate([{"key": '{"network": {"network": "switch", "hosts": 4, "link_Bps": 25e6}}'}])
+    25000000.0
+  """
+  rates = {float(net["link_Bps"]) for net in map(network, rows) if net}
+  if len(rates) != 1:
+    raise ValueError(
+      f"rows: expected rows of emulated clusters at one link rate, found {sorted(rates)}."
+    )
+  return rates.pop()
+
+
+def healthy_alpha(rows_dir: str | os.PathLike, net: str, hosts: int) -> float:
+  """α per step of a healthy run: :func:`~allreduce_jax.gloo_model.fit_alpha` on the
+  ``bench`` rows (``wrong`` 0) of ``rows_dir/blocks_{net}_{hosts}.jsonl`` (``:`` as
+  ``_``; calls timed in blocks, as the emulated network study writes them), else of the
+  switch's with as many hosts (fitted as a switch), at the link rate the rows ran at;
+  0.0 if neither file exists.
+
+  Args:
+    rows_dir: the folder of those files.
+    net: the ``--topology`` spec, e.g. ``"switch"`` or ``"torus:4"``.
+    hosts: the host count.
+  """
+  for name in (net, "switch"):
+    path = Path(rows_dir) / f"blocks_{name.replace(':', '_')}_{hosts}.jsonl"
+    rows = [r for r in results.read_rows(path, "bench") if r.get("wrong") == 0]
+    if rows:
+      return gloo_model.fit_alpha(rows, hosts, name, rate=link_rate(rows))
+  return 0.0
+
+
+def link_rate_cells(
+  rows: Iterable[dict],
+  links: Callable[[dict], Links],
+  alpha: Callable[[str, int], float],
+  duplex: str = "half",
+  buckets: bool = False,
+) -> list[dict]:
+  """Every ``bench`` row of ``rows`` (``wrong`` 0) with a steady emulated network beside
+  its replay with those link rates (:func:`~allreduce_jax.gloo_model.emulated_seconds`)
+  and the cut bound (:func:`~allreduce_jax.gloo_model.cut_bound_seconds`).
+
+  Args:
+    rows: ``bench`` rows, e.g. of ``cluster --fault link:1=20Mbit@0``.
+    links: a row's steady network (:data:`Links`; ``tools.faults.row_links``).
+    alpha: ``alpha(network, hosts) -> seconds per step`` (:func:`healthy_alpha`).
+    duplex: as :func:`~allreduce_jax.gloo_model.emulated_seconds` takes it.
+    buckets: the replay prices every link's token bucket as the cluster shapes it
+      (:func:`~allreduce_jax.gloo_model.link_buckets`: a slowed link's holds 64 KiB, more
+      seconds of its rate than a healthy one's 4 ms); ``alpha`` as without.
+
+  Returns:
+    One dict a row: ``algorithm, network, hosts, rate, link_rates, bytes, measured_s``,
+    ``replay_s`` (None where the algorithm has no message schedule, or the network takes
+    no per-host rates) and ``bound_s`` (None where the network takes no per-host rates).
+  """
+  out = []
+  for r in rows:
+    steady = links(r) if r.get("kind") == "bench" and r.get("wrong") == 0 else None
+    if steady is None:
+      continue
+    net, p, rate, slow = steady
+    alg, n = r["algorithm"], r["bytes"]
+    replay_s = None
+    if alg in registry.ALGORITHMS and registry.ALGORITHMS[alg].messages is not None:
+      try:
+        replay_s = gloo_model.emulated_seconds(alg, p, n, net, rate=rate, alpha=alpha(net, p),
+                                               duplex=duplex, link_rates=slow,
+                                               choices=r.get("choices"), buckets=buckets)  # fmt: skip
+      except ValueError:  # a network that takes no per-host rates
+        replay_s = None
+    bound = None
+    if takes_link_rates(net):
+      bound = gloo_model.cut_bound_seconds(n, p, rate=rate, link_rates=slow, network=net)
+    out.append({
+      "algorithm": alg, "network": net, "hosts": p, "rate": rate, "link_rates": slow,
+      "bytes": n, "measured_s": r["time_us"] * 1e-6, "replay_s": replay_s, "bound_s": bound,
+    })  # fmt: skip
+  return out
+
+
+def takes_link_rates(net: str) -> bool:
+  """Whether the emulated network ``cluster --topology net`` builds takes a rate per host
+  link (:func:`allreduce_jax.networks.takes_link_rates` of :func:`gloo_model.emulated
+  <allreduce_jax.gloo_model.emulated>`).
+
+  Example:
+    >>> takes_link_rates("switch"), takes_link_rates("torus:8")
+    (True, True)
+  """
+  return networks.takes_link_rates(gloo_model.emulated(net))
+
+
+def auto_picks(
+  cells: list[dict], alpha: Callable[[str, int], float], duplex: str = "half", buckets: bool = False
+) -> list[dict]:
+  """``auto`` told the link rates, per network, host count, size and link rates of
+  :func:`link_rate_cells`' ``cells``: :func:`allreduce_jax.gloo_model.choose` among the
+  measured candidates of ``auto`` (:func:`~allreduce_jax.cost_model.auto_candidates`),
+  priced by the replay on the network with those rates (``duplex`` as it runs; ``buckets``:
+  with each link's token bucket as the cluster shapes it, as :func:`link_rate_cells`),
+  against the fastest measured row (``psum`` included) and the fastest measured candidate.
+
+  Returns:
+    One dict a group: ``network, hosts, rate, link_rates, bytes, pick, pick_s, best,
+    best_s, best_candidate, best_candidate_s``.
+  """
+  groups: dict[tuple, list[dict]] = {}
+  for c in cells:
+    key = (c["network"], c["hosts"], c["rate"], tuple(sorted(c["link_rates"].items())), c["bytes"])
+    groups.setdefault(key, []).append(c)
+  out = []
+  for (net, p, rate, slow, n), group in groups.items():
+    t = {c["algorithm"]: c["measured_s"] for c in group}
+    cands = tuple(a for a in cost_model.auto_candidates() if a in t)
+    if not cands or (slow and not takes_link_rates(net)):
+      continue
+    top = gloo_model.emulated_network(net, p, rate=rate, link_rates=dict(slow))
+    params = gloo_model.link_params(rate, alpha(net, p))
+    bucket = gloo_model.link_buckets(net, p, rate=rate, link_rates=dict(slow)) if buckets else 0.0
+    pick = gloo_model.choose(p, n, params, cands, topology=top, duplex=duplex, bucket_s=bucket)
+    best, best_c = min(t, key=t.get), min(cands, key=t.get)
+    out.append({
+      "network": net, "hosts": p, "rate": rate, "link_rates": dict(slow), "bytes": n,
+      "pick": pick, "pick_s": t[pick], "best": best, "best_s": t[best],
+      "best_candidate": best_c, "best_candidate_s": t[best_c],
+    })  # fmt: skip
+  return out
