@@ -4,7 +4,7 @@ One JAX program can span several processes (hosts): gloo over TCP on CPU, NCCL o
 GPU, ICI/DCN on TPU pods. Every process runs the same subcommand; ``jax.devices()``
 then lists the devices of all processes and the same ``shard_map`` code spans them.
 
-:func:`initialize_from_env` is called by ``allreduce-jax`` (``cli.main``) before a
+:func:`initialize_from_env` is called by ``allreduce-jax`` (``tools.dispatch.run``) before a
 subcommand touches any device. It initializes when it finds, in this order:
 
 1. the variables set by ``allreduce-jax launch`` (``ALLREDUCE_JAX_COORDINATOR``,

@@ -75,7 +75,7 @@ _interrupted = False
 
 
 def on_sigint(signum, frame) -> None:
-  """SIGINT handler for the commands (``cli.main`` installs it): KeyboardInterrupt, as
+  """SIGINT handler for the commands (``tools.dispatch.run`` installs it): KeyboardInterrupt, as
   Python's own, and a note of it. Where the KeyboardInterrupt lands in a
   garbage-collection callback (JAX registers one), Python prints "Exception ignored"
   and goes on; the next row written (:meth:`RowStore.extend`) then raises it again, so a

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import pytest
 
 from allreduce_jax import ALGORITHMS, cli
-from allreduce_jax.tools import COMMANDS
+from allreduce_jax.tools import COMMANDS, dispatch
 
 
 def test_verify_passes_and_prints_table(capsys, tmp_path):
@@ -83,7 +83,7 @@ def _options(parser):
 
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_every_default_is_shown_in_help(name):
-  for parser, action in _options(cli.subcommand_parser(name)):
+  for parser, action in _options(dispatch.subcommand_parser(name)):
     if action.default in (None, False) or action.dest == "help":
       continue
     shown = " ".join(parser.format_help().split())
@@ -94,7 +94,7 @@ def test_every_default_is_shown_in_help(name):
 
 def test_nccl_tests_short_flags_are_bench_aliases():
   argv = ["-b", "8", "-e", "128M", "-f", "2", "-n", "20", "-w", "5", "-d", "bfloat16", "-o", "max"]
-  args = cli.subcommand_parser("bench").parse_args(argv)
+  args = dispatch.subcommand_parser("bench").parse_args(argv)
   assert (args.min_bytes, args.max_bytes, args.factor) == ("8", "128M", 2)
   assert (args.iters, args.warmup, args.dtype, args.op) == (20, 5, ["bfloat16"], ["max"])
 
@@ -112,7 +112,7 @@ def test_nccl_tests_short_flags_are_bench_aliases():
   ],
 )
 def test_nccl_tests_op_and_datatype_lists_and_all(argv, dtype, op):
-  args = cli.subcommand_parser("bench").parse_args(argv)  # 64-bit types need JAX_ENABLE_X64=1
+  args = dispatch.subcommand_parser("bench").parse_args(argv)  # 64-bit types need JAX_ENABLE_X64=1
   assert (args.dtype, args.op) == (dtype, op)
 
 
@@ -132,6 +132,6 @@ def test_nccl_tests_op_and_datatype_lists_and_all(argv, dtype, op):
 )
 def test_nccl_tests_flags_refuse_what_is_not_supported_in_one_line(argv, message, capsys):
   with pytest.raises(SystemExit) as e:
-    cli.subcommand_parser("bench").parse_args(argv)
+    dispatch.subcommand_parser("bench").parse_args(argv)
   assert e.value.code == 2
   assert message in capsys.readouterr().err

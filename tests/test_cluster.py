@@ -180,9 +180,9 @@ def test_a_refused_congestion_control_is_one_line_before_anything_is_built(
 
 
 def cluster_args(argv):
-  from allreduce_jax import cli
+  from allreduce_jax.tools import dispatch
 
-  return cli.subcommand_parser("cluster").parse_args(argv)
+  return dispatch.subcommand_parser("cluster").parse_args(argv)
 
 
 @pytest.mark.parametrize(

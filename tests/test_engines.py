@@ -329,8 +329,8 @@ def test_bench_mpi_beside_ring_and_psum_under_mpirun_names_open_mpis_algorithm(t
 
 
 def test_a_launcher_that_cannot_run_is_one_line_before_anything_is_built(monkeypatch, capsys):
-  from allreduce_jax import cli, netns
-  from allreduce_jax.tools import cluster, engines
+  from allreduce_jax import netns
+  from allreduce_jax.tools import cluster, dispatch, engines
 
   assert engines.problem("builtin", rootless=True) is None
   assert "needs root" in engines.problem("mpirun", rootless=True)
@@ -338,7 +338,7 @@ def test_a_launcher_that_cannot_run_is_one_line_before_anything_is_built(monkeyp
   assert "apt-get install openmpi-bin" in engines.problem("mpirun", rootless=False)
   monkeypatch.setattr(netns, "choose", lambda rootless: (False, None))
   monkeypatch.setattr(netns, "up", lambda plan: pytest.fail("built a cluster"))
-  args = cli.subcommand_parser("cluster").parse_args(
+  args = dispatch.subcommand_parser("cluster").parse_args(
     ["--hosts", "2", "--launcher", "slurm", "--", "verify"]
   )
   assert cluster.run(args) == 1

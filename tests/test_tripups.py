@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from allreduce_jax import cli, cost_model, units
-from allreduce_jax.tools import COMMANDS
+from allreduce_jax.tools import COMMANDS, dispatch
 from allreduce_jax.tools import train as train_tool
 
 #: The dependencies of the extras (pyproject.toml), none of which the core install has.
@@ -96,7 +96,7 @@ def test_a_subcommand_without_its_extra_names_the_extra(argv, extra):
 
 def test_a_module_of_no_extra_is_not_blamed_on_an_extra():
   with pytest.raises(ModuleNotFoundError):
-    cli._missing_extra(ModuleNotFoundError("No module named 'nope'", name="nope"))
+    dispatch._missing_extra(ModuleNotFoundError("No module named 'nope'", name="nope"))
 
 
 def test_scaling_smoke_keeps_a_lower_max_p(tmp_path, capsys):
@@ -241,7 +241,7 @@ def test_core_dependencies_are_the_library_s_and_each_extra_module_has_its_extra
   assert names(project["dependencies"]) == {"jax", "numpy", "ml-dtypes", "optax"}
   extras = project["optional-dependencies"]
   distribution = {"sklearn": "scikit-learn"}  # import name -> what pip installs
-  for module, extra in cli.EXTRAS.items():
+  for module, extra in dispatch.EXTRAS.items():
     assert distribution.get(module, module) in names(extras[extra]), (module, extra)
 
 

@@ -32,10 +32,10 @@ from pathlib import Path
 import jax
 from tqdm import tqdm
 
-from allreduce_jax import ALGORITHMS, cli, cost_model, gloo_model, names, netns, results, units
+from allreduce_jax import ALGORITHMS, cost_model, gloo_model, names, netns, results, units
 from allreduce_jax.devices import inner_size, use_cpu_devices
 from allreduce_jax.results import load_json, save_json, upgrade
-from allreduce_jax.tools import plot
+from allreduce_jax.tools import dispatch, plot
 from allreduce_jax.tools._args import add_devices, csv_list, output_dir
 from allreduce_jax.tools.bench import fit_params_table, fit_report
 from allreduce_jax.tools.scaling import crossovers
@@ -291,7 +291,7 @@ def _network_skip() -> str | None:
 
 
 def _run_command(argv: list[str]) -> int:
-  return cli.main(argv)
+  return dispatch.run(argv)
 
 
 def environment() -> dict:
