@@ -185,22 +185,67 @@ def butterfly(
   x = _comm.pad_to_multiple(flat, pof2 * block)  # T[pof2*c]
   x, newrank = _fold(x, axis_name, combine)
   slot = jnp.maximum(newrank, 0)  # folded-out ranks (-1) compute garbage, never sent
-  for step_pairs, table in zip(pairs, tables):  # reduce-scatter by recursive halving
+  x = _halving(x, axis_name, combine, pairs, tables, slot)  # the owner's reduced slice
+  x = _comm.finished(x, axis_name)  # folded-out ranks: unused
+  x = _comm.settle(x)  # lossy wire: the owner holds what it sends
+  x = _doubling(x, axis_name, pairs, tables, slot)
+  return _unfold(x, axis_name)[:n]
+
+
+def _halving(x, axis_name, combine, pairs, tables, slot) -> jax.Array:
+  """Reduce-scatter by recursive halving: ``T[pof2*c] -> T[c]``, rank ``slot``
+  keeping, in each step, the half its row of ``tables`` selects."""
+  for step_pairs, table in zip(pairs, tables):
     half = x.shape[0] // 2
     upper = table[slot]
     keep = lax.dynamic_slice_in_dim(x, upper * half, half)  # T[half]
     give = lax.dynamic_slice_in_dim(x, (1 - upper) * half, half)
     x = combine(keep, _comm.send(give, axis_name, step_pairs))
-  x = _comm.finished(x, axis_name)  # the owner's reduced slice; folded-out ranks: unused
-  x = _comm.settle(x)  # lossy wire: the owner holds what it sends
-  for step_pairs, table in zip(reversed(pairs), reversed(tables)):  # all-gather by doubling
+  return x
+
+
+def _doubling(x, axis_name, pairs, tables, slot) -> jax.Array:
+  """All-gather by recursive doubling, the halving steps retraced in reverse:
+  ``T[c] -> T[pof2*c]``."""
+  for step_pairs, table in zip(reversed(pairs), reversed(tables)):
     h = x.shape[0]
     recv = _comm.send(x, axis_name, step_pairs)  # T[h]
     upper = table[slot]
     out = _comm.make_varying(jnp.zeros((2 * h,), x.dtype), axis_name)
     out = lax.dynamic_update_slice_in_dim(out, x, upper * h, 0)
     x = lax.dynamic_update_slice_in_dim(out, recv, (1 - upper) * h, 0)  # T[2h]
-  return _unfold(x, axis_name)[:n]
+  return x
+
+
+def _far_first_plan(axis_name: AxisName, what: str):
+  """The pairs and tables of far-first halving on a power-of-two axis (no fold)."""
+  p = _comm.size(axis_name)
+  if p != largest_pof2(p):
+    raise ValueError(
+      f"algorithm='halving_doubling' has a {what} over a power-of-two number of"
+      f" participants only; axis_name={axis_name!r} has {p} (use algorithm='ring')."
+    )
+  partners = far_first_partners(p)
+  tables = [jnp.asarray(np.asarray(u, np.int32)) for u in butterfly_tables(p, partners)]
+  pairs = [list(enumerate(step)) for step in partners]
+  return pairs, tables
+
+
+def halving_reduce_scatter(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Array:
+  """Recursive-halving reduce-scatter, far partners first (Rabenseifner's first half):
+  ``T[p*c] -> T[c]``, participant ``r`` gets reduced chunk ``r``. lg p steps, n/2, n/4,
+  ... bytes: (p-1)/p·n. A power-of-two p only (the fold has no slice for the ranks
+  it sets aside)."""
+  pairs, tables = _far_first_plan(axis_name, "reduce-scatter")
+  return _halving(flat, axis_name, combine, pairs, tables, _comm.index(axis_name))
+
+
+def doubling_all_gather(block: jax.Array, axis_name: AxisName) -> jax.Array:
+  """Recursive-doubling all-gather, near partners first (Rabenseifner's second
+  half): ``T[c] -> T[p*c]``; lg p steps of c, 2c, ... bytes. A power-of-two p only."""
+  pairs, tables = _far_first_plan(axis_name, "all-gather")
+  block = _comm.make_varying(block, axis_name)
+  return _doubling(block, axis_name, pairs, tables, _comm.index(axis_name))
 
 
 def butterfly_messages(
@@ -313,5 +358,7 @@ register(
     messages=halving_doubling_messages,
     two_level=cost_model.halving_doubling_two_level,
     summary="Rabenseifner: recursive-halving RS + recursive-doubling AG",
+    reduce_scatter=halving_reduce_scatter,
+    all_gather=doubling_all_gather,
   )
 )

@@ -164,6 +164,30 @@ def bidirectional_ring(flat: jax.Array, axis_name: AxisName, combine: Combine) -
   return jnp.concatenate(outs)[:n]
 
 
+def bidirectional_reduce_scatter(flat: jax.Array, axis_name: AxisName, combine: Combine):
+  """Bidirectional ring reduce-scatter: ``T[p*c] -> T[c]``, participant ``i`` gets
+  reduced chunk ``i``. The first half of every chunk goes clockwise, the second half
+  counter-clockwise, in the same p-1 steps: (p-1)/p·n/2 bytes each way."""
+  p = _comm.size(axis_name)
+  c = flat.shape[0] // p
+  rows = flat.reshape(p, c)
+  rows = jnp.pad(rows, ((0, 0), (0, c % 2))) if c % 2 else rows  # T[p, 2h]
+  h = rows.shape[1] // 2
+  lanes = [rows[:, :h].reshape(-1), rows[:, h:].reshape(-1)]  # 2 x T[p*h]
+  a, b = _reduce_scatter_lanes(lanes, [1, -1], axis_name, combine)  # 2 x T[h]
+  return jnp.concatenate([a, b])[:c]
+
+
+def bidirectional_all_gather(block: jax.Array, axis_name: AxisName) -> jax.Array:
+  """Bidirectional ring all-gather: ``T[c] -> T[p*c]``; the first half of every
+  block travels clockwise, the second counter-clockwise."""
+  p, c = _comm.size(axis_name), block.shape[0]
+  block = jnp.pad(block, (0, c % 2)) if c % 2 else block  # T[2h]
+  h = block.shape[0] // 2
+  a, b = _all_gather_lanes([block[:h], block[h:]], [1, -1], axis_name)  # 2 x T[p*h]
+  return jnp.concatenate([a.reshape(p, h), b.reshape(p, h)], axis=1)[:, :c].reshape(-1)
+
+
 def _shift(p: int, d: int, frac: float, combined: bool, base: int = 0, stride: int = 1):
   return [(base + j * stride, base + ((j + d) % p) * stride, frac, combined) for j in range(p)]
 
@@ -205,6 +229,8 @@ register(
     messages=ring_messages,
     two_level=cost_model.ring_two_level,
     summary="reduce-scatter + all-gather around a ring, 2(p-1) steps",
+    reduce_scatter=ring_reduce_scatter,
+    all_gather=ring_all_gather,
   )
 )
 register(
@@ -215,5 +241,7 @@ register(
     messages=bidirectional_ring_messages,
     ppermutes=bidirectional_ring_ppermutes,
     summary="two rings in opposite directions, half the buffer each",
+    reduce_scatter=bidirectional_reduce_scatter,
+    all_gather=bidirectional_all_gather,
   )
 )

@@ -55,22 +55,38 @@ def two_shot(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Arra
     Model Training", 2023 (qgZ); flashinfer ``quantized_all_reduce`` (two-shot).
   """
   p, n = _comm.size(axis_name), flat.shape[0]
-  i = _comm.index(axis_name)
   padded = _comm.pad_to_multiple(flat, p)  # T[p*c]
-  c = padded.shape[0] // p
-  acc_dtype = _accumulation_dtype(flat.dtype)
-  acc = _comm.chunk(padded, i, c).astype(acc_dtype)  # A[c]: my own slice
-  for d in range(1, p):
-    send = _comm.chunk(padded, (i + d) % p, c)  # T[c]: the slice participant i+d owns
-    acc = combine(acc, _comm.send(send, axis_name, _comm.shift_pairs(p, d)).astype(acc_dtype))
-  block = _comm.finished(acc.astype(flat.dtype), axis_name)  # T[c]
+  block = direct_reduce_scatter(padded, axis_name, combine)  # T[c]
+  block = _comm.finished(block, axis_name)
   block = _comm.settle(block)  # lossy wire: hold what others get
-  out = _comm.make_varying(jnp.zeros((p * c,), flat.dtype), axis_name)
+  return direct_all_gather(block, axis_name)[:n]
+
+
+def direct_reduce_scatter(flat: jax.Array, axis_name: AxisName, combine: Combine) -> jax.Array:
+  """Direct reduce-scatter: ``T[p*c] -> T[c]``. In step d = 1 .. p-1 participant i
+  sends its copy of slice i + d straight to its owner i + d, which combines it into
+  its own slice (in float32 for narrower floats): p-1 steps, (p-1)/p·n bytes."""
+  p, i = _comm.size(axis_name), _comm.index(axis_name)
+  c = flat.shape[0] // p
+  acc_dtype = _accumulation_dtype(flat.dtype)
+  acc = _comm.chunk(flat, i, c).astype(acc_dtype)  # A[c]: my own slice
+  for d in range(1, p):
+    send = _comm.chunk(flat, (i + d) % p, c)  # T[c]: the slice participant i+d owns
+    acc = combine(acc, _comm.send(send, axis_name, _comm.shift_pairs(p, d)).astype(acc_dtype))
+  return acc.astype(flat.dtype)
+
+
+def direct_all_gather(block: jax.Array, axis_name: AxisName) -> jax.Array:
+  """Direct all-gather: ``T[c] -> T[p*c]``; in step d participant i sends its block
+  straight to i + d: p-1 steps, (p-1)/p·n bytes."""
+  p, i = _comm.size(axis_name), _comm.index(axis_name)
+  c = block.shape[0]
+  out = _comm.make_varying(jnp.zeros((p * c,), block.dtype), axis_name)
   out = lax.dynamic_update_slice_in_dim(out, block, i * c, 0)
   for d in range(1, p):
     got = _comm.send(block, axis_name, _comm.shift_pairs(p, d))  # slice i - d
     out = lax.dynamic_update_slice_in_dim(out, got, ((i - d) % p) * c, 0)
-  return out[:n]
+  return out
 
 
 def two_shot_messages(sizes: Sequence[int]) -> list[list[tuple[int, int, float, bool]]]:
@@ -95,5 +111,7 @@ register(
     # replay sweep to 16384 ran out of memory on it); a direct scheme for small p.
     at_scale=False,
     summary="direct reduce-scatter + direct all-gather: a slice is quantized once",
+    reduce_scatter=direct_reduce_scatter,
+    all_gather=direct_all_gather,
   )
 )

@@ -20,6 +20,12 @@ from allreduce_jax import _wire
 
 #: A per-shard all-reduce: ``fn(flat: T[n], axis_name, combine) -> T[n]``.
 ShardFn = Callable[..., Any]
+#: A per-shard reduce-scatter: ``fn(flat: T[p*c], axis_name, combine) -> T[c]``,
+#: participant ``i`` (in the mesh's order) getting reduced chunk ``i``.
+ReduceScatterFn = Callable[..., Any]
+#: A per-shard all-gather: ``fn(block: T[c], axis_name) -> T[p*c]``, block ``j``
+#: of the result being participant ``j``'s.
+AllGatherFn = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,13 @@ class Algorithm:
       checks it against an error bound, and ``auto`` never picks it).
     wires: the wire formats (``all_reduce(..., wire=...)``) it can send in; every
       hand-written algorithm sends through ``_comm.send``, so all of ``_wire.WIRES``.
+    reduce_scatter, all_gather: the algorithm's two halves as per-shard functions
+      of their own (:data:`ReduceScatterFn`, :data:`AllGatherFn`), for
+      :func:`allreduce_jax.reduce_scatter` and :func:`allreduce_jax.all_gather`:
+      the reduce-scatter leaves participant ``i`` chunk ``i`` of the reduction, the
+      all-gather hands every participant's block to everyone; the all-reduce is the
+      one followed by the other. None: no halves (a tree reduces to a root, not to
+      slices). Both or neither.
     choices: the choices its schedule makes at trace time, ``choices(p, n_bytes) ->
       dict``, from the cost parameters in effect (``cost_model.use_params``, else the
       backend's), as keyword arguments its ``messages``, ``ppermutes`` and
@@ -88,6 +101,13 @@ class Algorithm:
   lossy: bool = False
   wires: tuple[str | None, ...] = _wire.WIRES
   choices: Callable[..., dict] | None = None
+  reduce_scatter: ReduceScatterFn | None = None
+  all_gather: AllGatherFn | None = None
+
+  @property
+  def halves(self) -> bool:
+    """True if the record has a reduce-scatter and an all-gather of its own."""
+    return self.reduce_scatter is not None and self.all_gather is not None
 
   def __call__(self, flat, axis_name, combine):
     return self.fn(flat, axis_name, combine)
@@ -141,6 +161,10 @@ def register(record: Algorithm, *, replace: bool = False) -> Algorithm:
     )
   if record.auto and record.lossy:
     raise ValueError(f"algorithm {record.name!r}: a lossy algorithm cannot be an auto candidate.")
+  if (record.reduce_scatter is None) != (record.all_gather is None):
+    raise ValueError(
+      f"algorithm {record.name!r}: give both reduce_scatter and all_gather, or neither."
+    )
   ALGORITHMS[record.name] = record
   return record
 
@@ -154,11 +178,13 @@ def names(
   replayable: bool | None = None,
   two_level: bool | None = None,
   at_scale: bool | None = None,
+  halves: bool | None = None,
 ) -> tuple[str, ...]:
   """Registry keys filtered by record fields, in registration order.
 
   ``priced``: has a ``schedule``; ``replayable``: has a ``messages`` generator;
-  ``two_level``: has a two-level model; the others: the fields of those names.
+  ``two_level``: has a two-level model; ``halves``: has a reduce-scatter and an
+  all-gather of its own; the others: the fields of those names.
 
   Example:
     >>> names(axes=1, hand_written=True)[:3]
@@ -174,6 +200,7 @@ def names(
     and (replayable is None or (r.messages is not None) == replayable)
     and (two_level is None or (r.two_level is not None) == two_level)
     and (at_scale is None or r.at_scale == at_scale)
+    and (halves is None or r.halves == halves)
   )
 
 
@@ -185,4 +212,13 @@ def check_algorithm(algorithm: str) -> None:
     )
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "ShardFn", "check_algorithm", "names", "register"]
+__all__ = [
+  "ALGORITHMS",
+  "Algorithm",
+  "AllGatherFn",
+  "ReduceScatterFn",
+  "ShardFn",
+  "check_algorithm",
+  "names",
+  "register",
+]
