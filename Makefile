@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint format lab notebooks api clean
+.PHONY: demo test test-fast lint format lab notebooks api clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,22 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -n 2 --durations=20
+
+# The inner loop, a few minutes on two cores: the library's contracts (every algorithm against
+# lax inside and outside shard_map, errors, gradients, wire formats, the cost model and the
+# replay, the layout) and the command line's, less what is marked slow.
+FAST := tests/test_all_reduce.py tests/test_errors.py tests/test_inputs.py tests/test_gradients.py \
+  tests/test_fusion.py tests/test_compression.py tests/test_wire.py tests/test_hlo.py \
+  tests/test_properties.py tests/test_units.py tests/test_rows.py tests/test_cost_model.py \
+  tests/test_topology.py tests/test_gloo_model.py tests/test_cluster_rows.py \
+  tests/test_slow_link_model.py tests/test_layout.py tests/test_cli.py \
+  allreduce_jax/units.py allreduce_jax/results.py allreduce_jax/networks.py \
+  allreduce_jax/registry.py allreduce_jax/cost_model.py allreduce_jax/replay.py
+
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q -n 2 -m "not slow" --durations=10 $(FAST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

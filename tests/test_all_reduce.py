@@ -33,7 +33,14 @@ def _failures(rows):
 LARGE_P = (5, 8)
 
 
-@pytest.mark.parametrize("p", PARTICIPANTS)
+#: The participant count ``make test-fast`` checks (4: the prime length 13 is padded); the
+#: others are marked slow.
+FAST_P = (4,)
+
+
+@pytest.mark.parametrize(
+  "p", [p if p in FAST_P else pytest.param(p, marks=pytest.mark.slow) for p in PARTICIPANTS]
+)
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_matches_lax_collective(algorithm, p):
   # Every op (sum and max at LARGE_P) x dtype x input kind on a prime length (13:
@@ -47,6 +54,7 @@ def test_matches_lax_collective(algorithm, p):
   assert all(r.bit_exact for r in rows if r.kind == "verifiable" or r.dtype == "int32")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
 def test_any_shape(algorithm):
   # Shapes are handled before the schedule, whatever the values: verifiable and random

@@ -9,6 +9,7 @@ from allreduce_jax import ALGORITHMS, cli
 from allreduce_jax.tools import COMMANDS, dispatch
 
 
+@pytest.mark.slow
 def test_verify_passes_and_prints_table(capsys, tmp_path):
   out = tmp_path / "verify.jsonl"
   rc = cli.main([

@@ -261,6 +261,7 @@ def test_hierarchical_two_axes_grad_inside_equals_psum():
   np.testing.assert_allclose(got["hier"], got["lax"], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_python_if_on_a_reduced_value_in_eager_shard_map():
   mesh, shard, _ = _mesh_and_inputs()
 
@@ -277,6 +278,7 @@ def test_python_if_on_a_reduced_value_in_eager_shard_map():
     assert np.all(np.asarray(out) > 0)
 
 
+@pytest.mark.slow
 def test_python_if_under_check_vma_false_fails_for_psum_too():
   """Documented limit: untyped, nothing is known to be equal across participants."""
   mesh, shard, _ = _mesh_and_inputs()
