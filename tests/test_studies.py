@@ -139,9 +139,6 @@ OWN_ENTRY = {
   "faults/replay_trace.py",
   "faults/slow_leaf.py",
   "gloo_pair_order/gloo_exchange_half_duplex.py",
-  "mpi_peer/steps.py",
-  "mpi_peer/tables.py",
-  "mpi_peer/wire.py",
   "training_step/optax_route_timing.py",
   "training_step/ring_loop_choice.py",
 }

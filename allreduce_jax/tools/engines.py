@@ -118,7 +118,7 @@ def _agent(plan: netns.Plan, folder: Path) -> Path:
 #: put (Open MPI's default flags have ``put``, under which a pairwise exchange takes turns, and
 #: its fragments are 128 KiB, under which it still half does), and a rank waiting on MPI
 #: yields the CPU rather than spinning (an emulated cluster's ranks share the machine's cores;
-#: spinning ones slow the exchange's two directions; see ``experiments/mpi_peer/README.md``).
+#: spinning ones slow the exchange's two directions; see ``docs/mpi_peer.md``).
 #: ``OMPI_MCA_<name>`` in the environment wins.
 MPI_MCA = {
   "btl_tcp_flags": "send,inplace,need-ack,need-csum",

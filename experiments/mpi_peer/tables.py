@@ -1,16 +1,19 @@
 """tables.md and mpi_peer.png from rows/: MPI_Allreduce (Open MPI's algorithms, forced one
-per run) beside the hand-written algorithms and psum over gloo, per size, one table per
-network (the 4-host switch, its 1 KiB-64 MiB sweep, the 2:1 fat tree, the 8-host switch
-and ring of links), and the bytes on the wire.
+per launch) beside the hand-written algorithms and psum over gloo, per size, one table per
+network (:func:`network_table`: the 4-host switch, its 1 KiB-64 MiB sweep, the 2:1 fat tree,
+the 8-host switch and ring of links; ``run.py compare``), and the bytes on the wire
+(:func:`wire_table`, ``run.py wire``).
 
     python experiments/mpi_peer/tables.py
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
+
+from allreduce_jax import gloo_model, results
+from allreduce_jax.units import spread
 
 HERE = Path(__file__).resolve().parent
 #: Column order: the hand-written algorithms, then the peers (psum over gloo, Open MPI's).
@@ -20,26 +23,25 @@ ORDER = ("ring", "bidirectional_ring", "halving_doubling", "recursive_doubling",
 #: Each network's runs: (rows' file pattern, heading, what ran; None: the first table's heading).
 NETWORKS = (
   ("run*_alg*.jsonl", None, "Emulated 4-host switch, 200 Mbit/s links, one device per host"),
-  ("sweep_run*_alg*.jsonl", "The 4-host switch, 1 KiB to 64 MiB (sweep.sh)",
+  ("sweep_run*_alg*.jsonl", "The 4-host switch, 1 KiB to 64 MiB (run.py compare sweep)",
    "Emulated 4-host switch, 200 Mbit/s links"),
-  ("fat_tree_run*_alg*.jsonl", "The 2:1 fat tree (fat_tree.sh)",
+  ("fat_tree_run*_alg*.jsonl", "The 2:1 fat tree (run.py compare fat_tree)",
    "Emulated 4 hosts, 2 per leaf, 200 Mbit/s links, leaf uplinks oversubscribed 2:1"),
-  ("switch8_run*_alg*.jsonl", "The 8-host switch (eight_hosts.sh)",
+  ("switch8_run*_alg*.jsonl", "The 8-host switch (run.py compare eight_hosts)",
    "Emulated 8-host switch, 200 Mbit/s links"),
-  ("torus8_run*_alg*.jsonl", "The 8-host ring of links (eight_hosts.sh)",
+  ("torus8_run*_alg*.jsonl", "The 8-host ring of links (run.py compare eight_hosts)",
    "Emulated 8 hosts joined in a ring of 200 Mbit/s links (torus:8: each host linked to its two"
    " neighbours, the others' traffic forwarded by the hosts between)"),
 )  # fmt: skip
 
 
-def rows(pattern: str = "run*_alg*.jsonl") -> list[dict]:
+def rows(pattern: str = "run*_alg*.jsonl", root: Path = HERE / "rows") -> list[dict]:
+  """Every bench row of ``root/pattern``, with its ``run`` (the repetition: run1_alg6 ->
+  run1) and ``launch`` (its file)."""
   out = []
-  for path in sorted((HERE / "rows").glob(pattern)):
-    run = path.stem.split("_alg")[0]  # the rep: run1_alg6 -> run1
-    for line in path.read_text().splitlines():
-      r = json.loads(line)
-      if "algorithm" in r:
-        out.append({**r, "run": run, "launch": path.stem})
+  for path in sorted(root.glob(pattern)):
+    run = path.stem.split("_alg")[0]
+    out += [{**r, "run": run, "launch": path.stem} for r in results.read_rows(path, "bench")]
   return out
 
 
@@ -78,16 +80,6 @@ def times(data: list[dict], per=None) -> dict[tuple[str, int], dict[str, float]]
     key: {run: statistics.median(ts.values()) for run, ts in reps.items()}
     for key, reps in (per or launches(data)).items()
   }
-
-
-def _spread(xs, fmt: str | None = None, scale: float = 1e3) -> str:
-  """median [min–max] of ``xs`` times ``scale``; milliseconds below 10 with two decimals."""
-  xs = list(xs)
-  if not xs:
-    return "—"
-  m, lo, hi = statistics.median(xs) * scale, min(xs) * scale, max(xs) * scale
-  fmt = fmt or (".2f" if m < 10 else ".1f" if m < 100 else ".0f")
-  return f"{m:{fmt}} [{lo:{fmt}}–{hi:{fmt}}]"
 
 
 def _runs(data: list[dict]) -> str:
@@ -152,102 +144,95 @@ def _order(data: list[dict]) -> str:
   )
 
 
-def network_lines(pattern: str, heading: str | None, what: str) -> list[str]:
+NETWORK = """\
+{head}{what}; time per all-reduce in ms, median [min–max] over {runs} (each the median of \
+{iters} calls after 1 warm-up); Open MPI's algorithm forced per launch through coll_tuned\
+{order}; taken beside other work on the same CPU.
+
+| size | {columns} | best hand-written | best peer | best peer ÷ best hand-written, per run |
+{rule}|
+{lines}"""
+
+CLOSING = """
+
+The last column is, per run (rep), the best peer's time over the best hand-written \
+algorithm's (the two chosen by their medians over the runs) within the same launch, the \
+median over the run's launches that timed both; median [min–max] over the runs: at 1.00 \
+or above the hand-written one is at least as fast. A hand-written algorithm's or psum's \
+cell takes, per run, the median over that run's launches (its launches timed in blocks, \
+where it has some)."""
+
+
+def network_table(pattern: str, heading: str | None, what: str, root: Path = HERE / "rows") -> str:
   """One network's table: every algorithm's time per size, and the best peer over the
-  best hand-written algorithm."""
-  data = rows(pattern)
+  best hand-written algorithm (:func:`best_ratio`)."""
+  data = rows(pattern, root)
   if not data:
-    return []
+    return ""
   per = launches(data)
   cells = times(data, per)
   present = {k for k, _ in cells}
   names = [k for k in ORDER if k in present] + sorted(present - set(ORDER))
-  iters = sorted({r["iters"] for r in data})
-  order = _order(data)
-  head = ["", f"## {heading}", ""] if heading else []
-  lines = [
-    *head,
-    f"{what}; time per all-reduce in ms, median [min–max] over"
-    f" {_runs(data)} (each the median of {'/'.join(map(str, iters))}"
-    " calls after 1 warm-up); Open MPI's algorithm forced per launch through coll_tuned"
-    f"{order}; taken beside other work on the same CPU.",
-    "",
-    "| size | " + " | ".join(f"`{n}`" for n in names)
-    + " | best hand-written | best peer | best peer ÷ best hand-written, per run |",
-    "|---" * (len(names) + 4) + "|",
-  ]  # fmt: skip
+  lines = []
   for n in sorted({n for _, n in cells}):
     best = best_ratio(data, n, per)
-    tail = f"`{best[0]}` | `{best[1]}` | {_spread(best[2], '.2f', 1)}×" if best else "— | — | —"
-    lines.append(
-      f"| {_size(n)} | "
-      + " | ".join(_spread(cells.get((k, n), {}).values()) for k in names)
-      + f" | {tail} |"
-    )
-  return lines
+    tail = f"`{best[0]}` | `{best[1]}` | {spread(best[2])}×" if best else "— | — | —"
+    sizes = " | ".join(spread(cells.get((k, n), {}).values(), "auto", scale=1e3) for k in names)
+    lines.append(f"| {_size(n)} | {sizes} | {tail} |")
+  return NETWORK.format(
+    head=f"\n## {heading}\n\n" if heading else "", what=what, runs=_runs(data),
+    iters="/".join(map(str, sorted({r["iters"] for r in data}))), order=_order(data),
+    columns=" | ".join(f"`{n}`" for n in names), rule="|---" * (len(names) + 4),
+    lines="\n".join(lines),
+  )  # fmt: skip
 
 
-def tables() -> dict[str, str]:
-  if not rows():
+def tables(root: Path = HERE / "rows") -> dict[str, str]:
+  if not rows(root=root):
     return {}
-  lines = ["# MPI_Allreduce beside the hand-written algorithms (generated by tables.py)", ""]
-  for net in NETWORKS:
-    lines += network_lines(*net)
-  lines += [
-    "",
-    "The last column is, per run (rep), the best peer's time over the best hand-written"
-    " algorithm's (the two chosen by their medians over the runs) within the same launch, the"
-    " median over the run's launches that timed both; median [min–max] over the runs: at 1.00"
-    " or above the hand-written one is at least as fast. A hand-written algorithm's or psum's"
-    " cell takes, per run, the median over that run's launches (its launches timed in blocks,"
-    " where it has some).",
-  ]
-  lines += wire_lines()
-  return {"tables.md": "\n".join(lines) + "\n"}
+  parts = ["# MPI_Allreduce beside the hand-written algorithms (generated by tables.py)\n"]
+  parts += [network_table(*net, root=root) for net in NETWORKS]
+  return {"tables.md": "\n".join(p for p in parts if p) + CLOSING + wire_table(root) + "\n"}
 
 
-# Bytes on the wire (wire.sh, wire.py): rows/wire_run*.jsonl, one row per (algorithm, host).
+# Bytes on the wire (run.py wire, wire.py): rows/wire_run*.jsonl, one row per (algorithm, host).
 
 WIRE_ORDER = ("mpi(ring)", "mpi(segmented_ring)", "mpi(rabenseifner)", "mpi(recursive_doubling)",
               "mpi(default)", "ring", "halving_doubling", "recursive_doubling", "psum")  # fmt: skip
 FORMULA = {"mpi(recursive_doubling)": "lg p · n", "recursive_doubling": "lg p · n"}
 
+WIRE = """
 
-def wire_rows() -> list[dict]:
-  out = []
-  for path in sorted((HERE / "rows").glob("wire_run*.jsonl")):
-    out += [{**json.loads(line), "run": path.stem} for line in path.read_text().splitlines()]
-  return out
+## Bytes on the wire (run.py wire)
+
+Emulated 4-host switch, p = {p}, n = {mib} MiB per host; bytes each host's interfaces sent \
+and received per call ({reps} calls counted, an idle interval subtracted), median [min–max] \
+over the hosts of {runs} runs; schedule: the closed form (Thakur, Rabenseifner & Gropp 2005) \
+or the library's schedule_bytes. The last column prices TCP/IP/Ethernet headers per \
+1500-byte frame (schedule ÷ payload_share = schedule ÷ {share:.3f}).
+
+| algorithm | schedule | schedule (MB) | sent (MB) | received (MB) | sent ÷ schedule \
+| sent ÷ framed schedule | #wrong |
+|---|---|---|---|---|---|---|---|
+{lines}"""
 
 
-def wire_lines() -> list[str]:
-  """The bytes-on-the-wire table: each host's interface bytes per call over the schedule's
-  (``mpi(default)``, whose algorithm Open MPI picks, over the ring's ``2 (p-1)/p · n``)."""
-  from allreduce_jax.gloo_model import payload_share
+def wire_rows(root: Path = HERE / "rows") -> list[dict]:
+  paths = sorted(root.glob("wire_run*.jsonl"))
+  return [{**r, "run": path.stem} for path in paths for r in results.read_rows(path, "wire")]
 
-  data = wire_rows()
+
+def wire_table(root: Path = HERE / "rows") -> str:
+  """Each host's interface bytes per call over the schedule's (``mpi(default)``, whose
+  algorithm Open MPI picks, over the ring's ``2 (p-1)/p · n``)."""
+  data = wire_rows(root)
   if not data:
-    return []
-  share = payload_share(1500)
+    return ""
+  share = gloo_model.payload_share(1500)
   by: dict[str, list[dict]] = {}
   for r in data:
     by.setdefault(r["algorithm"], []).append(r)
-  first = data[0]
-  lines = [
-    "",
-    "## Bytes on the wire (wire.sh)",
-    "",
-    f"Emulated 4-host switch, p = {first['p']}, n = {first['bytes'] >> 20} MiB per host; bytes each"
-    f" host's interfaces sent and received per call ({first['reps']} calls counted, an idle interval"
-    " subtracted), median [min–max] over the hosts of"
-    f" {len({r['run'] for r in data})} runs; schedule: the closed form (Thakur, Rabenseifner &"
-    " Gropp 2005) or the library's schedule_bytes. The last column prices TCP/IP/Ethernet"
-    f" headers per 1500-byte frame (schedule ÷ payload_share = schedule ÷ {share:.3f}).",
-    "",
-    "| algorithm | schedule | schedule (MB) | sent (MB) | received (MB) | sent ÷ schedule"
-    " | sent ÷ framed schedule | #wrong |",
-    "|---|---|---|---|---|---|---|---|",
-  ]
+  lines = []
   for name in [*WIRE_ORDER, *sorted(set(by) - set(WIRE_ORDER))]:
     rs = by.get(name)
     if not rs:
@@ -258,18 +243,22 @@ def wire_lines() -> list[str]:
     if rs[0]["schedule_bytes"] is None:
       formula = "its pick (ring's " + formula + " shown)"
     sent = [r["sent"] for r in rs]
-    got = [r["received"] for r in rs]
     ratio = [s / schedule for s in sent]
-
-    def mb(xs):
-      return f"{statistics.median(xs) / 1e6:.3f} [{min(xs) / 1e6:.3f}–{max(xs) / 1e6:.3f}]"
-
     lines.append(
-      f"| `{name}` | {formula} | {schedule / 1e6:.3f} | {mb(sent)} | {mb(got)}"
-      f" | {statistics.median(ratio):.4f} [{min(ratio):.4f}–{max(ratio):.4f}]"
-      f" | {statistics.median(ratio) * share:.3f} | {sum(r['wrong'] for r in rs)} |"
+      f"| `{name}` | {formula} | {schedule / 1e6:.3f} | {_mb(sent)} | {_mb(r['received'] for r in rs)}"
+      f" | {spread(ratio, '.4f')} | {statistics.median(ratio) * share:.3f} |"
+      f" {sum(r['wrong'] for r in rs)} |"
     )
-  return lines
+  first = data[0]
+  return WIRE.format(
+    p=first["p"], mib=first["bytes"] >> 20, reps=first["reps"], runs=len({r["run"] for r in data}),
+    share=share, lines="\n".join(lines),
+  )  # fmt: skip
+
+
+def _mb(xs) -> str:
+  """Bytes as MB: ``median [min–max]``."""
+  return spread([x / 1e6 for x in xs], ".3f")
 
 
 def figure(path: Path) -> None:
@@ -311,12 +300,6 @@ def figure(path: Path) -> None:
   fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-  for name, text in tables().items():
-    (HERE / name).write_text(text)
-    print(f"wrote {HERE / name}")
-  figure(HERE / "mpi_peer.png")
-
-
 if __name__ == "__main__":
-  main()
+  results.write_tables(tables(), HERE)
+  figure(HERE / "mpi_peer.png")

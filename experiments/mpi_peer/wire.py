@@ -2,7 +2,7 @@
 hosts' interface counters, next to each algorithm's schedule.
 
 Runs on every host of an emulated cluster launched by ``mpirun`` (one process and one
-device per host), one Open MPI algorithm forced per launch (``wire.sh`` runs them all):
+device per host), one Open MPI algorithm forced per launch (``run.py wire`` runs them all):
 
     OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_allreduce_algorithm=4 \\
     allreduce-jax cluster --hosts 4 --link 200Mbit --launcher mpirun -- \\
@@ -13,18 +13,25 @@ barrier), read this host's interface counters (``/sys/class/net/DEV/statistics``
 namespace's own interfaces), call it ``--reps`` times, barrier, read again; the same
 interval with nothing run (barriers only) is subtracted, so only that algorithm's calls
 are counted. Host 0 appends one row per (algorithm, host) with the bytes sent and
-received per call and the schedule's (:func:`schedule_bytes`).
+received per call and the schedule's (:func:`schedule_bytes`), through the row store (kind
+``wire``).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 from pathlib import Path
 
-from allreduce_jax import distributed
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+
+from allreduce_jax import devices, distributed, gloo_model, results
+from allreduce_jax.tools import mpi_peer
+from allreduce_jax.tools.bench import programs, verifiable_block
+from allreduce_jax.units import parse_size
 
 
 def schedule_bytes(algorithm: str, p: int, n: float) -> float:
@@ -55,8 +62,6 @@ def schedule_bytes(algorithm: str, p: int, n: float) -> float:
     return closed[algorithm]
   if algorithm.startswith("mpi("):
     raise ValueError(f"algorithm={algorithm!r}: no closed form (Open MPI decides at run time).")
-  from allreduce_jax import gloo_model
-
   return float(gloo_model.schedule_bytes(algorithm, p, n)[0])
 
 
@@ -71,63 +76,51 @@ def _counters() -> tuple[int, int]:
   return tx, rx
 
 
-def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--bytes", default="4MiB", help="bytes per participant")
-  ap.add_argument("--reps", type=int, default=4, help="calls counted per algorithm")
-  ap.add_argument("--algorithms", default="mpi", help="comma list: bench's names, psum, mpi")
-  ap.add_argument("--network", default="switch", help="the cluster's --topology (for the rows)")
-  ap.add_argument("--out", required=True)
-  args = ap.parse_args(argv)
+def counted(fn, reps: int) -> np.ndarray:
+  """Bytes sent and received by this host over ``reps`` calls of ``fn``, between barriers."""
+  multihost_utils.sync_global_devices("before")
+  t0 = _counters()
+  for _ in range(reps):
+    fn()
+  multihost_utils.sync_global_devices("after")
+  t1 = _counters()
+  return np.array([t1[0] - t0[0], t1[1] - t0[1]], np.float64)
+
+
+def program(algorithm: str, p: int, count: int):
+  """``(name, call, wrong)``: the row's name of ``algorithm`` (``mpi(ITS PICK)`` for the
+  peer), one call of it on this host's input (compiled and connected) and how many
+  elements it got wrong."""
+  if algorithm == mpi_peer.NAME:
+    if (why := mpi_peer.problem()) is not None:
+      raise SystemExit(why)
+    timed, (x,), check = mpi_peer.program(p, count, "float32", "sum")
+    out = timed.jitted(x)  # compile, connect
+    return (
+      f"mpi({mpi_peer.algorithm()})",
+      lambda: jax.block_until_ready(timed.jitted(x)),
+      check(out),
+    )
+  mesh, spec, timed, checker = programs(algorithm, p, "sum")
+  x = devices.put((p, count), "float32", NamedSharding(mesh, spec),
+                  lambda idx: verifiable_block(idx, p, count))  # fmt: skip
+  out = timed(x)  # compile, connect
+  wrong = int(np.sum(np.asarray(checker(x, out)[0].addressable_data(0))))
+  return algorithm, lambda: jax.block_until_ready(timed(x)), wrong
+
+
+def measure(args: argparse.Namespace) -> None:
+  """Every algorithm's bytes per call on every host; host 0 appends the rows."""
   if args.reps < 1:
-    ap.error(f"--reps={args.reps}: expected at least 1 call.")
+    raise SystemExit(f"wire.py: --reps={args.reps}: expected at least 1 call.")
   distributed.initialize_from_env()
-  import jax
-  import numpy as np
-  from jax.experimental import multihost_utils
-  from jax.sharding import NamedSharding
-
-  from allreduce_jax import devices
-  from allreduce_jax.tools import mpi_peer
-  from allreduce_jax.tools.bench import programs, verifiable_block
-  from allreduce_jax.units import parse_size
-
   p = jax.device_count()
   n = parse_size(args.bytes)
-  count = n // 4
+  idle = counted(lambda: None, args.reps)
   rows = []
-
-  def counted(fn) -> np.ndarray:
-    multihost_utils.sync_global_devices("before")
-    t0 = _counters()
-    for _ in range(args.reps):
-      fn()
-    multihost_utils.sync_global_devices("after")
-    t1 = _counters()
-    return np.array([t1[0] - t0[0], t1[1] - t0[1]], np.float64)
-
-  idle = counted(lambda: None)
   for alg in args.algorithms.split(","):
-    if alg == mpi_peer.NAME:
-      if (why := mpi_peer.problem()) is not None:
-        raise SystemExit(why)
-      timed, (x,), check = mpi_peer.program(p, count, "float32", "sum")
-      timed = timed.jitted
-      name = f"mpi({mpi_peer.algorithm()})"
-      out = timed(x)  # compile, connect
-      wrong = check(out)
-    else:
-      mesh, spec, timed, checker = programs(alg, p, "sum")
-      x = devices.put(
-        (p, count),
-        "float32",
-        NamedSharding(mesh, spec),
-        lambda idx: verifiable_block(idx, p, count),
-      )
-      out = timed(x)  # compile, connect
-      wrong = int(np.sum(np.asarray(checker(x, out)[0].addressable_data(0))))
-      name = alg
-    per_call = (counted(lambda t=timed, x=x: jax.block_until_ready(t(x))) - idle) / args.reps
+    name, call, wrong = program(alg, p, n // 4)
+    per_call = (counted(call, args.reps) - idle) / args.reps
     every = np.asarray(multihost_utils.process_allgather(np.append(per_call, wrong))).reshape(p, 3)
     try:
       schedule = schedule_bytes(name, p, n)
@@ -143,11 +136,19 @@ def main(argv=None) -> int:
       ratio = f"{every[0, 0] / schedule:.3f}" if schedule else "—"
       print(f"{name:26s} host0 sent {every[0, 0] / 1e6:8.3f} MB/call  ratio {ratio}", flush=True)
   if jax.process_index() == 0 and rows:
-    with open(args.out, "a") as f:
-      for r in rows:
-        f.write(json.dumps(r) + "\n")
-  return 0
+    store = results.RowStore(args.out, "wire")
+    store.extend(rows, [store.key(bytes=n, algorithm=r["algorithm"], host=r["host"]) for r in rows])
+
+
+def parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--bytes", default="4MiB", help="bytes per participant")
+  ap.add_argument("--reps", type=int, default=4, help="calls counted per algorithm")
+  ap.add_argument("--algorithms", default="mpi", help="comma list: bench's names, psum, mpi")
+  ap.add_argument("--network", default="switch", help="the cluster's --topology (for the rows)")
+  ap.add_argument("--out", required=True, help="the rows' file (.jsonl, appended)")
+  return ap
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  measure(parser().parse_args())
