@@ -655,9 +655,43 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
     collectives=collectives,
   )
   exit_fast_on_error()
+  if env.get("JAX_COMPILATION_CACHE_DIR"):
+    write_cache_from_every_process()
   progress.install_spin()
   progress.watch_compiles()
   progress.phase("joined")
+  return True
+
+
+def write_cache_from_every_process() -> bool:
+  """Lets every process of this run write JAX's persistent compilation cache, not process
+  0 alone; returns whether it could.
+
+  JAX writes cache entries from process 0 only, so that many hosts do not write one entry
+  to a shared store at once (``jax._src.compiler._cache_write``). On CPU each process's
+  cache key differs (it hashes the topology of the process's own devices), so the other
+  processes never find an entry and compile again in every restart. A launcher that gives
+  its processes a cache folder (``launch|cluster --restarts``) has them write their own
+  entries: each is written under its own key, by one process. Where JAX has changed that
+  function, nothing is done.
+  """
+  from jax._src import compiler
+
+  write = getattr(compiler, "_cache_write", None)
+  state = getattr(jax_distributed, "global_state", None)
+  if write is None or getattr(write, "_every_process", False) or state is None:
+    return write is not None and getattr(write, "_every_process", False)
+
+  def every_process_writes(*args, **kwargs):
+    pid = state.process_id
+    state.process_id = 0  # the only check _cache_write makes of it
+    try:
+      return write(*args, **kwargs)
+    finally:
+      state.process_id = pid
+
+  every_process_writes._every_process = True
+  compiler._cache_write = every_process_writes
   return True
 
 

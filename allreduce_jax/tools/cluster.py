@@ -34,7 +34,9 @@ counters (sent, received) over the run as JSON.
 (:mod:`allreduce_jax.tools.faults`); each is printed with its time and written to
 ``DIR/faults.jsonl``, and rows measured there name the faults in their network.
 ``--restarts N`` starts the job again after a failure, ``--elastic`` on the surviving
-hosts (:func:`allreduce_jax.tools.launch.launch_restarting`).
+hosts (:func:`allreduce_jax.tools.launch.launch_restarting`); the faults then apply to
+whatever process runs on their host at their time, and a host whose links went down for
+good is replaced (its links up again) when a restart puts it back in the job.
 
 One cluster runs at a time on a machine: every host process shares this machine's
 CPUs, so two clusters measuring at once distort each other's timings. A second
@@ -300,11 +302,13 @@ def _launch_builtin(command, hosts, plan, devices_per_host, err, launch_options)
     return argv
 
   def place(alive: list[int], attempt: int) -> dict:
+    if injector is not None:  # a host whose links went down for good is replaced
+      injector.repair(alive)
     return {
       "coordinator": f"{plan.addresses[alive[0]]}:{PORT + attempt}",
       "host_argv": lambda rank: host_argv(alive[rank]),
       "local_devices": devices_per_host,
-      "on_start": injector.start if injector is not None and attempt == 0 else None,
+      "on_start": (lambda pids, t0: injector.start(pids, t0, alive)) if injector else None,
       "explain": lambda rank: link_down(plan, alive[rank]),
       "extra_env": {progress.ENV_FAULT_SPIN: "1"} if any(f.kind == "spin" for f in faults) else {},
     }

@@ -21,7 +21,7 @@ import threading
 
 from allreduce_jax import distributed, progress, results
 from allreduce_jax.results import RowsError, release_locks
-from allreduce_jax.tools import COMMANDS
+from allreduce_jax.tools import COMMANDS, spares
 
 
 def installed(module: str) -> bool:
@@ -104,6 +104,7 @@ def run(argv: list[str]) -> int:
     raise SystemExit(f"allreduce-jax {name}: {_missing_extra(e, name)}") from None
   args = subcommand_parser(name, module).parse_args(argv[1:])
   if name not in ("launch", "cluster"):  # join a jax.distributed run if the environment sets one up
+    spares.wait_if_spare(module, args)  # a spare of a restarting job: ready, then told to go
     distributed.main_guard()
 
   global _depth

@@ -18,6 +18,7 @@ of ``faults.jsonl`` in the run's log folder. Cgroups made here are removed after
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -99,6 +100,15 @@ def parse(spec: str, hosts: int) -> Fault:
   return Fault(spec.strip(), kind, host, at, number, duration)
 
 
+def _alive(pid: int) -> bool:
+  """Whether ``pid`` runs (a zombie or a process gone does not)."""
+  try:
+    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+  except (OSError, IndexError):
+    return False
+  return state != "Z"
+
+
 def cgroup_version() -> int | None:
   """2 (unified hierarchy), 1 (v1 ``cpu`` controller) or None (no CPU controller)."""
   if (CGROUP / "cgroup.controllers").exists():
@@ -110,7 +120,14 @@ def cgroup_version() -> int | None:
 
 class Injector:
   """Applies ``faults`` to the hosts of ``plan`` once they joined; :meth:`start` is the
-  launcher's ``on_start`` hook, :meth:`close` stops it and removes its cgroups."""
+  launcher's ``on_start`` hook (every attempt of a restarting job: a fault hits the
+  process that runs on its host then), :meth:`repair` puts back the links a fault took
+  down for good (a replacement host), :meth:`close` stops it and removes its cgroups.
+
+  A fault whose host is not in the job (``--elastic`` left it out) hits the host of the
+  job at the same position modulo the job's size, so a schedule drawn for every host
+  applies to whichever hosts are in the job; a process fault due while the job restarts
+  waits for the next attempt's process."""
 
   def __init__(self, plan: netns.Plan, faults: list[Fault], port: int, err, log_dir=None):
     self.plan, self.faults, self.port, self.err = plan, faults, port, err
@@ -120,10 +137,48 @@ class Injector:
     self.cgroups: list[Path] = []
     self.rows: list[dict] = []
     self.timers: list[threading.Timer] = []
+    self.pids: dict[int, int] = {}  # host -> the pid of the process running there now
+    self.broken: set[int] = set()  # hosts whose links are down for good
+    self.lock = threading.Lock()
+    self.joined: float | None = None  # when the hosts first joined (time.monotonic)
+    self.t0: float | None = None
 
-  def start(self, pids: list[int], t0: float) -> None:
-    self.thread = threading.Thread(target=self._run, args=(pids, t0), daemon=True)
-    self.thread.start()
+  def start(self, pids: list[int], t0: float, hosts: list[int] | None = None) -> None:
+    """The processes of ``hosts`` (default: every host, in order) started as ``pids``;
+    the first call starts applying the faults, ``t0`` on ``time.monotonic``'s clock."""
+    with self.lock:
+      self.pids = dict(zip(hosts if hosts is not None else range(len(pids)), pids))
+    if self.thread is None:
+      self.thread = threading.Thread(target=self._run, args=(t0,), daemon=True)
+      self.thread.start()
+
+  def repair(self, hosts: list[int]) -> None:
+    """Puts the links of those of ``hosts`` that a fault took down for good back up."""
+    for host in sorted(self.broken & set(hosts)):
+      f = Fault(f"repair:{host}", "down", host, 0.0)
+      try:
+        for ns, dev in self._host_devs(host):
+          self._tc(["ip", "-n", ns, "link", "set", dev, "up"])
+        what = f"links of host {host} up again (a replacement)"
+      except (OSError, subprocess.CalledProcessError) as e:
+        what = f"failed to bring the links up: {e}"
+      self.broken.discard(host)
+      self._log(f, self.joined or time.monotonic(), self.t0 or time.monotonic(), what, "up")
+
+  def _target(self, f: Fault) -> tuple[int, int | None] | None:
+    """``(host, pid)`` a fault hits now (see the class), None when cancelled."""
+    needs_pid = f.kind in ("kill", "stop", "spin", "cpu")
+    while not self.cancel.is_set():
+      with self.lock:
+        pids = dict(self.pids)
+      live = sorted(h for h, p in pids.items() if _alive(p))
+      host = f.host if f.host in pids else (live[f.host % len(live)] if live else None)
+      if host is not None and not needs_pid:
+        return host, None
+      if host is not None and host in live:
+        return host, pids[host]
+      self.cancel.wait(0.02)  # between attempts: the next one's processes are on their way
+    return None
 
   def _say(self, text: str) -> None:
     print(f"# cluster: {text}", file=self.err, flush=True)
@@ -139,18 +194,24 @@ class Injector:
       self.cancel.wait(0.05)
     return False
 
-  def _run(self, pids: list[int], t0: float) -> None:
+  def _run(self, t0: float) -> None:
+    self.t0 = t0
     if not self._joined(time.monotonic() + 300):
       if not self.cancel.is_set():
         self._say("the hosts never joined; no fault applied")
       return
-    joined = time.monotonic()
+    joined = self.joined = time.monotonic()
     self._say(f"hosts joined {joined - t0:.2f} s after the start; faults count from here")
     for f in sorted(self.faults, key=lambda f: f.at):
       if self.cancel.wait(max(0.0, joined + f.at - time.monotonic())):
         return
+      target = self._target(f)
+      if target is None:
+        return
+      if target[0] != f.host:
+        f = dataclasses.replace(f, host=target[0])
       try:
-        what = self._apply(f, pids)
+        what = self._apply(f, target[1])
       except (OSError, subprocess.CalledProcessError, ValueError) as e:
         what = f"failed: {e}"
       self._log(f, joined, t0, what)
@@ -188,8 +249,7 @@ class Injector:
   def _tc(self, argv: list[str]) -> None:
     subprocess.run([*self.plan.enter, *argv], check=True, capture_output=True)
 
-  def _apply(self, f: Fault, pids: list[int]) -> str:
-    pid = pids[f.host]
+  def _apply(self, f: Fault, pid: int | None) -> str:
     if f.kind in ("kill", "stop", "spin"):
       sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "spin": signal.SIGUSR2}[f.kind]
       os.kill(pid, sig)
@@ -204,6 +264,8 @@ class Injector:
     if f.kind == "down":
       for ns, dev in self._host_devs(f.host):
         self._tc(["ip", "-n", ns, "link", "set", dev, "down"])
+      if f.duration == float("inf"):
+        self.broken.add(f.host)
       return f"links of host {f.host} down " + (
         "for good" if f.duration == float("inf") else f"for {f.duration:g} s"
       )

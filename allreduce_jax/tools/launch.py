@@ -14,7 +14,8 @@ The launcher watches its children. When one exits with an error or is killed, it
 stops the others and exits non-zero naming that process: the first to die among
 those whose failure is not a consequence of another's (peers of a dead process fail
 within milliseconds with gloo's "Connection closed by peer" or JAX's SIGABRT; the
-launcher collects exits for half a second before it names one; within one poll a kill
+launcher collects exits for half a second before it names one, unless one was killed by a
+signal other than SIGABRT, which no peer's failure causes; within one poll a kill
 by SIGKILL/SIGSEGV/SIGINT comes before an error exit), or a stopped one (SIGSTOP)
 that the others gave up on. An uncaught exception or a non-zero ``sys.exit`` in a
 child ends it at once (:func:`allreduce_jax.distributed.exit_fast_on_error`), not
@@ -56,6 +57,7 @@ from pathlib import Path
 
 from allreduce_jax import distributed, progress
 from allreduce_jax.tools import engines, watchdog
+from allreduce_jax.tools import spares as spare_pool
 from allreduce_jax.tools._args import output_dir
 from allreduce_jax.tools._proc import LaunchError as LaunchError
 from allreduce_jax.tools._proc import command_argv as command_argv
@@ -127,6 +129,7 @@ class _Child:
   rc: int | None = None
   ended: float | None = None
   shown: bool = field(default=False)
+  spare: bool = False  # a spare process took this rank
 
 
 def _child_env(
@@ -307,6 +310,7 @@ def launch(
   report: dict | None = None,
   on_start=None,
   watch: watchdog.Settings | None = None,
+  spares=None,
 ) -> int:
   """Runs ``command`` in ``num_processes`` local processes joined by ``jax.distributed``.
 
@@ -334,6 +338,10 @@ def launch(
   that stops progressing is stopped with status 124, naming the process to blame
   (``report``'s ``failed_rank``). The launcher's own events (started, named, stopped) go to
   ``log_dir/launcher.jsonl``, for a run's timeline.
+
+  ``spares``: ready processes to take the ranks' places (``spares.take(rank, env, log)``,
+  :mod:`allreduce_jax.tools.spares`), and ``spares.refill()`` once the run has made its
+  first step (its own start done).
   """
   out = out or sys.stdout
   err = err or sys.stderr
@@ -378,12 +386,13 @@ def launch(
       )
       env.update(extra_env or {})
       env[progress.ENV_PROGRESS] = str(_fresh(logs / f"progress-{rank}"))
-      child = _spawn(rank, [*host_argv(rank), *argv] if host_argv else argv, env, logs)
+      child = _spawn(rank, [*host_argv(rank), *argv] if host_argv else argv, env, logs, spares)
       child.shown = rank in shown
       _tell(reaper, str(child.proc.pid))  # its process group id (a new session)
       children.append(child)
     (logs / "pids.json").write_text(json.dumps({c.rank: c.proc.pid for c in children}))
-    _event(_fresh(logs / "launcher.jsonl"), "started", processes=num_processes)
+    taken = sum(c.spare for c in children)
+    _event(_fresh(logs / "launcher.jsonl"), "started", processes=num_processes, spares=taken)
     if watch.on:
       dog = watchdog.Watchdog(
         [logs / f"progress-{c.rank}" for c in children], [c.proc.pid for c in children], watch
@@ -391,7 +400,7 @@ def launch(
     if on_start is not None:
       on_start([c.proc.pid for c in children], t0)
     failure, code = _supervise(
-      children, t0, timeout, out, prefix=output == "all", report=report, dog=dog
+      children, t0, timeout, out, prefix=output == "all", report=report, dog=dog, spares=spares
     )
   except LaunchError:
     if made:
@@ -446,14 +455,25 @@ def launch_restarting(
   log_dir: str | os.PathLike | None = None,
   label: str = "launch",
   err=None,
+  spares: bool = True,
+  replace_after: float | None = None,
   **options,
 ) -> int:
   """:func:`launch`, started again after a failure up to ``restarts`` times (torchrun's
   ``--max-restarts``): every process is stopped and the whole job starts afresh (a
   program that saves checkpoints, such as ``train sync --checkpoint-dir``, resumes from
   its newest). ``elastic``: a restart leaves out the process that was named and runs
-  on the survivors (ranks renumbered), and every process sees ``$ALLREDUCE_JAX_ELASTIC``.
-  A launcher stopped by Ctrl-C or SIGTERM is not restarted.
+  on the survivors (ranks renumbered), and every process sees ``$ALLREDUCE_JAX_ELASTIC``;
+  ``replace_after``: a process left out comes back (a replacement) at the first restart
+  at least that many seconds after it was left out (None: never). A launcher stopped by
+  Ctrl-C or SIGTERM is not restarted.
+
+  What a restart costs is cut where it can be: every attempt's processes share one JAX
+  persistent compilation cache (a folder of the run's own, unless
+  ``$JAX_COMPILATION_CACHE_DIR`` names one), so a restart reads what the first attempt
+  compiled; with ``spares`` and a command that is an ``allreduce-jax`` subcommand, one
+  spare process per host is started ahead and takes a restarted process's place
+  (:mod:`allreduce_jax.tools.spares`).
 
   ``place(alive, attempt) -> dict``: the :func:`launch` options that put the processes
   of ``alive`` (the original ranks still in the job) where they belong (a cluster's
@@ -463,45 +483,124 @@ def launch_restarting(
   err = err or sys.stderr
   if restarts < 0:
     raise LaunchError(f"--restarts must be at least 0, got {restarts}.")
+  if replace_after is not None and not (elastic and 0 <= replace_after < float("inf")):
+    raise LaunchError(
+      f"--replace-after must be a number of seconds >= 0, with --elastic; got {replace_after}"
+      + ("" if elastic else " without --elastic")
+      + "."
+    )
   alive = list(range(num_processes))
+  left_out: dict[int, float] = {}  # rank -> when it was left out (--elastic)
   t0 = time.monotonic()
   watch = options.pop("watch", None) or watchdog.Settings()
   first_step_s = None  # the last attempt's time to its first step: a restart's phase bound
-  for attempt in range(restarts + 1):
-    report: dict = {}
-    env = {ENV_RESTART: str(attempt), **({ENV_ELASTIC: "1"} if elastic else {})}
-    logs = log_dir if log_dir is None or attempt == 0 else Path(log_dir) / f"restart-{attempt}"
-    placed = dict(place(alive, attempt)) if place else {}
-    env.update(placed.pop("extra_env", None) or {})
-    rc = launch(
-      command,
-      len(alive),
-      log_dir=logs,
-      label=label,
-      err=err,
-      extra_env=env,
-      report=report,
-      watch=watchdog.attempt(watch, first_step_s, placed.pop("explain", None)),
-      **placed,
-      **options,
-    )
-    first_step_s = report.get("first_step_s") or first_step_s
-    if rc == 0 or attempt == restarts or report.get("interrupted"):
-      return rc
-    failed = report.get("failed_rank")
-    who = f"process {alive[failed]}" if failed is not None else "a process"
-    if elastic and failed is not None:
-      if len(alive) == 1:
+  with _restart_kit(command, num_processes, restarts, spares, place, options) as kit:
+    for attempt in range(restarts + 1):
+      report: dict = {}
+      alive = _rejoined(alive, left_out, replace_after, label, err)
+      env = {ENV_RESTART: str(attempt), **({ENV_ELASTIC: "1"} if elastic else {}), **kit.env}
+      logs = log_dir if log_dir is None or attempt == 0 else Path(log_dir) / f"restart-{attempt}"
+      placed = dict(place(alive, attempt)) if place else {}
+      env.update(placed.pop("extra_env", None) or {})
+      rc = launch(
+        command,
+        len(alive),
+        log_dir=logs,
+        label=label,
+        err=err,
+        extra_env=env,
+        report=report,
+        watch=watchdog.attempt(watch, first_step_s, placed.pop("explain", None)),
+        spares=kit.spares_for(alive),
+        **placed,
+        **options,
+      )
+      first_step_s = report.get("first_step_s") or first_step_s
+      if rc == 0 or attempt == restarts or report.get("interrupted"):
         return rc
-      alive.pop(failed)
-    print(
-      f"{label}: restart {attempt + 1} of {restarts} after {who} failed"
-      f" ({time.monotonic() - t0:.1f} s since the start): {len(alive)} process(es)"
-      + (f", original ranks {', '.join(map(str, alive))} (--elastic)" if elastic else ""),
-      file=err,
-      flush=True,
-    )
+      failed = report.get("failed_rank")
+      who = f"process {alive[failed]}" if failed is not None else "a process"
+      if elastic and failed is not None:
+        if len(alive) == 1:
+          return rc
+        left_out[alive.pop(failed)] = time.monotonic()
+      print(
+        f"{label}: restart {attempt + 1} of {restarts} after {who} failed"
+        f" ({time.monotonic() - t0:.1f} s since the start): {len(alive)} process(es)"
+        + (f", original ranks {', '.join(map(str, alive))} (--elastic)" if elastic else ""),
+        file=err,
+        flush=True,
+      )
   return rc
+
+
+def _rejoined(alive, left_out, replace_after, label, err) -> list[int]:
+  """``alive`` with the processes left out at least ``replace_after`` seconds ago back."""
+  if replace_after is None:
+    return alive
+  back = [r for r, t in left_out.items() if time.monotonic() - t >= replace_after]
+  for r in back:
+    del left_out[r]
+  if back:
+    print(f"{label}: process(es) {', '.join(map(str, sorted(back)))} replaced: back in the job",
+          file=err, flush=True)  # fmt: skip
+  return sorted(alive + back)
+
+
+class _RestartKit:
+  """What every attempt of a restarting job shares: the environment of its compilation
+  cache and the spare processes (:meth:`spares_for` an attempt's processes)."""
+
+  def __init__(self, env: dict[str, str], pool):
+    self.env, self.pool = env, pool
+
+  def spares_for(self, alive: list[int]):
+    if self.pool is None:
+      return None
+    pool = self.pool
+
+    class _Attempt:  # ranks of this attempt -> the hosts' spares
+      def take(self, rank, env, log):
+        return pool.take(alive[rank], env, log)
+
+      def refill(self):
+        pool.refill()
+
+    return _Attempt()
+
+
+@contextlib.contextmanager
+def _restart_kit(command, num_processes, restarts, use_spares, place, options):
+  """A :class:`_RestartKit` for a job of ``restarts`` restarts (none for 0): a compilation
+  cache folder of its own (removed after) unless ``$JAX_COMPILATION_CACHE_DIR`` is set,
+  and, with ``use_spares``, a spare pool (killed after)."""
+  if restarts == 0:
+    yield _RestartKit({}, None)
+    return
+  made = None
+  env = {"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+  if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    made = tempfile.mkdtemp(prefix="allreduce-jax-compile-")
+    env["JAX_COMPILATION_CACHE_DIR"] = made
+  pool = spare_logs = None
+  argv = command_argv(list(command))
+  if use_spares and argv[1:3] == ["-m", "allreduce_jax"]:  # a subcommand waits as a spare
+    hosts = list(range(num_processes))
+    placed = place(hosts, 0) if place else {}
+    host_argv = placed.get("host_argv")
+    base = _child_env(0, num_processes, "127.0.0.1:1", placed.get("local_devices",
+                      options.get("local_devices", 1)), options.get("platform", "cpu"), 1)  # fmt: skip
+    base.update(env)
+    spare_logs = tempfile.mkdtemp(prefix="allreduce-jax-spares-")
+    pool = spare_pool.Spares(argv, base, hosts, Path(spare_logs), host_argv)
+  try:
+    yield _RestartKit(env, pool)
+  finally:
+    if pool is not None:
+      pool.close()
+    for folder in (made, spare_logs):
+      if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _check_options(num_processes, local_devices, timeout, shutdown_timeout, heartbeat_timeout):
@@ -544,10 +643,14 @@ def _coordinator_address(coordinator: str | None, checked: bool) -> str:
   return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _spawn(rank: int, argv: list[str], env: dict, logs: Path) -> _Child:
-  """Starts process ``rank`` (its own session, output to ``logs/process-RANK.log``)."""
+def _spawn(rank: int, argv: list[str], env: dict, logs: Path, spares=None) -> _Child:
+  """Starts process ``rank`` (its own session, output to ``logs/process-RANK.log``), or
+  has a spare of its host become it (``spares.take(rank, env, log)``)."""
   log = logs / f"process-{rank}.log"
   with open(log, "wb") as f:
+    proc = spares.take(rank, env, log) if spares is not None else None
+    if proc is not None:
+      return _Child(rank, proc, log, spare=True)
     try:
       proc = subprocess.Popen(
         die_with_parent(argv),
@@ -568,11 +671,15 @@ def _note(report: dict | None, **facts) -> None:
 
 
 def _supervise(
-  children, t0, timeout, out, prefix: bool, report=None, dog=None
+  children, t0, timeout, out, prefix: bool, report=None, dog=None, spares=None
 ) -> tuple[str | None, int]:
   """Polls until every process exited 0 (``(None, 0)``), one failed (its message and
-  status), the watchdog ``dog`` tripped or ``timeout`` passed (the stuck ones named, 124)."""
+  status), the watchdog ``dog`` tripped or ``timeout`` passed (the stuck ones named, 124).
+  ``spares`` are refilled once a process made its first step (or at once, unwatched)."""
   while True:
+    if spares is not None and (dog is None or dog.first_step_s() is not None):
+      spares.refill()
+      spares = None
     _stream(children, out, prefix=prefix)
     newly = _reap(children, t0)
     if newly:
@@ -614,7 +721,9 @@ def _failure(children, newly, t0, report=None) -> tuple[str, int]:
   SETTLE_S (a dead process's peers fail with connection errors at once), then names the
   first that is not one of those."""
   num_processes = len(children)
-  settle = time.monotonic() + SETTLE_S
+  # a kill by a signal other than SIGABRT is never a peer's consequence: no need to wait
+  certain = any(c.rc < 0 and -c.rc != signal.SIGABRT for c in newly)
+  settle = time.monotonic() + (0 if certain else SETTLE_S)
   while time.monotonic() < settle and any(c.rc is None for c in children):
     time.sleep(POLL_S)
     newly += _reap(children, t0)
@@ -841,6 +950,22 @@ def add_launch_options(parser: argparse.ArgumentParser, who: str = "process") ->
     " train sync --checkpoint-dir resumes from its newest checkpoint; default 0)",
   )
   parser.add_argument(
+    "--spares",
+    action=argparse.BooleanOptionalAction,
+    default=True,
+    help=f"with --restarts: keep one spare process per {who}, started ahead (Python, JAX and"
+    " the subcommand imported, its data loaded), to take a restarted process's place (the"
+    " restarts also share a JAX compilation cache either way)",
+  )
+  parser.add_argument(
+    "--replace-after",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help=f"with --elastic: a {who} left out comes back (a replacement) at the first restart at"
+    " least SECONDS after it was left out (default: never)",
+  )
+  parser.add_argument(
     "--elastic",
     action="store_true",
     help=f"a restart leaves out the failed {who} and runs on the survivors (train sync keeps"
@@ -876,6 +1001,8 @@ def launch_options(args: argparse.Namespace) -> dict:
     "restarts": args.restarts,
     "elastic": args.elastic,
     "watch": watchdog.Settings(floor=args.watchdog),
+    "spares": args.spares,
+    "replace_after": args.replace_after,
   }
 
 

@@ -31,7 +31,7 @@ from allreduce_jax import devices, units
 from allreduce_jax.results import RowsError
 from allreduce_jax.tools import _args
 from allreduce_jax.tools.launch import ENV_ELASTIC
-from allreduce_jax.training import arms, configs
+from allreduce_jax.training import arms, configs, data
 from allreduce_jax.training import experiments as ex
 from allreduce_jax.training.checkpoint import CheckpointError
 from allreduce_jax.training.results import Results
@@ -314,6 +314,16 @@ MODES: dict[str, Mode] = {
     lists_arms=True,
   ),
 }
+
+
+def prepare(args: argparse.Namespace) -> None:
+  """What a spare process of a restarting ``train sync`` does before it is needed
+  (:mod:`allreduce_jax.tools.spares`): load the data and import orbax."""
+  if args.mode != "sync":
+    return
+  data.load_digits()
+  if args.checkpoint_dir is not None:
+    import orbax.checkpoint  # noqa: F401
 
 
 def run(args: argparse.Namespace) -> int:

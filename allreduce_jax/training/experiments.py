@@ -35,6 +35,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 from tqdm import tqdm
 
 from allreduce_jax import devices, progress, results
@@ -107,15 +108,19 @@ def run_sync(
   """
   progress.phase("loading")  # a launcher's watchdog and the run's timeline
   d = data.load_digits()
-  graphdef, params, rest = models.split(models.make_model(cfg.model, seed))
   tx = models.make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.momentum)
+  resuming = checkpoint_dir is not None and _has_checkpoint(checkpoint_dir, seed)
+  graphdef, params, rest = _model(cfg.model, seed, abstract=resuming)
   batch = cfg.workers * cfg.batch_per_worker
   ckpt = start = None
   if checkpoint_dir is not None:
     progress.phase("restoring")
+    opt_state = _zeros(jax.eval_shape(tx.init, params)) if resuming else tx.init(params)
     ckpt, start = checkpoint.open_run(
-      cfg, seed, checkpoint_dir, checkpoint_every, params, tx.init(params), elastic
+      cfg, seed, checkpoint_dir, checkpoint_every, params, opt_state, elastic
     )
+    if start is None and resuming:  # no complete step after all: start for real
+      graphdef, params, rest = _model(cfg.model, seed)
     tx = models.make_optimizer(cfg.optimizer, ckpt.learning_rate, cfg.momentum)
   progress.phase(f"restored:{start.step}" if start is not None else "fresh")
   if start is None:
@@ -159,6 +164,30 @@ def run_sync(
     "wall_s": wall,
     "env": environment(),
   }
+
+
+def _has_checkpoint(directory: str | Path, seed: int) -> bool:
+  """Whether the run of ``seed`` has a complete checkpoint in ``directory`` (orbax renames
+  a step's folder to its number once complete)."""
+  folder = Path(directory) / f"seed-{seed}"
+  return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
+
+
+def _zeros(tree: Any) -> Any:
+  """Host zeros of an abstract tree's shapes and dtypes."""
+  return jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), tree)
+
+
+def _model(name: str, seed: int, abstract: bool = False) -> tuple[Any, Any, Any]:
+  """``models.split`` of a fresh model; ``abstract``: its parameters as host zeros, built
+  without running (or compiling) its initializers, the structure a checkpoint restores
+  into (a restart then compiles nothing to start); a model with state besides its
+  parameters is always built for real."""
+  if abstract:
+    graphdef, params, rest = models.split(nnx.eval_shape(lambda: models.make_model(name, seed)))
+    if not jax.tree.leaves(rest):
+      return graphdef, _zeros(params), rest
+  return models.split(models.make_model(name, seed))
 
 
 def _print(line: str) -> None:

@@ -1,0 +1,120 @@
+"""Spare processes: a restart that does not wait for Python and JAX to start.
+
+A restarted job's processes spend seconds before they join the run: Python starts, imports
+JAX and the subcommand, the subcommand loads its data. A **spare** does all of that ahead
+of time. ``launch|cluster --restarts N`` keeps one spare per host: the same command, in
+the same place, started with ``$ALLREDUCE_JAX_SPARE`` set, so ``allreduce-jax`` imports the
+subcommand, runs its ``prepare(args)`` if it has one (``train sync``: the data, orbax) and
+then waits on its standard input (:func:`wait_if_spare`). When the job restarts, the
+launcher hands each spare its process's environment (coordinator, rank, progress file)
+and log file in one line (:meth:`Spares.take`); the spare sets them and goes on as if it
+had just started, into ``jax.distributed.initialize``. The launcher starts new spares once
+the restarted job has made its first step (:meth:`Spares.refill`), so that their start
+does not slow the restart's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from allreduce_jax import progress
+from allreduce_jax.tools._proc import die_with_parent
+
+ENV_SPARE = "ALLREDUCE_JAX_SPARE"
+
+
+class Spares:
+  """One spare process per host, for the next attempt of a restarting job.
+
+  ``argv``: the command; ``env``: the environment every spare starts with (what the
+  job's processes share: ``JAX_PLATFORMS``, the compilation cache...);
+  ``host_argv(host)``: the prefix that runs a process on that host (None: here);
+  ``logs``: where each spare writes until it is taken (``spare-H.log``).
+  """
+
+  def __init__(
+    self,
+    argv: list[str],
+    env: dict[str, str],
+    hosts: list[int],
+    logs: Path,
+    host_argv: Callable[[int], list[str]] | None = None,
+  ):
+    self.argv, self.env, self.hosts, self.logs = argv, env, list(hosts), Path(logs)
+    self.host_argv = host_argv
+    self.ready: dict[int, subprocess.Popen] = {}
+    self.started = 0
+
+  def refill(self, hosts: list[int] | None = None) -> None:
+    """Starts a spare on every host of ``hosts`` (default: all) that has none."""
+    self.logs.mkdir(parents=True, exist_ok=True)
+    for host in self.hosts if hosts is None else hosts:
+      spare = self.ready.get(host)
+      if spare is not None and spare.poll() is None:
+        continue
+      prefix = self.host_argv(host) if self.host_argv else []
+      with open(self.logs / f"spare-{host}.log", "ab") as log:
+        self.ready[host] = subprocess.Popen(
+          die_with_parent([*prefix, *self.argv]),
+          env={**self.env, ENV_SPARE: "1"},
+          stdin=subprocess.PIPE,
+          stdout=log,
+          stderr=subprocess.STDOUT,
+          start_new_session=True,
+        )
+      self.started += 1
+
+  def take(self, host: int, env: dict[str, str], log: Path) -> subprocess.Popen | None:
+    """The spare of ``host``, told to go on as a process with ``env`` writing to
+    ``log``; None if it has none (or it died)."""
+    spare = self.ready.pop(host, None)
+    if spare is None or spare.poll() is not None:
+      return None
+    go = json.dumps({"env": env, "log": str(log)}) + "\n"
+    try:
+      spare.stdin.write(go.encode())
+      spare.stdin.close()
+    except OSError:
+      return None
+    return spare
+
+  def close(self) -> None:
+    """Kills the spares not taken."""
+    for spare in self.ready.values():
+      with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(spare.pid, 9)
+      with contextlib.suppress(OSError, ValueError):
+        spare.stdin.close()
+      spare.wait()
+    self.ready.clear()
+
+
+def wait_if_spare(module, args) -> None:
+  """In a spare (``$ALLREDUCE_JAX_SPARE``): runs ``module.prepare(args)`` if the
+  subcommand has one, then waits for the launcher's line (the environment and log file of
+  the process it becomes), applies it and returns. Elsewhere: returns at once."""
+  if os.environ.get(ENV_SPARE, "") in ("", "0"):
+    return
+  prepare = getattr(module, "prepare", None)
+  if prepare is not None:
+    prepare(args)
+  line = sys.stdin.readline()
+  if not line:  # the launcher went away without taking this spare
+    os._exit(0)
+  go = json.loads(line)
+  for key in [k for k in os.environ if k.startswith("ALLREDUCE_JAX_") and k not in go["env"]]:
+    del os.environ[key]
+  os.environ.update(go["env"])
+  os.environ.pop(ENV_SPARE, None)
+  sys.stdout.flush(), sys.stderr.flush()
+  fd = os.open(go["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+  os.dup2(fd, 1), os.dup2(fd, 2)
+  os.close(fd)
+  progress.reset()  # the report file is this process's now
+  progress.phase("taken")

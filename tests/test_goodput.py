@@ -1,0 +1,161 @@
+"""Goodput's library parts and a restart that costs seconds.
+
+Schedules are Poisson processes drawn from a seed (checked against the exponential's
+mean and the uniform draws); a run's timeline is read from log folders written here in
+the launcher's and the processes' formats (kept chunks, goodput, each recovery's parts,
+by hand); and a real restart under ``launch --restarts`` takes its spares, hits the
+compilation cache in every process, and resumes bitwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from allreduce_jax import goodput
+from allreduce_jax.tools import launch
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "allreduce_jax"]
+
+
+# ------------------------------------------------------------------ schedules
+
+
+def test_a_schedule_is_a_poisson_process_of_its_mean_gap():
+  sched = goodput.poisson_schedule(15.0, 30_000.0, hosts=4, seed=3)
+  gaps = np.diff([0.0] + [f.at for f in sched])
+  assert abs(gaps.mean() - 15.0) < 0.5  # ~2000 gaps: the mean within 3 %
+  assert abs(np.median(gaps) - 15.0 * np.log(2)) < 0.7  # the exponential's median
+  kinds = [f.kind for f in sched]
+  assert {k: kinds.count(k) / len(kinds) for k in goodput.KINDS} == pytest.approx(
+    {k: 1 / 3 for k in goodput.KINDS}, abs=0.04
+  )
+  assert {f.host for f in sched} == {0, 1, 2, 3}
+  assert goodput.poisson_schedule(15.0, 30_000.0, 4, seed=3) == sched  # one seed, one schedule
+
+
+def test_a_schedule_speaks_the_fault_grammar():
+  from allreduce_jax.tools import faults
+
+  for f in goodput.poisson_schedule(20.0, 300.0, hosts=8, seed=1):
+    parsed = faults.parse(f.spec, 8)
+    assert (parsed.kind, parsed.host, parsed.at) == (f.kind, f.host, f.at)
+    assert (parsed.duration == float("inf")) == (f.kind == "down")
+  with pytest.raises(ValueError, match="mtbf_s > 0"):
+    goodput.poisson_schedule(0, 10, 4)
+
+
+# ------------------------------------------------------------------ a run's timeline
+
+
+def _attempt(folder: Path, started: float, ranks: list[list[str]], named=None, stopped=None):
+  """Writes one attempt as the launcher and its processes would."""
+  folder.mkdir(parents=True, exist_ok=True)
+  events = [{"event": "started", "unix": started, "processes": len(ranks)}]
+  if named is not None:
+    events.append({"event": "named", "unix": named[0], "rank": named[1], "why": "..."})
+  if stopped is not None:
+    events.append({"event": "stopped", "unix": stopped, "code": 137})
+  (folder / "launcher.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+  for r, lines in enumerate(ranks):
+    (folder / f"progress-{r}").write_text("".join(x + "\n" for x in lines))
+
+
+def test_kept_chunks_goodput_and_a_recovery_by_hand(tmp_path):
+  # attempt 0: fresh at t=10, chunks of 10 steps every second from t=12 to t=16 (step 50);
+  # host 1 is killed at t=16.5, named at 16.6, stopped at 16.7; the checkpoint is step 40.
+  first = ["phase joining 10.0", "phase joined 10.5", "phase loading 10.6", "phase fresh 11.0",
+           "mark backend_compile=0.5 11.5"] + [f"step {10 * k} {11.5 + k}" for k in range(1, 6)]  # fmt: skip
+  _attempt(tmp_path, 9.0, [first, first], named=(16.6, 1), stopped=16.7)
+  # attempt 1: started 16.8, joined 17.5, restored step 40 at 18.0, compiled by 18.4, chunks
+  # to 60 at 19.4 and 20.4: step 50 redone, step 60 the first new one.
+  second = ["phase taken 16.9", "phase joining 17.0", "phase joined 17.5", "phase loading 17.6",
+            "phase restoring 17.7", "phase restored:40 18.0", "mark backend_compile=0.3 18.4",
+            "step 50 19.4", "step 60 20.4", "phase finishing 20.5"]  # fmt: skip
+  _attempt(tmp_path / "restart-1", 16.8, [second, second])
+  (tmp_path / "faults.jsonl").write_text(
+    json.dumps({"fault": "kill:1@6", "event": "kill", "host": 1, "unix_time": 16.5}) + "\n"
+  )
+  t = goodput.read_run(tmp_path)
+  assert [a.restored for a in t.attempts] == [None, 40]
+  assert [(c.first, c.last) for c in t.kept()] == [(0, 10), (10, 20), (20, 30), (30, 40),
+                                                    (40, 50), (50, 60)]  # fmt: skip
+  # kept compute: 4 chunks of 1 s in attempt 0 (from the compile mark at 11.5 on), then
+  # 50 (from the compile mark at 18.4 to 19.4) and 60: 6 s of 20.4 - 11.5 = 8.9 s
+  assert t.wall_s == pytest.approx(8.9) and t.goodput() == pytest.approx(6 / 8.9)
+  assert t.kept_steps() == 60
+  (r,) = t.recoveries()
+  assert r.fault == "kill:1@6" and r.resumed_from == 40 and r.reached == 50
+  assert (r.detect, r.stop, r.restart) == pytest.approx((0.1, 0.1, 0.1))
+  assert (r.start, r.join, r.load_restore) == pytest.approx((0.2, 0.5, 0.4))
+  assert r.first_chunk == pytest.approx(1.4) and r.compile == pytest.approx(0.3)
+  assert r.redo == pytest.approx(1.0) and r.total == pytest.approx(20.4 - 16.5)
+
+
+def test_a_chunk_is_done_when_every_process_reported_it(tmp_path):
+  _attempt(tmp_path, 0.0, [["phase fresh 1.0", "step 10 2.0", "step 20 3.0"],
+                           ["phase fresh 1.0", "step 10 2.5"]])  # fmt: skip
+  (a,) = goodput.read_run(tmp_path).attempts
+  assert [(c.last, c.end) for c in a.chunks] == [(10, 2.5)] and a.reached == 10
+
+
+def test_median_range_leaves_nans_out():
+  assert goodput.median_range([3.0, float("nan"), 1.0, 2.0]) == (2.0, 1.0, 3.0)
+  assert all(x != x for x in goodput.median_range([float("nan")]))
+
+
+def test_replaced_processes_come_back_after_their_delay(capsys):
+  now = time.monotonic()
+  left = {1: now - 10.0, 3: now - 1.0}
+  assert launch._rejoined([0, 2], left, 5.0, "launch", sys.stderr) == [0, 1, 2]
+  assert left == {3: pytest.approx(now - 1.0)}
+  assert launch._rejoined([0, 2], {1: now}, None, "launch", sys.stderr) == [0, 2]
+  with pytest.raises(launch.LaunchError, match=r"--replace-after.*with --elastic"):
+    launch.launch_restarting(["verify"], 2, restarts=1, replace_after=3.0)
+
+
+# ------------------------------------------------------------------ a real restart
+
+
+@pytest.mark.timeout(400)
+def test_a_restart_takes_spares_hits_the_cache_everywhere_and_resumes_bitwise(tmp_path):
+  from allreduce_jax.training import configs
+  from allreduce_jax.training import experiments as ex
+
+  logs, ck = tmp_path / "logs", tmp_path / "ck"
+  argv = [*CLI, "launch", "-n", "2", "--restarts", "1", "--log-dir", str(logs), "--", "train",
+          "sync", "--workers", "2", "--steps", "300", "--eval-every", "10",
+          "--checkpoint-dir", str(ck), "--checkpoint-every", "20", "--out", str(tmp_path / "out")]  # fmt: skip
+  proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)  # fmt: skip
+  try:
+    deadline = time.monotonic() + 300
+    while not (ck / "seed-0" / "100").exists():  # spares are started after the first step
+      assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+      time.sleep(0.05)
+    os.kill(json.loads((logs / "pids.json").read_text())["0"], signal.SIGKILL)
+    out, err = proc.communicate(timeout=300)
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+  assert proc.returncode == 0, err[-3000:]
+  assert "restart 1 of 1 after process 0 failed" in err
+  plain = ex.run_sync(configs.SyncConfig(workers=2, steps=300, eval_every=10), 0)
+  assert f"parameters sha256 {plain['params_sha256'][:16]}" in out
+  restart = logs / "restart-1"
+  started = json.loads((restart / "launcher.jsonl").read_text().splitlines()[0])
+  assert started["spares"] == 2, started
+  for r in range(2):  # every process read what the first attempt compiled
+    assert "mark compile_time_saved_sec=" in (restart / f"progress-{r}").read_text(), r
+  (rec,) = goodput.read_run(logs).recoveries()
+  assert rec.resumed_from is not None and rec.resumed_from >= 100 and rec.total > 0
