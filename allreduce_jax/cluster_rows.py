@@ -58,6 +58,82 @@ def link_rate(rows: Iterable[dict]) -> float:
   return rates.pop()
 
 
+def line_share(row: dict) -> float:
+  """A ``bench`` row's busbw over its links' rate (its key's network): how much of the
+  line the all-reduce used (``1.0``: every link busy at its rate for the whole call).
+
+  Example:
+    >>> key = '{"network": {"network": "switch", "hosts": 4, "link_Bps": 25e6}}'
+    >>> line_share({"key": key, "busbw_GBps": 0.0225})
+    0.9
+  """
+  return row["busbw_GBps"] * 1e9 / network(row)["link_Bps"]
+
+
+def fit_alpha(
+  rows: list[dict], p: int, net: str, duplex: str = "half", bucket: bool = False
+) -> float:
+  """α per step that makes the replay fit ``rows`` (``bench`` rows of one network and host
+  count; their 4 and 64 KiB calls, :func:`~allreduce_jax.gloo_model.fit_alpha`) at their own
+  link rate; ``bucket``: with every link's token bucket priced
+  (:func:`~allreduce_jax.gloo_model.link_bucket_s` of that rate)."""
+  rate = link_rate(rows)
+  bucket_s = gloo_model.link_bucket_s(rate) if bucket else 0.0
+  return gloo_model.fit_alpha(rows, p, net, rate=rate, duplex=duplex, bucket_s=bucket_s)
+
+
+def replay_cell(
+  algorithm: str, p: int, n: int, net: str, measured_s: float, alpha: dict, rate: float
+) -> dict:
+  """One measured time beside its replay on the healthy network ``net`` at ``rate``:
+  ``model_half_s`` and ``model_full_s`` (half and full duplex, with ``alpha["half"]`` and
+  ``alpha["full"]``), their bounds at α = 0 (``bound_half_s``, ``bound_full_s``), with
+  ``alpha["bucket"]`` also ``model_bucket_s`` (half duplex, every link's token bucket), and
+  the measured busbw over the line (``busbw_over_line``)."""
+  args = (algorithm, p, n, net, rate)
+  cell = {
+    "network": net, "p": p, "algorithm": algorithm, "bytes": n, "measured_s": measured_s,
+    "model_half_s": _replay(*args, "half", alpha["half"]),
+    "model_full_s": _replay(*args, "full", alpha["full"]),
+    "bound_half_s": _replay(*args, "half", 0.0), "bound_full_s": _replay(*args, "full", 0.0),
+    "busbw_over_line": n * 2 * (p - 1) / p / measured_s / rate, "rate": rate,
+  }  # fmt: skip
+  if "bucket" in alpha:
+    cell["model_bucket_s"] = _replay(*args, "half", alpha["bucket"], bucket=True)
+  return cell
+
+
+def replay_cells(
+  rows: list[dict],
+  net: str,
+  p: int,
+  *,
+  alpha_rows: list[dict] | None = None,
+  bucket: bool = False,
+  min_bytes: int = 1 << 20,
+) -> list[dict]:
+  """Every algorithm and size (from ``min_bytes``) of one network's ``bench`` rows beside
+  its replay (:func:`replay_cell`), α fitted at half and full duplex (and with each link's
+  token bucket, ``bucket``) on ``alpha_rows`` (default the rows themselves); algorithm by
+  algorithm in the rows' order, size by size. A size measured twice takes its last row."""
+  fit = alpha_rows if alpha_rows is not None else rows
+  alpha = {d: fit_alpha(fit, p, net, d) for d in ("half", "full")}
+  if bucket:
+    alpha["bucket"] = fit_alpha(fit, p, net, "half", bucket=True)
+  rate = link_rate(rows)
+  t = {(r["algorithm"], r["bytes"]): r["time_us"] * 1e-6 for r in rows}
+  sizes = sorted({n for _, n in t if n >= min_bytes})
+  algs = dict.fromkeys(a for a, _ in t)
+  return [replay_cell(a, p, n, net, t[(a, n)], alpha, rate) | {"alpha": alpha}
+          for a in algs for n in sizes if (a, n) in t]  # fmt: skip
+
+
+def _replay(algorithm, p, n, net, rate, duplex, alpha, bucket=False) -> float:
+  bucket_s = gloo_model.link_bucket_s(rate) if bucket else 0.0
+  return gloo_model.emulated_seconds(algorithm, p, n, net, rate=rate, alpha=alpha, duplex=duplex,
+                                     bucket_s=bucket_s)  # fmt: skip
+
+
 def healthy_alpha(rows_dir: str | os.PathLike, net: str, hosts: int) -> float:
   """α per step of a healthy run: :func:`~allreduce_jax.gloo_model.fit_alpha` on the
   ``bench`` rows (``wrong`` 0) of ``rows_dir/blocks_{net}_{hosts}.jsonl`` (``:`` as
@@ -74,7 +150,7 @@ def healthy_alpha(rows_dir: str | os.PathLike, net: str, hosts: int) -> float:
     path = Path(rows_dir) / f"blocks_{name.replace(':', '_')}_{hosts}.jsonl"
     rows = [r for r in results.read_rows(path, "bench") if r.get("wrong") == 0]
     if rows:
-      return gloo_model.fit_alpha(rows, hosts, name, rate=link_rate(rows))
+      return fit_alpha(rows, hosts, name)
   return 0.0
 
 

@@ -52,11 +52,15 @@ def _run(argv: list[str], log: Path) -> int:
   return rc
 
 
-def main() -> int:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--quick", action="store_true", help="small sizes and few steps")
-  parser.add_argument("--out", default="experiments/accelerators/rows", help="parent folder")
-  args = parser.parse_args()
+def parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--quick", action="store_true", help="small sizes and few steps")
+  ap.add_argument("--out", default="experiments/accelerators/rows", help="parent folder")
+  return ap
+
+
+def check(args: argparse.Namespace) -> int:
+  """Verify, bench and train on every visible device; the exit status: 0 if all passed."""
   p = devices.use_cpu_devices(None)  # every visible accelerator; 8 emulated on CPU
   out = Path(args.out) / _tag()
   out.mkdir(parents=True, exist_ok=True)
@@ -114,4 +118,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(check(parser().parse_args()))

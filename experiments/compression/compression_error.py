@@ -9,10 +9,11 @@ the metric is the relative L2 error of the result against the float64 sum.
 - replayed: ``allreduce_jax.wire_error.replay`` (the same arithmetic, bit for bit at
   the tested sizes) for the ring and two_shot at p = 2, 4, ..., 1024.
 
-    python experiments/compression/compression_error.py                 # rows + table
+    python experiments/compression/compression_error.py                 # the rows
     python experiments/compression/compression_error.py --smoke
 
-Rows: ``experiments/compression/rows/error_vs_p.jsonl``; table: ``error_vs_p.md``.
+Rows: ``experiments/compression/rows/error_vs_p.jsonl`` (the row store, kind ``wire_error``);
+their table ``rows/error_vs_p.md`` is ``tables.py``'s.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass
-from pathlib import Path
+
+from allreduce_jax import results
 
 #: A closed-form model of the relative L2 error (int8 block 256), for comparison.
 MODEL = {
@@ -75,7 +77,7 @@ def measured(cfg: Config) -> list[dict]:
         same = all(np.array_equal(out[0].view(np.uint32), r.view(np.uint32)) for r in out)
         rows.append(
           dict(
-            kind="measured",
+            source="measured",
             algorithm=alg,
             wire=wire,
             p=p,
@@ -100,7 +102,7 @@ def replayed(cfg: Config) -> list[dict]:
         err = wire_error.relative_error(wire_error.replay(alg, x, wire), x)
         rows.append(
           dict(
-            kind="replay",
+            source="replay",
             algorithm=alg,
             wire=wire,
             p=p,
@@ -113,51 +115,9 @@ def replayed(cfg: Config) -> list[dict]:
   return rows
 
 
-def table(rows: list[dict]) -> str:
-  """Markdown: one line per (kind, algorithm, wire), one column per p."""
-  ps = sorted({r["p"] for r in rows})
-  keys = sorted({(r["kind"], r["algorithm"], r["wire"]) for r in rows})
-  by = {(r["kind"], r["algorithm"], r["wire"], r["p"]): r for r in rows}
-  lines = [
-    "| kind | algorithm | wire | " + " | ".join(f"p={p}" for p in ps) + " |",
-    "|---|---|---|" + "---|" * len(ps),
-  ]
-  for k in keys:
-    cells = []
-    for p in ps:
-      r = by.get((*k, p))
-      if r is None:
-        cells.append("")
-        continue
-      cell = f"{r['rel_error']:.2e}"
-      if r.get("model"):
-        cell += f" ({r['rel_error'] / r['model']:.2f}× model)"
-      if r.get("replicas_identical") is False:
-        cell += " NOT IDENTICAL"
-      cells.append(cell)
-    lines.append(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(cells) + " |")
-  return "\n".join(lines)
-
-
-def tables(root: Path | None = None) -> dict[str, str]:
-  """``{path relative to the study folder: text}`` of every table of this study from its
-  committed rows: ``error_vs_p.md`` (:func:`table`) and the compressed training arms'
-  ``table_c.md``/``phase.md`` (:func:`allreduce_jax.training.experiments.tables_from_rows`)."""
-  from allreduce_jax.training.experiments import tables_from_rows
-
-  root = root or Path(__file__).resolve().parent / "rows"
-  rows = [json.loads(x) for x in (root / "error_vs_p.jsonl").read_text().splitlines() if x]
-  out = {"rows/error_vs_p.md": table(rows) + "\n"}
-  for name, text in tables_from_rows(root / "training").items():
-    out[f"rows/training/{name}"] = text
-  return out
-
-
-def main() -> int:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--smoke", action="store_true", help="p <= 4, replay to 16, n = 1024")
-  ap.add_argument("--out", default=Config.out, help="JSON Lines rows (overwritten)")
-  args = ap.parse_args()
+def measure(args: argparse.Namespace) -> None:
+  """Every replayed and measured cell, into ``--out`` through the row store (emptied
+  first: one run's rows), then the table printed."""
   cfg = Config(out=args.out)
   if args.smoke:
     cfg = Config(n=1024, measured_ps=(2, 4), replay_ps=(2, 4, 16), out=args.out)
@@ -165,13 +125,22 @@ def main() -> int:
 
   use_cpu_devices(max(cfg.measured_ps))
   rows = replayed(cfg) + measured(cfg)
-  out = Path(cfg.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-  out.with_suffix(".md").write_text(table(rows) + "\n")
-  print(table(rows))
-  return 0
+  store = results.RowStore(cfg.out, "wire_error")
+  store.reset()
+  store.extend(
+    rows, [store.key({k: r[k] for k in ("source", "algorithm", "wire", "p", "n")}) for r in rows]
+  )
+  print(
+    f"{len(rows)} rows into {cfg.out}; python experiments/compression/tables.py draws the table"
+  )
+
+
+def parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--smoke", action="store_true", help="p <= 4, replay to 16, n = 1024")
+  ap.add_argument("--out", default=Config.out, help="the rows' file (.jsonl; one run's rows)")
+  return ap
 
 
 if __name__ == "__main__":
-  raise SystemExit(main())
+  measure(parser().parse_args())

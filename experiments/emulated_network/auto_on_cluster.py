@@ -1,49 +1,38 @@
 """``auto`` fitted on the emulated network: its choice against the best measured algorithm.
 
-    python experiments/emulated_network/auto_on_cluster.py [experiments/emulated_network/rows] [PREFIX]
+    python experiments/emulated_network/auto_on_cluster.py     # every rows/**/auto_fit*.md
 
-For each emulated network with rows in ``bench_NET_HOSTS.jsonl`` (``allreduce-jax bench``
-on ``allreduce-jax cluster``) and each size from 1 MiB up, it fits the cost model
-(:func:`allreduce_jax.cost_model.fit_all`: one α, β, γ per algorithm, what ``bench
---fit`` writes) on the rows of every **other** size from 1 MiB up (leave one size out,
-so the size judged is never in the fit), lets :func:`~allreduce_jax.cost_model.choose` pick among
-``auto``'s candidates measured at that size, and divides the measured time of the pick
-by the fastest measured candidate's. ``algorithm="auto"`` with that fit runs exactly the
-picked algorithm's code, so the ratio is what auto would have cost in that sweep. The
-in-sample pick (fit on every size from 1 MiB) is shown beside it.
+For each emulated network with rows in ``PREFIX_NET_HOSTS.jsonl`` (``allreduce-jax bench``
+on ``allreduce-jax cluster``; ``bench_``: round robin, ``blocks_``: timed in blocks) and
+each size from 1 MiB up, it fits the cost model (:func:`allreduce_jax.cost_model.fit_all`:
+one α, β, γ per algorithm, what ``bench --fit`` writes) on the rows of every **other** size
+from 1 MiB up (leave one size out, so the size judged is never in the fit), lets
+:func:`~allreduce_jax.cost_model.choose` pick among ``auto``'s candidates measured at that
+size, and divides the measured time of the pick by the fastest measured candidate's.
+``algorithm="auto"`` with that fit runs exactly the picked algorithm's code, so the ratio is
+what auto would have cost in that sweep. The in-sample pick (fit on every size from 1 MiB)
+is shown beside it; where :data:`RUNS` names another run's folder, a fit on every size of
+that run's rows of the same network picks too, judged by these rows: a fit made on the
+network and used on a run it never saw.
 
 Why not the small rows: below about 1 MiB the emulated links are faster than their rate
 (each ``tbf`` bucket lets 100 KB through at once, and bench's clock on process 0 stops
 when its sends are buffered): halving_doubling_near's 64 KiB row takes 2.2 ms where the
 wire needs 3.9 ms. A least-squares α, β over those rows halves β (the fit on every
-size picks halving_doubling_near at 16 MiB on the 4-host switch, 1.9× the ring). Writes ``auto_fit.jsonl`` and
-``auto_fit.md`` next to the rows (no measurement here). With ``PREFIX`` (e.g. ``blocks_``:
-the rows timed in blocks) it reads ``PREFIX*_*.jsonl`` instead and writes
-``auto_fit_PREFIX.jsonl``/``.md``:
-
-    python experiments/emulated_network/auto_on_cluster.py experiments/emulated_network/rows/tcp_queue_16k blocks_
-
-With a third argument, another run's folder (``FIT_ROOT``), a fit on every size of that
-run's rows of the same network picks too, judged by these rows: a fit made on the network
-and used on a run it never saw (the sweep's step 6 against step 5):
-
-    python experiments/emulated_network/auto_on_cluster.py experiments/emulated_network/rows/tcp_queue_16k/repeat blocks_ \
-        experiments/emulated_network/rows/tcp_queue_16k
+size picks halving_doubling_near at 16 MiB on the 4-host switch, 1.9× the ring).
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
-from allreduce_jax import cost_model, gloo_model, units
+from allreduce_jax import cost_model, gloo_model, results, units
 
 MIB = 1 << 20
 
 
 def _rows(path: Path) -> list[dict]:
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  return results.read_rows(path, "bench")
 
 
 def _sample(rows: list[dict], p: int) -> list[tuple]:
@@ -86,7 +75,7 @@ def judge(rows: list[dict], p: int, other: list[dict] | None = None) -> list[dic
 
 
 #: The tables this study commits: (folder under rows/, file prefix, the other run's folder
-#: whose fit also picks, or None), as ``network_sweep.sh`` laid them out.
+#: whose fit also picks, or None), as ``run.py sweep`` lays them out.
 RUNS = (
   ("", "bench_", None),
   ("", "blocks_", None),
@@ -171,21 +160,9 @@ def tables(root: Path = HERE / "rows") -> dict[str, str]:
 def _traced(root: Path):
   """The cost parameters the rows traced with (``gloo_model.traced_params``, checked): the
   fit prices each schedule as it ran (the double binary tree's chunk count)."""
-  return gloo_model.traced_params(r for p in sorted(root.rglob("*.jsonl")) for r in _rows(p))
-
-
-def main(argv=None) -> int:
-  args = sys.argv[1:] if argv is None else argv
-  root = Path(args[0] if args else HERE / "rows")
-  prefix = args[1] if len(args) > 1 else "bench_"
-  fit_root = Path(args[2]) if len(args) > 2 else None
-  with cost_model.use_params(_traced(root)):
-    text, table = auto_fit(root, prefix, fit_root)
-  (root / f"{_name(prefix)}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in table))
-  (root / f"{_name(prefix)}.md").write_text(text)
-  print(text)
-  return 0
+  paths = sorted([*root.rglob("bench_*.jsonl"), *root.rglob("blocks_*.jsonl")])
+  return gloo_model.traced_params(r for p in paths for r in _rows(p))
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  results.write_tables(tables(), HERE)

@@ -4,9 +4,9 @@ The ring all-reduce's 2(p-1) steps each send n/p bytes to the right neighbour wh
 receiving n/p from the left, and step s+1 starts only when step s has arrived. This
 script runs exactly that pattern with plain Python sockets (one TCP connection per
 neighbour pair, a sending thread and a receiving loop per step) on an emulated switch
-of ``allreduce_jax.netns``, and prints one JSON row per (p, n): its time (median and
-range over ``--trials`` runs of all the steps) and its busbw as a fraction of the link
-rate, the same ratio ``allreduce-jax bench`` reports for ``ring`` on ``allreduce-jax
+of ``allreduce_jax.netns``, and prints (and appends through the row store) one row per
+(p, n): its time (median and range over ``--trials`` runs of all the steps) and its busbw
+as a fraction of the link rate, the same ratio ``allreduce-jax bench`` reports for ``ring`` on ``allreduce-jax
 cluster``. It separates what the link and TCP cost (frame headers: a 1500-byte MTU
 carries 1448 payload bytes in a 1514-byte frame, so at most 0.956 of the rate is
 payload; the bubble between steps) from what gloo and XLA add.
@@ -28,12 +28,11 @@ send), to find which of them costs the ring its line rate.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
 
-from allreduce_jax import netns, units
+from allreduce_jax import netns, results, units
 
 # One host: connect to the right neighbour, accept the left one, then run the ring's
 # 2(p-1) steps ``trials`` times; print the seconds of each trial.
@@ -124,7 +123,46 @@ def measure(
   }  # fmt: skip
 
 
-def main(argv=None) -> int:
+def sweep(a: argparse.Namespace) -> None:
+  """Every (repeat, hosts, size, congestion control, variant), taking turns; each row
+  printed, and appended to ``--out`` through the row store (kind ``tcp_ring``)."""
+  ccs = [c or None for c in a.congestion_controls.split(",")]
+  variants = a.variants.split(",")
+  known = ("plain", "work", "handshake", "work+handshake")
+  if bad := [v for v in variants if v not in known]:
+    raise SystemExit(f"--variants: expected some of {', '.join(known)}, got {bad[0]!r}")
+  rootless, problem = netns.choose()
+  problem = problem or next(filter(None, map(netns.congestion_control_problem, ccs)), None)
+  if problem:
+    raise SystemExit(problem)
+  rate = units.parse_rate(a.link, "--link")
+  tcp_queue = units.parse_size(a.tcp_queue, "--tcp-queue")
+  store = results.RowStore(a.out, "tcp_ring", context={}) if a.out else None
+  for repeat in range(1, a.repeats + 1):
+    for p in (int(h) for h in a.hosts.split(",")):
+      for nbytes in (units.parse_size(b, "--bytes") for b in a.bytes.split(",")):
+        for cc, v in ((cc, v) for cc in ccs for v in variants):
+          row = measure(
+            p, nbytes, rate, a.trials, tcp_queue, cc, "work" in v, "handshake" in v, rootless
+          )
+          if a.repeats > 1:
+            row["repeat"] = repeat
+          print(row, flush=True)
+          if store:
+            store.append(row, store.key(key(row)))
+
+
+def key(row: dict) -> dict:
+  """A row's configuration: its network (as ``cluster`` describes one) and what ran."""
+  net = {"network": "switch", "hosts": row["hosts"], "link_Bps": row["link_Bps"],
+         "tcp_queue": row.get("tcp_queue")}  # fmt: skip
+  if "congestion_control" in row:
+    net["congestion_control"] = row["congestion_control"]
+  what = ("bytes", "trials", "work", "handshake", "repeat")
+  return {"network": net, **{k: row[k] for k in what if k in row}}
+
+
+def parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--hosts", default="4,8", help="host counts, comma-separated")
   ap.add_argument("--bytes", default="4MiB,16MiB", help="bytes per participant")
@@ -150,34 +188,9 @@ def main(argv=None) -> int:
     " receiver's one-byte 'ready to receive', as gloo's rendezvous does), work+handshake",
   )
   ap.add_argument("--repeats", type=int, default=1, help="rounds over the congestion controls")
-  ap.add_argument("--out", default=None, help="JSON Lines file (appended)")
-  a = ap.parse_args(argv)
-  ccs = [c or None for c in a.congestion_controls.split(",")]
-  variants = a.variants.split(",")
-  known = ("plain", "work", "handshake", "work+handshake")
-  if bad := [v for v in variants if v not in known]:
-    raise SystemExit(f"--variants: expected some of {', '.join(known)}, got {bad[0]!r}")
-  rootless, problem = netns.choose()
-  problem = problem or next(filter(None, map(netns.congestion_control_problem, ccs)), None)
-  if problem:
-    raise SystemExit(problem)
-  rate = units.parse_rate(a.link, "--link")
-  tcp_queue = units.parse_size(a.tcp_queue, "--tcp-queue")
-  for repeat in range(1, a.repeats + 1):
-    for p in (int(h) for h in a.hosts.split(",")):
-      for nbytes in (units.parse_size(b, "--bytes") for b in a.bytes.split(",")):
-        for cc, v in ((cc, v) for cc in ccs for v in variants):
-          row = measure(
-            p, nbytes, rate, a.trials, tcp_queue, cc, "work" in v, "handshake" in v, rootless
-          )
-          if a.repeats > 1:
-            row["repeat"] = repeat
-          print(json.dumps(row), flush=True)
-          if a.out:
-            with open(a.out, "a") as f:
-              f.write(json.dumps(row) + "\n")
-  return 0
+  ap.add_argument("--out", default=None, help="the rows' file (.jsonl, appended)")
+  return ap
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sweep(parser().parse_args())

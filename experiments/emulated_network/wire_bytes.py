@@ -8,20 +8,26 @@ Runs on every host of an emulated cluster (one process per host, one device each
 For each algorithm: compile and run it once, wait for every host (a barrier), read
 this host's ``tx_bytes`` (``/sys/class/net/DEV/statistics``, the namespace's own
 interfaces: ``ip netns exec`` mounts its /sys), run it ``--reps`` times, barrier, read
-again. The same interval with nothing run (barriers only) is subtracted. Host 0 writes
+again. The same interval with nothing run (barriers only) is subtracted. Host 0 appends
 one row per (algorithm, host) with the schedule's bytes for that host next to it
-(:func:`allreduce_jax.gloo_model.schedule_bytes`). Rows already in ``--out`` are kept.
+(:func:`allreduce_jax.gloo_model.schedule_bytes`), through the row store (kind ``wire``);
+the algorithms already in ``--out`` at this size and host count are skipped.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 from pathlib import Path
 
-from allreduce_jax import distributed
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+
+from allreduce_jax import ALGORITHMS, devices, distributed, gloo_model, results
+from allreduce_jax.tools.bench import programs, verifiable_block
+from allreduce_jax.units import parse_size
 
 
 def _tx() -> int:
@@ -32,59 +38,42 @@ def _tx() -> int:
   return total
 
 
-def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--bytes", default="4MiB", help="bytes per participant")
-  ap.add_argument("--reps", type=int, default=2, help="calls counted per algorithm")
-  ap.add_argument(
-    "--algorithms", default=None, help="comma list (default: every one with a schedule)"
+def counted(fn, reps: int) -> int:
+  """Bytes this host sent over ``reps`` calls of ``fn``, between barriers."""
+  multihost_utils.sync_global_devices("before")
+  t0 = _tx()
+  for _ in range(reps):
+    fn()
+  multihost_utils.sync_global_devices("after")
+  return _tx() - t0
+
+
+def sent_per_call(algorithm: str, p: int, count: int, reps: int, idle: int) -> np.ndarray:
+  """Every host's bytes sent per call of ``algorithm`` (``f64[p]``), the idle interval's
+  subtracted."""
+  mesh, spec, timed, _ = programs(algorithm, p, "sum")
+  x = devices.put(
+    (p, count), "float32", NamedSharding(mesh, spec), lambda idx: verifiable_block(idx, p, count)
   )
-  ap.add_argument("--network", default="switch", help="the cluster's --topology (for the rows)")
-  ap.add_argument("--out", required=True)
-  args = ap.parse_args(argv)
+  timed(x).block_until_ready()  # compile, connect
+  sent = (counted(lambda: timed(x).block_until_ready(), reps) - idle) / reps
+  return np.asarray(multihost_utils.process_allgather(np.array([sent], np.float64))).reshape(-1)
+
+
+def measure(args: argparse.Namespace) -> None:
   distributed.initialize_from_env()
-  import jax
-  import numpy as np
-  from jax.experimental import multihost_utils
-  from jax.sharding import NamedSharding
-
-  from allreduce_jax import ALGORITHMS, devices, gloo_model
-  from allreduce_jax.tools.bench import programs, verifiable_block
-  from allreduce_jax.units import parse_size
-
   p = jax.device_count()
   n = parse_size(args.bytes)
   names = args.algorithms.split(",") if args.algorithms else [
     a for a, r in ALGORITHMS.items() if r.messages is not None and devices.fits(a, p)
   ]  # fmt: skip
-  count = n // 4
-  done = set()
-  out = Path(args.out)
-  if out.exists():
-    for line in out.read_text().splitlines():
-      r = json.loads(line)
-      done.add((r["network"], r["p"], r["bytes"], r["algorithm"]))
-  names = [a for a in names if (args.network, p, n, a) not in done]
+  done = {
+    (r["network"], r["p"], r["bytes"], r["algorithm"]) for r in results.read_rows(args.out, "wire")
+  }
+  idle = counted(lambda: None, args.reps)
   rows = []
-
-  def counted(fn) -> int:
-    multihost_utils.sync_global_devices("before")
-    t0 = _tx()
-    for _ in range(args.reps):
-      fn()
-    multihost_utils.sync_global_devices("after")
-    return _tx() - t0
-
-  idle = counted(lambda: None)
-  for alg in names:
-    mesh, spec, timed, _ = programs(alg, p, "sum")
-    x = devices.put(
-      (p, count), "float32", NamedSharding(mesh, spec), lambda idx: verifiable_block(idx, p, count)
-    )
-    timed(x).block_until_ready()  # compile, connect
-    sent = (counted(lambda t=timed, x=x: t(x).block_until_ready()) - idle) / args.reps
-    every = multihost_utils.process_allgather(np.array([sent], np.float64))
-    every = np.asarray(every).reshape(-1)
+  for alg in [a for a in names if (args.network, p, n, a) not in done]:
+    every = sent_per_call(alg, p, n // 4, args.reps, idle)
     schedule = gloo_model.schedule_bytes(alg, p, n)
     for host, b in enumerate(every):
       rows.append({
@@ -93,16 +82,24 @@ def main(argv=None) -> int:
         "ratio": float(b / schedule[host]) if schedule[host] else None,
       })  # fmt: skip
     if jax.process_index() == 0:
-      print(
-        f"{alg:22s} host0 {every[0] / 1e6:8.2f} MB  schedule {schedule[0] / 1e6:8.2f} MB",
-        flush=True,
-      )
+      print(f"{alg:22s} host0 {every[0] / 1e6:8.2f} MB  schedule {schedule[0] / 1e6:8.2f} MB",
+            flush=True)  # fmt: skip
   if jax.process_index() == 0 and rows:
-    with open(out, "a") as f:
-      for r in rows:
-        f.write(json.dumps(r) + "\n")
-  return 0
+    store = results.RowStore(args.out, "wire")
+    store.extend(rows, [store.key(bytes=n, algorithm=r["algorithm"], host=r["host"]) for r in rows])
+
+
+def parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--bytes", default="4MiB", help="bytes per participant")
+  ap.add_argument("--reps", type=int, default=2, help="calls counted per algorithm")
+  ap.add_argument(
+    "--algorithms", default=None, help="comma list (default: every one with a schedule)"
+  )
+  ap.add_argument("--network", default="switch", help="the cluster's --topology (for the rows)")
+  ap.add_argument("--out", required=True, help="the rows' file (.jsonl, appended)")
+  return ap
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  measure(parser().parse_args())

@@ -5,6 +5,7 @@ links of a known rate between them, e.g. on one Linux machine as root:
 
     allreduce-jax cluster --hosts 4 --link 200Mbit -- python experiments/gloo_pair_order/gloo_exchange_half_duplex.py
 
+(``experiments/emulated_network/run.py sweep 1 9`` runs it so and keeps the rows it prints),
 or on any machines: ``JAX_COORDINATOR_ADDRESS=host0:1234 JAX_NUM_PROCESSES=4
 JAX_PROCESS_ID=i python gloo_exchange_half_duplex.py``. It times, with 16 MiB per
 process (or each of ``--sizes 256KiB,1MiB,...``; median, min and max of 7 after a
@@ -89,12 +90,11 @@ def _sizes(argv: list[str]) -> list[int]:
   return out
 
 
-def main(argv: list[str] | None = None) -> int:
-  sizes = _sizes(sys.argv[1:] if argv is None else argv)
+def time_all(sizes: list[int]) -> None:
+  """Every pattern at every size, on this process's host; process 0 prints the rows."""
   _init()
   for n in sizes:
     _time_patterns(n)
-  return 0
 
 
 def _time_patterns(n: int) -> None:
@@ -134,4 +134,4 @@ def _time_patterns(n: int) -> None:
 
 
 if __name__ == "__main__":
-  sys.exit(main())
+  time_all(_sizes(sys.argv[1:]))

@@ -13,7 +13,6 @@ script. The replay is :func:`allreduce_jax.gloo_model.emulated_seconds` and
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
@@ -25,13 +24,13 @@ NETWORK_ROWS = HERE.parent / "emulated_network" / "rows"
 
 
 def _rows(path: Path) -> list[dict]:
-  if not path.exists():
-    return []
-  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  """The exchange's rows (gloo alone and in JAX)."""
+  return results.read_rows(path, "exchange")
 
 
 def _good(root: Path, name: str) -> list[dict]:
-  return [r for r in _rows(root / name) if r.get("wrong") == 0]
+  """The emulated network's bench rows, every result right."""
+  return [r for r in results.read_rows(root / name, "bench") if r.get("wrong") == 0]
 
 
 def _mib(n: int) -> str:
@@ -133,7 +132,7 @@ def half_duplex_sizes_table(root: Path, network: Path) -> list[str]:
 
 def gloo_pair_order_table(root: Path, network: Path) -> list[str]:
   """Gloo alone (``experiments/gloo_pair_order/exchange``, rows in
-  ``gloo_pair_order.jsonl``, step 13 of ``network_sweep.sh``): per host count, start mode
+  ``gloo_pair_order.jsonl``, step 13 of ``run.py sweep``): per host count, start mode
   and size, one way's time and each pattern's time over it (per run, then the median over
   runs [min–max]). An exchange moves twice one way's bytes over the same links, so at full
   duplex it takes one way's time, at half duplex twice that. Halving-doubling's
@@ -154,7 +153,7 @@ def gloo_pair_order_table(root: Path, network: Path) -> list[str]:
     f"### Gloo alone: send or receive first in one exchange ({' and '.join(map(str, hosts))}"
     f"-host switch, {len(runs)} runs)",
     "",
-    "`STEPS=13 bash experiments/emulated_network/network_sweep.sh` (gloo's TCP transport in C++, no JAX:"
+    "`python experiments/emulated_network/run.py sweep 13` (gloo's TCP transport in C++, no JAX:"
     " `experiments/gloo_pair_order/`). Pairs j↔j^1; `send_first` posts the send, then the"
     " receive (XLA's `CollectivePermute`), `recv_first` the receive, then the send; one way:"
     " the even hosts send, the odd ones receive. Each call's time is its slowest host's;"
@@ -224,7 +223,7 @@ def _hd_replay_lines(network: Path, t: dict, runs: list[int], p: int) -> list[st
 
 def gloo_lanes_table(root: Path) -> list[str]:
   """The ring and the bidirectional ring in gloo alone (``gloo_lanes.jsonl``, step 14 of
-  ``network_sweep.sh``): per host count and size, the ring's time and each bidirectional
+  ``run.py sweep``): per host count and size, the ring's time and each bidirectional
   order's over the ring's of the same run (median over runs [min–max]), and the slowest
   call of any run over the ring's median: the bidirectional ring's calls take the ring's
   time or up to twice it, in either order."""
@@ -236,7 +235,7 @@ def gloo_lanes_table(root: Path) -> list[str]:
   lines = [
     f"### Gloo alone: the ring and the bidirectional ring ({len(runs)} runs)",
     "",
-    "`STEPS=14 bash experiments/emulated_network/network_sweep.sh` (`experiments/gloo_pair_order/exchange"
+    "`python experiments/emulated_network/run.py sweep 14` (`experiments/gloo_pair_order/exchange"
     " --patterns ring,bidir_send_first,bidir_recv_first --no-barrier`): the ring's 2(p−1)"
     " shifts of n/p, and the bidirectional ring's lanes in turn as XLA:CPU runs them (n/2p"
     " to j+1, then n/2p to j−1, each step), with each send or each receive posted first."
@@ -264,7 +263,8 @@ def tables(root: Path = HERE / "rows", network: Path = NETWORK_ROWS) -> dict[str
   """``{file name: text}`` of this study's tables from the rows under ``root`` (α from the
   emulated network's rows under ``network``, priced with the cost parameters they traced
   with: ``gloo_model.traced_params``)."""
-  traced = [r for path in sorted(network.rglob("*.jsonl")) for r in _rows(path)]
+  paths = sorted([*network.rglob("bench_*.jsonl"), *network.rglob("blocks_*.jsonl")])
+  traced = [r for path in paths for r in results.read_rows(path, "bench")]
   with cost_model.use_params(gloo_model.traced_params(traced)):
     text = ["# Gloo's exchange, in JAX and alone (tables from the committed rows)", ""]
     text += half_duplex_table(root) + half_duplex_sizes_table(root, network)

@@ -50,13 +50,12 @@ class Network:
   rows: str
   forced: tuple[int, ...] = (0, 4)
   timeout: str | None = "900"
-  counters: bool = False  # also each host's interface counters and bench's figure
   blocks_apart: bool = False
 
 
 NETWORKS = {
   "switch": Network(4, ("switch",), {None: "ring,halving_doubling,psum,mpi"}, "1MiB:16MiB:4", 5,
-                    "run{rep}_alg{alg}{sfx}", (0, 3, 4, 5, 6), None, True, True),
+                    "run{rep}_alg{alg}{sfx}", (0, 3, 4, 5, 6), None, True),
   "sweep": Network(4, ("switch",), {0: "ring,halving_doubling,recursive_doubling,psum,mpi",
                                     4: "ring,psum,mpi"}, "1KiB:64MiB:16", 3, "sweep_run{rep}_alg{alg}"),
   "fat_tree": Network(4, ("fat_tree:2:2",), {None: "ring,halving_doubling,psum,mpi"},
@@ -189,15 +188,11 @@ def compare_command(net: Network, topology: str, rep: int, alg: int, args) -> li
     cluster += ["--topology", topology]
   if net.timeout:
     cluster += ["--timeout", net.timeout]
-  if net.counters:
-    cluster += ["--counters", str(ROWS / f"counters_alg{alg}_run{rep}{sfx}.json")]
   bench = ["bench", "--algorithms", net.algorithms.get(alg, net.algorithms.get(None)), "-b", lo,
            "-e", hi, "-f", factor, "--no-uneven", "-n", str(net.iters), "-w", "1"]  # fmt: skip
   if args.order:
     bench += ["--order", args.order]
   bench += ["--out", str(ROWS / f"{name}.jsonl")]
-  if net.counters:
-    bench += ["--plot", str(ROWS / f"{name}.png")]
   return [*cluster, "--", *bench]
 
 

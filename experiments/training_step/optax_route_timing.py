@@ -6,15 +6,13 @@ batch sharded over 8 emulated CPU devices) with ``all_reduce_gradients`` on the
 hand-written ring, on ``algorithm="psum"`` (XLA's own all-reduce), and with a plain
 ``lax.pmean``, with the tools' one timer (``tools.bench.time_round_robin``): ``--trials`` trials of ``--steps``
 timed steps each, median of the trial medians, min/max/IQR over every timed step; printed
-and appended as JSON lines.
+and appended through the row store (kind ``route_timing``), one row per variant.
 
   python experiments/training_step/optax_route_timing.py --trials 7 --steps 20 \
     --out experiments/training_step/rows/optax_route_timing.jsonl
 """
 
 import argparse
-import json
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +22,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from sklearn.datasets import load_digits
 
-from allreduce_jax import all_reduce_gradients
+from allreduce_jax import all_reduce_gradients, results
 from allreduce_jax.tools.bench import time_round_robin
 
 
@@ -57,13 +55,8 @@ def build(first, mesh, hidden):
   return step, params, tx.init(params)
 
 
-def main():
-  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--trials", type=int, default=7)
-  ap.add_argument("--steps", type=int, default=20)
-  ap.add_argument("--hidden", type=int, default=32)
-  ap.add_argument("--out", default="experiments/training_step/rows/optax_route_timing.jsonl")
-  args = ap.parse_args()
+def time_routes(args: argparse.Namespace) -> None:
+  """Every variant's step, side by side; one row each."""
   jax.config.update("jax_num_cpu_devices", 8)  # before the backend starts
   mesh = jax.make_mesh((8,), ("data",))
   x, y = load_digits(return_X_y=True)
@@ -83,30 +76,34 @@ def main():
   # (round-robin), `--trials` trials of `--steps` timed steps; median of trial medians.
   with jax.numpy_dtype_promotion("standard"):
     timings = time_round_robin(programs, iters=args.steps, warmup=3, trials=args.trials)
-  out = Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
   ref = timings[1].median_s
-  with out.open("a") as f:
-    for name, t in zip(variants, timings):
-      row = {
-        "variant": name,
-        **t.row(),
-        "devices": 8,
-        "backend": jax.default_backend(),
-        "jax_version": jax.__version__,
-        "params": int(n_params),
-        "hidden": args.hidden,
-        "vs_psum": t.median_s / ref,
-        "command": "python experiments/training_step/optax_route_timing.py"
-        f" --trials {args.trials} --steps {args.steps} --hidden {args.hidden}",
-      }
-      f.write(json.dumps(row) + "\n")
-      print(
-        f"{name:>28}: {t.median_s * 1e3:8.2f} ms/step (min {t.min_s * 1e3:.2f}, max"
-        f" {t.max_s * 1e3:.2f}, IQR {t.iqr_s * 1e3:.2f}; {args.trials} trials of {args.steps}"
-        f" steps)  x{t.median_s / ref:.2f} of psum"
-      )
+  store = results.RowStore(args.out, "route_timing")
+  run = len(store.rows()) // len(variants) + 1
+  for name, t in zip(variants, timings):
+    row = {
+      "variant": name, **t.row(), "devices": 8, "backend": jax.default_backend(),
+      "jax_version": jax.__version__, "params": int(n_params), "hidden": args.hidden,
+      "vs_psum": t.median_s / ref,
+      "command": "python experiments/training_step/optax_route_timing.py"
+      f" --trials {args.trials} --steps {args.steps} --hidden {args.hidden}",
+    }  # fmt: skip
+    store.append(row, store.key(variant=name, trials=args.trials, steps=args.steps,
+                                hidden=args.hidden, run=run))  # fmt: skip
+    print(
+      f"{name:>28}: {t.median_s * 1e3:8.2f} ms/step (min {t.min_s * 1e3:.2f}, max"
+      f" {t.max_s * 1e3:.2f}, IQR {t.iqr_s * 1e3:.2f}; {args.trials} trials of {args.steps}"
+      f" steps)  x{t.median_s / ref:.2f} of psum"
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--trials", type=int, default=7)
+  ap.add_argument("--steps", type=int, default=20)
+  ap.add_argument("--hidden", type=int, default=32)
+  ap.add_argument("--out", default="experiments/training_step/rows/optax_route_timing.jsonl")
+  return ap
 
 
 if __name__ == "__main__":
-  main()
+  time_routes(parser().parse_args())

@@ -52,10 +52,14 @@ def ring_fori_loop(flat, axis_name, combine):
   return out[:n]
 
 
-def main(argv=None) -> None:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--smoke", action="store_true", help="tiny sizes, few iterations")
-  args = parser.parse_args(argv)
+def parser() -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--smoke", action="store_true", help="tiny sizes, few iterations")
+  return ap
+
+
+def compare(args: argparse.Namespace) -> None:
+  """Both forms and ``psum`` at every size, side by side: compile time, median, over psum."""
   cfg = Config(sizes=(4 << 10, 64 << 10), iters=3, trials=1) if args.smoke else Config()
 
   import jax
@@ -93,4 +97,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-  main()
+  compare(parser().parse_args())

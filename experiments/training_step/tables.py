@@ -10,7 +10,6 @@ training step with the gradient all-reduced by ``all_reduce_gradients`` with the
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
@@ -23,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 def tables(root: Path = HERE / "rows") -> dict[str, str]:
   """``{path relative to the study folder: text}``."""
   path = root / "optax_route_timing.jsonl"
-  rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+  rows = results.read_rows(path, "route_timing")
   variants = list(dict.fromkeys(r["variant"] for r in rows))
   runs = [rows[i : i + len(variants)] for i in range(0, len(rows), len(variants))]
   r0 = rows[0]
