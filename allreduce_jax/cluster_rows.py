@@ -30,6 +30,12 @@ from allreduce_jax import cost_model, gloo_model, networks, registry, results
 Links = tuple[str, int, float, dict[int, float]] | None
 
 
+def bench_rows(path: str | os.PathLike) -> list[dict]:
+  """The bench rows of ``path`` whose every element came back right (``wrong == 0``); []
+  if the file does not exist."""
+  return [r for r in results.read_rows(path, "bench") if r.get("wrong") == 0]
+
+
 def network(row: dict) -> dict | None:
   """The emulated network ``row`` was measured on: its key's ``network`` (spec, hosts,
   ``link_Bps``, queue, MTU, TCP queue, faults), or None for a row of another machine.
@@ -68,6 +74,36 @@ def line_share(row: dict) -> float:
     0.9
   """
   return row["busbw_GBps"] * 1e9 / network(row)["link_Bps"]
+
+
+def line_shares(rows: Iterable[dict], fields: tuple[str, ...] = ("queue", "mtu")) -> dict:
+  """``(hosts, *fields, algorithm, bytes) -> [line share, ...]``: :func:`line_share` of every
+  right row of the ``ring`` set (``run.py link-queue``'s rows of the emulated network
+  study), one per repeat, grouped by the link settings named in ``fields``.
+
+  Example:
+    >>> key = '{"network": {"network": "switch", "hosts": 4, "link_Bps": 25e6}}'
+    >>> row = {"key": key, "set": "ring", "wrong": 0, "hosts": 4, "queue": "64KiB",
+    ...        "algorithm": "ring", "bytes": 4, "busbw_GBps": 0.0225}
+    >>> line_shares([row, {**row, "busbw_GBps": 0.02}], ("queue",))
+    {(4, '64KiB', 'ring', 4): [0.9, 0.8]}
+  """
+  cells: dict = {}
+  for r in rows:
+    if r.get("set") == "ring" and r.get("wrong") == 0:
+      key = (r["hosts"], *(r[f] for f in fields), r["algorithm"], r["bytes"])
+      cells.setdefault(key, []).append(line_share(r))
+  return cells
+
+
+def seconds(rows: Iterable[dict]) -> dict[tuple[str, int], float]:
+  """``(algorithm, bytes) -> seconds`` of ``bench`` rows (the last row of a cell wins).
+
+  Example:
+    >>> seconds([{"algorithm": "ring", "bytes": 4, "time_us": 2.5e6}])
+    {('ring', 4): 2.5}
+  """
+  return {(r["algorithm"], r["bytes"]): r["time_us"] * 1e-6 for r in rows}
 
 
 def fit_alpha(
@@ -148,8 +184,7 @@ def healthy_alpha(rows_dir: str | os.PathLike, net: str, hosts: int) -> float:
   """
   for name in (net, "switch"):
     path = Path(rows_dir) / f"blocks_{name.replace(':', '_')}_{hosts}.jsonl"
-    rows = [r for r in results.read_rows(path, "bench") if r.get("wrong") == 0]
-    if rows:
+    if rows := bench_rows(path):
       return fit_alpha(rows, hosts, name)
   return 0.0
 

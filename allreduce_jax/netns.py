@@ -669,6 +669,19 @@ def clean_stale() -> list[str]:
   return tags
 
 
+def interface_bytes(root: str | Path = "/sys/class/net") -> tuple[int, int]:
+  """``(sent, received)``: the bytes this network namespace's interfaces but ``lo`` have
+  sent and received so far (their counters; a process on an emulated host reads its own
+  host's links)."""
+  sent = received = 0
+  for dev in os.listdir(root):
+    if dev != "lo":
+      stats = Path(root) / dev / "statistics"
+      sent += int((stats / "tx_bytes").read_text())
+      received += int((stats / "rx_bytes").read_text())
+  return sent, received
+
+
 def counters(p: Plan) -> list[dict]:
   """Per host: ``{"host", "address", "tx_bytes", "rx_bytes"}``, the bytes its links
   have sent and received so far (their interface counters, read in its namespace)."""

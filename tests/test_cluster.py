@@ -121,6 +121,14 @@ def test_plan_rejects_what_it_cannot_emulate_in_one_line(spec, hosts, message):
     netns.plan(spec, hosts, 25e6)
 
 
+def test_interface_bytes_sums_every_interface_but_loopback(tmp_path):
+  for dev, sent, received in [("lo", 1000, 1000), ("eth0", 5, 7), ("eth1", 11, 13)]:
+    (tmp_path / dev / "statistics").mkdir(parents=True)
+    (tmp_path / dev / "statistics" / "tx_bytes").write_text(f"{sent}\n")
+    (tmp_path / dev / "statistics" / "rx_bytes").write_text(f"{received}\n")
+  assert netns.interface_bytes(tmp_path) == (16, 20)
+
+
 def test_without_privilege_one_line_says_what_is_needed(monkeypatch, capsys):
   # Neither root nor a user namespace: one line names both ways and what each needs.
   refused = "unshare: unshare failed: Operation not permitted"

@@ -42,7 +42,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tqdm import tqdm
 
-from allreduce_jax import ALGORITHMS, _wire, all_reduce, cost_model, devices, names, topology
+from allreduce_jax import ALGORITHMS, _wire, all_reduce, cost_model, devices, names, netns, topology
 from allreduce_jax._ops import get_op
 from allreduce_jax.results import fingerprint, run_context
 from allreduce_jax.tools import compare, mpi_peer, plot
@@ -231,6 +231,19 @@ def programs(algorithm: str, p: int, op: str, wire: str | None = None):
     jax.shard_map(check, mesh=mesh, in_specs=(spec, spec), out_specs=(spec, spec), check_vma=False)
   )
   return mesh, spec, timed, checker
+
+
+def wire_bytes(fn, reps: int) -> np.ndarray:
+  """``f64[2]``: the bytes this host's interfaces sent and received over ``reps`` calls of
+  ``fn`` (:func:`allreduce_jax.netns.interface_bytes` read after a barrier of every
+  process, before and after). ``wire_bytes(lambda: None, reps)`` is the barriers' own,
+  to subtract."""
+  multihost_utils.sync_global_devices("wire bytes: before")
+  before = netns.interface_bytes()
+  for _ in range(reps):
+    fn()
+  multihost_utils.sync_global_devices("wire bytes: after")
+  return np.subtract(netns.interface_bytes(), before).astype(np.float64)
 
 
 def measure_size(

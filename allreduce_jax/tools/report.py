@@ -913,6 +913,19 @@ def measurements(out: Path) -> list[dict]:
   }]  # fmt: skip
 
 
+def _sentence(parts: list[str], joint: str) -> list[str]:
+  """``parts`` as one sentence (capitalised, a full stop), or none if there are none.
+
+  Example:
+    >>> _sentence(["the ring won", "psum came second"], "; ")
+    ['The ring won; psum came second.']
+  """
+  if not parts:
+    return []
+  sentence = joint.join(parts)
+  return [sentence[0].upper() + sentence[1:] + "."]
+
+
 def findings(out: Path) -> list[str]:
   """What this run found, in (at most) three sentences computed from its rows: the
   one-process measurements, what the latency term decides, and the network (emulated
@@ -961,9 +974,7 @@ def findings(out: Path) -> list[str]:
       f" {'one bucket' if best['bucket'] == 'one' else best['bucket'] + ' buckets'} instead of"
       f" leaf by leaf made it {best['speedup_vs_per_leaf']:.1f}× faster"
     )
-  if parts:
-    sentence = ", ".join(parts)
-    said.append(sentence[0].upper() + sentence[1:] + ".")
+  said += _sentence(parts, ", ")
   net = [r for r in _rows(out / "network" / "bench.jsonl") if r.get("wrong") == 0]
   replayed = replay_winners(_rows(out / "scaling_topology.jsonl"))
   parts = []
@@ -990,9 +1001,7 @@ def findings(out: Path) -> list[str]:
       f" {max(w['p'] for w in replayed):,} participants, the fastest algorithm differs from"
       f" the flat α-β model's choice in {changed} of {len(replayed)} (network, size) cells"
     )
-  if parts:
-    sentence = "; ".join(parts)
-    said.append(sentence[0].upper() + sentence[1:] + ".")
+  said += _sentence(parts, "; ")
   return said
 
 

@@ -22,7 +22,13 @@ import argparse
 import json
 from dataclasses import dataclass
 
-from allreduce_jax import results
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from allreduce_jax import all_reduce, names, results, wire_error
+from allreduce_jax.devices import mesh_for, use_cpu_devices
 
 #: A closed-form model of the relative L2 error (int8 block 256), for comparison.
 MODEL = {
@@ -43,20 +49,20 @@ class Config:
 
 
 def inputs(p: int, n: int, seed: int):
-  import numpy as np
-
   return np.random.default_rng([seed, p]).standard_normal((p, n)).astype(np.float32)
 
 
+def row(cfg: Config, source: str, algorithm: str, wire: str, p: int, out, x, **more) -> dict:
+  """One cell's row (printed as it is made): ``out``'s relative error against the sum of
+  ``x``, beside the closed-form model's where it has one."""
+  rel = wire_error.relative_error(out, x)
+  r = dict(source=source, algorithm=algorithm, wire=wire, p=p, n=cfg.n, rel_error=rel, **more)
+  r["model"] = MODEL.get((algorithm, wire), {}).get(p)
+  print(json.dumps(r), flush=True)
+  return r
+
+
 def measured(cfg: Config) -> list[dict]:
-  import jax
-  import numpy as np
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
-
-  from allreduce_jax import all_reduce, names, wire_error
-  from allreduce_jax.devices import mesh_for
-
   rows = []
   for alg in names(axes=1, hand_written=True, priced=True):
     ps = cfg.measured_ps if alg in wire_error.REPLAYED else (2, 4, 8)
@@ -75,43 +81,17 @@ def measured(cfg: Config) -> list[dict]:
         )
         out = np.asarray(f(xs)).reshape(p, cfg.n)
         same = all(np.array_equal(out[0].view(np.uint32), r.view(np.uint32)) for r in out)
-        rows.append(
-          dict(
-            source="measured",
-            algorithm=alg,
-            wire=wire,
-            p=p,
-            n=cfg.n,
-            rel_error=wire_error.relative_error(out[0], x),
-            replicas_identical=bool(same),
-            model=MODEL.get((alg, wire), {}).get(p),
-          )
-        )
-        print(json.dumps(rows[-1]), flush=True)
+        rows.append(row(cfg, "measured", alg, wire, p, out[0], x, replicas_identical=same))
   return rows
 
 
 def replayed(cfg: Config) -> list[dict]:
-  from allreduce_jax import wire_error
-
   rows = []
   for p in cfg.replay_ps:
     x = inputs(p, cfg.n, cfg.seed)
     for alg in wire_error.REPLAYED:
       for wire in cfg.wires:
-        err = wire_error.relative_error(wire_error.replay(alg, x, wire), x)
-        rows.append(
-          dict(
-            source="replay",
-            algorithm=alg,
-            wire=wire,
-            p=p,
-            n=cfg.n,
-            rel_error=err,
-            model=MODEL.get((alg, wire), {}).get(p),
-          )
-        )
-        print(json.dumps(rows[-1]), flush=True)
+        rows.append(row(cfg, "replay", alg, wire, p, wire_error.replay(alg, x, wire), x))
   return rows
 
 
@@ -121,8 +101,6 @@ def measure(args: argparse.Namespace) -> None:
   cfg = Config(out=args.out)
   if args.smoke:
     cfg = Config(n=1024, measured_ps=(2, 4), replay_ps=(2, 4, 16), out=args.out)
-  from allreduce_jax.devices import use_cpu_devices
-
   use_cpu_devices(max(cfg.measured_ps))
   rows = replayed(cfg) + measured(cfg)
   store = results.RowStore(cfg.out, "wire_error")

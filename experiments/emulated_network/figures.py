@@ -22,15 +22,11 @@ HERE = Path(__file__).resolve().parent
 NETS = (("switch", 4), ("switch", 8), ("fat_tree:4:2", 8), ("torus:8", 8))
 
 
-def _rows(path: Path) -> list[dict]:
-  return [r for r in results.read_rows(path, "bench") if r.get("wrong") == 0]
-
-
 def model_cells(root: Path) -> list[dict]:
   """Every round-robin cell ≥ 1 MiB beside its replay (``cluster_rows.replay_cell``)."""
   cells = []
   for net, p in NETS:
-    rows = _rows(root / f"bench_{net.replace(':', '_')}_{p}.jsonl")
+    rows = cluster_rows.bench_rows(root / f"bench_{net.replace(':', '_')}_{p}.jsonl")
     if not rows:
       continue
     rate = cluster_rows.link_rate(rows)
@@ -66,7 +62,7 @@ def time_vs_model(cells: list[dict]) -> Figure:
 
 def blocks_figure(path: Path) -> Figure | None:
   """One blocks file's rows, the α-β-γ model fitted on them from 1 MiB dashed."""
-  rows = _rows(path)
+  rows = cluster_rows.bench_rows(path)
   sample = [(r["algorithm"], r["n_devices"], r["bytes"], r["time_us"] * 1e-6)
             for r in rows if r["bytes"] >= 1 << 20]  # fmt: skip
   return plot.bench(rows, cost_model.fit_all(sample), title=f"{path.parent.name}/{path.stem}")

@@ -19,10 +19,6 @@ HERE = Path(__file__).resolve().parent
 NETS = (("switch", 4), ("switch", 8), ("fat_tree:4:2", 8), ("torus:8", 8))
 
 
-def _good(path: Path) -> list[dict]:
-  return [r for r in results.read_rows(path, "bench") if r.get("wrong") == 0]
-
-
 def _name(net: str, p: int) -> str:
   return f"{net.replace(':', '_')}_{p}.jsonl"
 
@@ -47,7 +43,7 @@ def round_robin(root: Path) -> list[str]:
   half-duplex model's pick among the measured hand-written algorithms against the best."""
   lines = []
   for net, p in NETS:
-    rows = _good(root / f"bench_{_name(net, p)}")
+    rows = cluster_rows.bench_rows(root / f"bench_{_name(net, p)}")
     if not rows:
       continue
     cells = cluster_rows.replay_cells(rows, net, p)
@@ -82,7 +78,10 @@ def in_blocks(root: Path) -> list[str]:
   """Each network timed in blocks against its round robin (α as the round robin's)."""
   lines = []
   for net, p in NETS:
-    blocks, robin = _good(root / f"blocks_{_name(net, p)}"), _good(root / f"bench_{_name(net, p)}")
+    blocks, robin = (
+      cluster_rows.bench_rows(root / f"blocks_{_name(net, p)}"),
+      cluster_rows.bench_rows(root / f"bench_{_name(net, p)}"),
+    )
     if not blocks:
       continue
     cells = cluster_rows.replay_cells(blocks, net, p, alpha_rows=robin)
@@ -138,11 +137,11 @@ def in_sets(root: Path, folder: str) -> list[str]:
   against, title, versus, _ = SETS[folder]
   lines = []
   for net, p in NETS:
-    rows = _good(root / folder / f"blocks_{_name(net, p)}")
+    rows = cluster_rows.bench_rows(root / folder / f"blocks_{_name(net, p)}")
     if not rows:
       continue
     cells = cluster_rows.replay_cells(rows, net, p)
-    other = _good(root / against / f"blocks_{_name(net, p)}")
+    other = cluster_rows.bench_rows(root / against / f"blocks_{_name(net, p)}")
     to = {(r["algorithm"], r["bytes"]): r["time_us"] * 1e-6 for r in other}
     text = {_key(c): f"{c['measured_s']:.3g} s ({c['measured_s'] / c['model_half_s']:.2f})"
                      f" {_ratio(to, c)}" for c in cells}  # fmt: skip

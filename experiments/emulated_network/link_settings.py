@@ -21,34 +21,6 @@ SWEEP = "python experiments/emulated_network/run.py sweep"
 LINK_QUEUE = "python experiments/emulated_network/run.py link-queue"
 
 
-def _read(path: Path) -> list[dict]:
-  return results.read_rows(path, "bench")
-
-
-def _good(root: Path, name: str) -> list[dict]:
-  return [r for r in _read(root / name) if r.get("wrong") == 0]
-
-
-def _times(rows: list[dict]) -> dict:
-  """``(algorithm, bytes) -> seconds`` of bench rows."""
-  return {(r["algorithm"], r["bytes"]): r["time_us"] * 1e-6 for r in rows}
-
-
-def _mib(n: int) -> str:
-  return units.format_bytes(n)
-
-
-def _queue_cells(rows: list[dict], fields: tuple[str, ...] = ("queue", "mtu")) -> dict:
-  """(hosts, *fields, algorithm, bytes) -> busbw / line rate of each repeat
-  (``run.py link-queue``'s ring rows)."""
-  cells: dict = {}
-  for r in rows:
-    if r.get("set") == "ring" and r.get("wrong") == 0:
-      key = (r["hosts"], *(r[f] for f in fields), r["algorithm"], r["bytes"])
-      cells.setdefault(key, []).append(cluster_rows.line_share(r))
-  return cells
-
-
 def _config_line(cells: dict, config: tuple, sizes=(4 << 20, 16 << 20)) -> str:
   """One table line of a configuration (hosts first): its repeats, then ring and psum at
   ``sizes`` (4 and 16 MiB), each the median over repeats [min–max]."""
@@ -79,8 +51,8 @@ def _incast_lines(rows: list[dict], field: str, label: str, caption: str) -> lis
 def tcp_queue_table(root: Path) -> list[str]:
   """The ring and psum against line rate with the kernel's TCP queue (4 MiB a socket)
   and 16 KiB, in one run (``run.py link-queue --tcp-queues``), and the incast."""
-  rows = _read(root / "tcp_queue.jsonl")
-  cells = _queue_cells(rows, ("tcp_queue",))
+  rows = results.read_rows(root / "tcp_queue.jsonl", "bench")
+  cells = cluster_rows.line_shares(rows, ("tcp_queue",))
   if not cells:
     return []
   lines = [
@@ -107,7 +79,7 @@ def mtu_table(root: Path) -> list[str]:
   16 KiB TCP queue (``mtu_16k.jsonl``, ``run.py link-queue --mtus 1500,9000
   --tcp-queues 16KiB``). Line rate counts frames: 1500 carries at most 0.956 of it as
   TCP payload, 9000 0.993 (``gloo_model.payload_share``)."""
-  cells = _queue_cells(_read(root / "mtu_16k.jsonl"), ("mtu",))
+  cells = cluster_rows.line_shares(results.read_rows(root / "mtu_16k.jsonl", "bench"), ("mtu",))
   if not cells:
     return []
   return [
@@ -144,10 +116,12 @@ def congestion_control_table(root: Path) -> list[str]:
   queue, 4 to 64 MiB: ``congestion_control.jsonl``, then ``finish_per_slice.jsonl``
   (the same runs after ``all_reduce`` finished each reduced slice, ``_comm.finished``)."""
   sizes = (4 << 20, 16 << 20, 64 << 20)
-  head = " | ".join(f"{a} {_mib(n)}" for a in ("ring", "psum") for n in sizes)
+  head = " | ".join(f"{a} {units.format_bytes(n)}" for a in ("ring", "psum") for n in sizes)
   lines = []
   for name, what, _, args, then in CC_SETS:
-    cells = _queue_cells(_read(root / name), ("congestion_control",))
+    cells = cluster_rows.line_shares(
+      results.read_rows(root / name, "bench"), ("congestion_control",)
+    )
     if not cells:
       continue
     lines += [
@@ -171,8 +145,8 @@ def congestion_control_table(root: Path) -> list[str]:
 def queue_table(root: Path) -> list[str]:
   """The ring and psum against line rate as the links' queue and MTU change
   (``run.py link-queue``), and what a short queue costs at an incast."""
-  rows = _read(root / "link_queue.jsonl")
-  cells = _queue_cells(rows)
+  rows = results.read_rows(root / "link_queue.jsonl", "bench")
+  cells = cluster_rows.line_shares(rows)
   if not cells:
     return []
   lines = [
@@ -221,7 +195,7 @@ def ring_alone_table(root: Path) -> list[str]:
     "|---|---|---|",
   ]
   for f in files:
-    r = next(r for r in _good(d, f.name) if r["algorithm"] == "ring")
+    r = next(r for r in cluster_rows.bench_rows(d / f.name) if r["algorithm"] == "ring")
     rate = cluster_rows.network(r)["link_Bps"]
     bus = r["bytes"] * 2 * 3 / 4 / rate * 1e6  # 4 hosts: 2(p-1)/p n at the line rate, in us
     lines.append(
@@ -237,7 +211,7 @@ def rootless_table(root: Path) -> list[str]:
   ``run.py sweep``): each time as the median over runs [min–max], and per run the
   rootless time over the root time of the run beside it."""
   runs = {
-    (mode, int(f.stem.rsplit("run", 1)[1])): _times(_good(f.parent, f.name))
+    (mode, int(f.stem.rsplit("run", 1)[1])): cluster_rows.seconds(cluster_rows.bench_rows(f))
     for mode in ("root", "rootless")
     for f in sorted((root / "rootless").glob(f"{mode}_run*.jsonl"))
   }
@@ -265,7 +239,7 @@ def rootless_table(root: Path) -> list[str]:
     less = [runs[("rootless", i)][(alg, n)] for i in ids]
     ratio = [b / a for a, b in zip(root_t, less)]
     lines.append(
-      f"| {alg} | {_mib(n)} | {spread(root_t, '.3f')} | {spread(less, '.3f')} | {spread(ratio)} |"
+      f"| {alg} | {units.format_bytes(n)} | {spread(root_t, '.3f')} | {spread(less, '.3f')} | {spread(ratio)} |"
     )
   return [*lines, ""]
 

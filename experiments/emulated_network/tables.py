@@ -28,18 +28,6 @@ SWEEP = "python experiments/emulated_network/run.py sweep"
 LINK_QUEUE = "python experiments/emulated_network/run.py link-queue"
 
 
-def _read(path: Path) -> list[dict]:
-  return results.read_rows(path, "bench")
-
-
-def _good(root: Path, name: str) -> list[dict]:
-  return [r for r in _read(root / name) if r.get("wrong") == 0]
-
-
-def _mib(n: int) -> str:
-  return units.format_bytes(n)
-
-
 #: The sweep's sets timed in blocks at the 16 KiB TCP queue (folders under rows/; their grids
 #: are in grids.md) and what tells their cells apart.
 SETS = {
@@ -62,9 +50,9 @@ def cells(
   out = []
   for net, p in NETS:
     name = f"{net.replace(':', '_')}_{p}.jsonl"
-    rows = _good(root, prefix + name)
+    rows = cluster_rows.bench_rows(root / (prefix + name))
     if rows:
-      fit = _good(root, robin + name) if robin else None
+      fit = cluster_rows.bench_rows(root / (robin + name)) if robin else None
       out += [
         c | tags for c in cluster_rows.replay_cells(rows, net, p, alpha_rows=fit, bucket=bucket)
       ]
@@ -97,7 +85,9 @@ def _congestion_control_lines(root: Path, p: int) -> list[str]:
   """The ring on the ``p``-host switch per congestion control, in each of ``CC_SETS``."""
   lines = []
   for name, label in CC_SETS:
-    cells = _queue_cells(_read(root / name), ("congestion_control",))
+    cells = cluster_rows.line_shares(
+      results.read_rows(root / name, "bench"), ("congestion_control",)
+    )
     for cc in sorted({k[1] for k in cells if k[0] == p}):
       v = {k[3]: x for k, x in cells.items() if k[:3] == (p, cc, "ring")}
       lines.append(_runs_line(f"with `--congestion-control {cc}`{label} (median of runs", v))
@@ -110,7 +100,7 @@ def _runs_line(label: str, v: dict) -> str:
   ok = all(min(x) >= 0.90 for x in v.values())
   return (
     f"  - {label} [min–max]):"
-    + ",".join(f" {_mib(n)} {spread(x)}" for n, x in sorted(v.items()))
+    + ",".join(f" {units.format_bytes(n)} {spread(x)}" for n, x in sorted(v.items()))
     + (": met in every run." if ok else ": not met.")
   )  # fmt: skip
 
@@ -118,10 +108,10 @@ def _runs_line(label: str, v: dict) -> str:
 def _jumbo_line(root: Path, p: int) -> list[str]:
   """The ring on the ``p``-host switch with jumbo frames (MTU 9000) at the 16 KiB TCP
   queue: ``mtu_16k.jsonl`` (4, 16 MiB) and ``jumbo_64mib/`` (64 MiB), medians over runs."""
-  v = {n: x for (h, mtu, a, n), x in _queue_cells(_read(root / "mtu_16k.jsonl"), ("mtu",)).items()
+  v = {n: x for (h, mtu, a, n), x in cluster_rows.line_shares(results.read_rows(root / "mtu_16k.jsonl", "bench"), ("mtu",)).items()
        if h == p and mtu == 9000 and a == "ring"}  # fmt: skip
   for path in sorted((root / "jumbo_64mib").glob(f"switch_{p}_run*.jsonl")):
-    for r in _read(path):
+    for r in results.read_rows(path, "bench"):
       if r["algorithm"] == "ring" and r.get("wrong") == 0:
         v.setdefault(r["bytes"], []).append(cluster_rows.line_share(r))
   return [_runs_line("with `--mtu 9000` (jumbo frames; median of runs", v)] if v else []
@@ -133,13 +123,16 @@ def two_run_model_lines(root: Path, first: Path, again: Path, what: str) -> list
   lines = []
   for net, p in NETS:
     name = f"blocks_{net.replace(':', '_')}_{p}.jsonl"
-    one, two = _good(root / first, name), _good(root / again, name)
+    one, two = (
+      cluster_rows.bench_rows(root / first / name),
+      cluster_rows.bench_rows(root / again / name),
+    )
     if not (one and two):
       continue
     rate = cluster_rows.link_rate(one + two)
     alpha = {"half": cluster_rows.fit_alpha(one + two, p, net, "half"), "full": 0.0}
     alpha["bucket"] = cluster_rows.fit_alpha(one + two, p, net, "half", bucket=True)
-    t1, t2 = _times(one), _times(two)
+    t1, t2 = cluster_rows.seconds(one), cluster_rows.seconds(two)
     mean = [(a, n, (t1[(a, n)] + t2[(a, n)]) / 2) for a, n in t1
             if n >= 1 << 20 and a not in ("psum", "auto") and (a, n) in t2]  # fmt: skip
     both = [cluster_rows.replay_cell(a, p, n, net, m, alpha, rate) for a, n, m in mean]
@@ -155,7 +148,7 @@ def _ring(cells: list[dict], p: int) -> list[dict]:
 
 def _lines(cells: list[dict]) -> str:
   """`` 4 MiB 0.92, 16 MiB 0.93``: each cell's busbw over the line rate."""
-  return ",".join(f" {_mib(s['bytes'])} {s['busbw_over_line']:.2f}" for s in cells)
+  return ",".join(f" {units.format_bytes(s['bytes'])} {s['busbw_over_line']:.2f}" for s in cells)
 
 
 def small_queue_targets(
@@ -172,7 +165,9 @@ def small_queue_targets(
   if not summary:
     return []
   lines = ["### The targets at `--tcp-queue 16KiB` (cluster's default), timed in blocks", ""]
-  cells = _queue_cells(_read(root / "tcp_queue.jsonl"), ("tcp_queue",))
+  cells = cluster_rows.line_shares(
+    results.read_rows(root / "tcp_queue.jsonl", "bench"), ("tcp_queue",)
+  )
   for p in (4, 8):
     v = {n: cells.get((p, "16KiB", "ring", n), []) for n in (4 << 20, 16 << 20)}
     sweep, repeat, fin, fin2 = (_ring(c, p) for c in (summary, again, finish, finish_again))
@@ -185,7 +180,7 @@ def small_queue_targets(
       ok_fin2 = all(s["busbw_over_line"] >= 0.90 for s in fin2)
       lines.append(
         f"- ring busbw / line rate on the {p}-host switch (target ≥ 0.90 from 4 MiB):"
-        + "".join(f" {_mib(n)} {m:.2f} (median of {len(v[n])})," for n, m in med.items())
+        + "".join(f" {units.format_bytes(n)} {m:.2f} (median of {len(v[n])})," for n, m in med.items())
         + f" in the sweep{_lines(sweep)}"
         + ("; in its repeat" if repeat else "")
         + f"{_lines(repeat)}: {'met' if ok else 'not met'}"
@@ -232,7 +227,7 @@ def _model_line(mine: list[dict], where: str) -> list[str]:
 
   def line(key, what):
     off = [s for s in mine if not 0.8 <= s["measured_s"] / s[key] <= 1.2]
-    names = ", ".join(f"{s['algorithm']} {_mib(s['bytes'])} {s['measured_s'] / s[key]:.2f}"
+    names = ", ".join(f"{s['algorithm']} {units.format_bytes(s['bytes'])} {s['measured_s'] / s[key]:.2f}"
                       for s in off)  # fmt: skip
     return (f"{what} within 20 % on {where}, hand-written algorithms at ≥ 1 MiB:"
             f" {len(mine) - len(off)} of {len(mine)} cells"
@@ -246,22 +241,6 @@ def _model_line(mine: list[dict], where: str) -> list[str]:
   return out
 
 
-def _times(rows: list[dict]) -> dict:
-  """``(algorithm, bytes) -> seconds`` of bench rows."""
-  return {(r["algorithm"], r["bytes"]): r["time_us"] * 1e-6 for r in rows}
-
-
-def _queue_cells(rows: list[dict], fields: tuple[str, ...] = ("queue", "mtu")) -> dict:
-  """(hosts, *fields, algorithm, bytes) -> busbw / line rate of each repeat
-  (``run.py link-queue``'s ring rows)."""
-  cells: dict = {}
-  for r in rows:
-    if r.get("set") == "ring" and r.get("wrong") == 0:
-      key = (r["hosts"], *(r[f] for f in fields), r["algorithm"], r["bytes"])
-      cells.setdefault(key, []).append(cluster_rows.line_share(r))
-  return cells
-
-
 def targets(root: Path, summary: list[dict]) -> list[str]:
   """The study's targets (line rate, the exchanges' bound, bytes on the wire, the model),
   measured: one line each."""
@@ -272,19 +251,21 @@ def targets(root: Path, summary: list[dict]) -> list[str]:
               and s["algorithm"] == "ring" and s["bytes"] >= 4 << 20
               and s.get("order") == order]  # fmt: skip
       if ring:
-        cells = ", ".join(f"{_mib(s['bytes'])} {s['busbw_over_line']:.2f}" for s in ring)
+        cells = ", ".join(
+          f"{units.format_bytes(s['bytes'])} {s['busbw_over_line']:.2f}" for s in ring
+        )
         ok = all(s["busbw_over_line"] >= 0.90 for s in ring)
         lines.append(f"{'  - timed in blocks' if order else '- ring busbw / line rate on the'}"
                      f"{'' if order else f' {p}-host switch (target ≥ 0.90 from 4 MiB)'}:"
                      f" {cells}: {'met' if ok else 'not met'}.")  # fmt: skip
-    queued = _queue_cells(_read(root / "link_queue.jsonl"))
+    queued = cluster_rows.line_shares(results.read_rows(root / "link_queue.jsonl", "bench"))
     for q, m in sorted({(k[1], k[2]) for k in queued if k[0] == p and k[1] != "100ms"}):
       med = {
         n: statistics.median(queued.get((p, q, m, "ring", n), [0])) for n in (4 << 20, 16 << 20)
       }
       lines.append(
         f"  - with `--queue {q} --mtu {m}` (median of repeats): "
-        + ", ".join(f"{_mib(n)} {v:.2f}" for n, v in med.items())
+        + ", ".join(f"{units.format_bytes(n)} {v:.2f}" for n, v in med.items())
         + (": met." if all(v >= 0.90 for v in med.values()) else ": not met.")
       )
     for a in ("halving_doubling", "recursive_doubling"):
@@ -327,7 +308,7 @@ def torus_lesson(summary: list[dict]) -> list[str]:
     "",
     "Measured seconds; in brackets the half-duplex model's seconds (α fitted).",
     "",
-    "| algorithm | " + " | ".join(_mib(n) for n in sizes) + " |",
+    "| algorithm | " + " | ".join(units.format_bytes(n) for n in sizes) + " |",
     "|---|" + "---|" * len(sizes),
   ]
   for a in LESSON:
@@ -358,7 +339,7 @@ def headline(sweeps: list[list[dict]]) -> list[str]:
     }  # fmt: skip
     lines.append(
       f"- ring busbw / line rate, {p}-host switch, median [min–max] over the sweeps:"
-      + ",".join(f" {_mib(n)} {spread(x)}" for n, x in v.items() if x)
+      + ",".join(f" {units.format_bytes(n)} {spread(x)}" for n, x in v.items() if x)
       + "."
     )
   for p in (4, 8):
@@ -389,7 +370,7 @@ def headline(sweeps: list[list[dict]]) -> list[str]:
 def _all_rows(root: Path) -> list[dict]:
   """Every bench row the tables price (each network's, round robin and in blocks)."""
   paths = sorted([*root.rglob("bench_*.jsonl"), *root.rglob("blocks_*.jsonl")])
-  return [r for path in paths for r in _read(path)]
+  return [r for path in paths for r in results.read_rows(path, "bench")]
 
 
 def tables(root: Path = HERE / "rows") -> dict[str, str]:

@@ -52,10 +52,6 @@ SET = """\
 """
 
 
-def _rows(path: Path) -> list[dict]:
-  return [r for r in results.read_rows(path, "bench") if r.get("wrong") == 0]
-
-
 def network_cells(rows: list[dict], net: str, p: int) -> tuple[dict, list[dict]]:
   """The α of each model and every hand-written cell ≥ 1 MiB of one network's rows, its
   measured time over the replay without (``r0``) and with (``r1``) the buckets."""
@@ -75,7 +71,7 @@ def set_table(root: Path, folder: str) -> str:
   """One set: per network how many cells each model prices within 20 %, then every cell."""
   networks, cells = [], []
   for net, p in NETS:
-    rows = _rows(root / folder / f"blocks_{net.replace(':', '_')}_{p}.jsonl")
+    rows = cluster_rows.bench_rows(root / folder / f"blocks_{net.replace(':', '_')}_{p}.jsonl")
     if not rows:
       continue
     alpha, mine = network_cells(rows, net, p)
@@ -92,7 +88,9 @@ def set_table(root: Path, folder: str) -> str:
 def tables(root: Path = HERE / "rows") -> dict[str, str]:
   paths = sorted([*root.rglob("bench_*.jsonl"), *root.rglob("blocks_*.jsonl")])
   traced = gloo_model.traced_params(r for path in paths for r in results.read_rows(path, "bench"))
-  rate = cluster_rows.link_rate(_rows(root / "tcp_queue_16k" / "blocks_switch_4.jsonl"))
+  rate = cluster_rows.link_rate(
+    cluster_rows.bench_rows(root / "tcp_queue_16k" / "blocks_switch_4.jsonl")
+  )
   with cost_model.use_params(traced):
     text = [INTRO.format(bucket_ms=gloo_model.link_bucket_s(rate) * 1e3)]
     text += [set_table(root, folder) for folder in SETS]

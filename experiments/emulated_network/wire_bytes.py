@@ -8,17 +8,16 @@ Runs on every host of an emulated cluster (one process per host, one device each
 For each algorithm: compile and run it once, wait for every host (a barrier), read
 this host's ``tx_bytes`` (``/sys/class/net/DEV/statistics``, the namespace's own
 interfaces: ``ip netns exec`` mounts its /sys), run it ``--reps`` times, barrier, read
-again. The same interval with nothing run (barriers only) is subtracted. Host 0 appends
-one row per (algorithm, host) with the schedule's bytes for that host next to it
-(:func:`allreduce_jax.gloo_model.schedule_bytes`), through the row store (kind ``wire``);
-the algorithms already in ``--out`` at this size and host count are skipped.
+again (:func:`allreduce_jax.tools.bench.wire_bytes`). The same interval with nothing run
+(barriers only) is subtracted. Host 0 appends one row per (algorithm, host) with the
+schedule's bytes for that host next to it (:func:`allreduce_jax.gloo_model.schedule_bytes`),
+through the row store (kind ``wire``); the algorithms already in ``--out`` at this size
+and host count are skipped.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -26,29 +25,11 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 
 from allreduce_jax import ALGORITHMS, devices, distributed, gloo_model, results
-from allreduce_jax.tools.bench import programs, verifiable_block
+from allreduce_jax.tools.bench import programs, verifiable_block, wire_bytes
 from allreduce_jax.units import parse_size
 
 
-def _tx() -> int:
-  total = 0
-  for dev in os.listdir("/sys/class/net"):
-    if dev != "lo":
-      total += int(Path(f"/sys/class/net/{dev}/statistics/tx_bytes").read_text())
-  return total
-
-
-def counted(fn, reps: int) -> int:
-  """Bytes this host sent over ``reps`` calls of ``fn``, between barriers."""
-  multihost_utils.sync_global_devices("before")
-  t0 = _tx()
-  for _ in range(reps):
-    fn()
-  multihost_utils.sync_global_devices("after")
-  return _tx() - t0
-
-
-def sent_per_call(algorithm: str, p: int, count: int, reps: int, idle: int) -> np.ndarray:
+def sent_per_call(algorithm: str, p: int, count: int, reps: int, idle: float) -> np.ndarray:
   """Every host's bytes sent per call of ``algorithm`` (``f64[p]``), the idle interval's
   subtracted."""
   mesh, spec, timed, _ = programs(algorithm, p, "sum")
@@ -56,7 +37,7 @@ def sent_per_call(algorithm: str, p: int, count: int, reps: int, idle: int) -> n
     (p, count), "float32", NamedSharding(mesh, spec), lambda idx: verifiable_block(idx, p, count)
   )
   timed(x).block_until_ready()  # compile, connect
-  sent = (counted(lambda: timed(x).block_until_ready(), reps) - idle) / reps
+  sent = (wire_bytes(lambda: timed(x).block_until_ready(), reps)[0] - idle) / reps
   return np.asarray(multihost_utils.process_allgather(np.array([sent], np.float64))).reshape(-1)
 
 
@@ -70,7 +51,7 @@ def measure(args: argparse.Namespace) -> None:
   done = {
     (r["network"], r["p"], r["bytes"], r["algorithm"]) for r in results.read_rows(args.out, "wire")
   }
-  idle = counted(lambda: None, args.reps)
+  idle = wire_bytes(lambda: None, args.reps)[0]
   rows = []
   for alg in [a for a in names if (args.network, p, n, a) not in done]:
     every = sent_per_call(alg, p, n // 4, args.reps, idle)

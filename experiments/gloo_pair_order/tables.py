@@ -28,11 +28,6 @@ def _rows(path: Path) -> list[dict]:
   return results.read_rows(path, "exchange")
 
 
-def _good(root: Path, name: str) -> list[dict]:
-  """The emulated network's bench rows, every result right."""
-  return [r for r in results.read_rows(root / name, "bench") if r.get("wrong") == 0]
-
-
 def _mib(n: int) -> str:
   return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
@@ -92,7 +87,9 @@ def half_duplex_sizes_table(root: Path, network: Path) -> list[str]:
   rows = _rows(root / "half_duplex_sizes_p4.jsonl")
   if not rows:
     return []
-  cubic = _good(network / "tcp_queue_16k" / "cubic_finish", "blocks_switch_4.jsonl")
+  cubic = cluster_rows.bench_rows(
+    network / "tcp_queue_16k" / "cubic_finish" / "blocks_switch_4.jsonl"
+  )
   alpha, rate = fit_alpha(cubic, 4, "switch")
 
   def steady(step, n):
@@ -193,7 +190,7 @@ def _hd_replay_lines(network: Path, t: dict, runs: list[int], p: int) -> list[st
   first (``"recv_first"``), with each link's bucket and the α of the same network and TCP
   settings in JAX (the p-host switch, 16 KiB, ``bbr``: step 5), which also prices the
   arithmetic and JAX's own time per step that gloo alone does not have."""
-  rows = _good(network / "tcp_queue_16k", f"blocks_switch_{p}.jsonl")
+  rows = cluster_rows.bench_rows(network / "tcp_queue_16k" / f"blocks_switch_{p}.jsonl")
   if not rows:
     return []
   alpha, rate = fit_alpha(rows, p, "switch")

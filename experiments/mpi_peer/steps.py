@@ -389,28 +389,27 @@ def identity(row: dict) -> dict:
   return {k: row[k] for k in names if k in row}
 
 
+#: The settings a launch may change, each given as often as needed and recorded in the rows:
+#: ``(option, metavar, help)``.
+RECORDED = (
+  ("--sysctl", "NAME=VALUE", "set a net.ipv4 sysctl of this host's network namespace first"
+   " (as root), e.g. tcp_slow_start_after_idle=0; recorded in the rows"),
+  ("--mca", "NAME=VALUE", "an Open MPI MCA parameter for this rank (OMPI_MCA_NAME, set before"
+   " MPI starts), e.g. mpi_yield_when_idle=1; recorded in the rows"),
+  ("--xla-flag", "FLAG", "add to XLA_FLAGS before XLA starts, e.g."
+   " --xla_cpu_enable_concurrency_optimized_scheduler=false; recorded in the rows"),
+)  # fmt: skip
+
+
 def parser() -> argparse.ArgumentParser:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--sizes", default="1KiB,2MiB,4MiB,8MiB,16MiB", help="message bytes m")
   ap.add_argument("--allreduce", default="16MiB", help="bytes per host of the whole all-reduces")
   ap.add_argument("--algorithms", default="halving_doubling,recursive_doubling,ring")
   ap.add_argument("--reps", type=int, default=5)
-  ap.add_argument(
-    "--sysctl", action="append", default=[], metavar="NAME=VALUE",
-    help="set a net.ipv4 sysctl of this host's network namespace first (as root), e.g."
-    " tcp_slow_start_after_idle=0; recorded in the rows",
-  )  # fmt: skip
-  ap.add_argument(
-    "--mca", action="append", default=[], metavar="NAME=VALUE",
-    help="an Open MPI MCA parameter for this rank (OMPI_MCA_NAME, set before MPI starts), e.g."
-    " mpi_yield_when_idle=1; recorded in the rows",
-  )  # fmt: skip
+  for flag, metavar, text in RECORDED:
+    ap.add_argument(flag, action="append", default=[], metavar=metavar, help=text)
   ap.add_argument("--split", default="", help="trace these algorithms whole and step by step")
-  ap.add_argument(
-    "--xla-flag", action="append", default=[], metavar="FLAG",
-    help="add to XLA_FLAGS before XLA starts, e.g."
-    " --xla_cpu_enable_concurrency_optimized_scheduler=false; recorded in the rows",
-  )  # fmt: skip
   ap.add_argument(
     "--mpi-trace", action="store_true",
     help="stamp every MPI_Irecv, MPI_Isend and MPI_Wait of XLA's MPI collectives too"

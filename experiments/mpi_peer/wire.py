@@ -10,7 +10,8 @@ device per host), one Open MPI algorithm forced per launch (``run.py wire`` runs
 
 For each algorithm: compile and run it once (connections made), wait for every host (a
 barrier), read this host's interface counters (``/sys/class/net/DEV/statistics``: the
-namespace's own interfaces), call it ``--reps`` times, barrier, read again; the same
+namespace's own interfaces), call it ``--reps`` times, barrier, read again
+(:func:`allreduce_jax.tools.bench.wire_bytes`); the same
 interval with nothing run (barriers only) is subtracted, so only that algorithm's calls
 are counted. Host 0 appends one row per (algorithm, host) with the bytes sent and
 received per call and the schedule's (:func:`schedule_bytes`), through the row store (kind
@@ -20,8 +21,6 @@ received per call and the schedule's (:func:`schedule_bytes`), through the row s
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -30,7 +29,7 @@ from jax.sharding import NamedSharding
 
 from allreduce_jax import devices, distributed, gloo_model, results
 from allreduce_jax.tools import mpi_peer
-from allreduce_jax.tools.bench import programs, verifiable_block
+from allreduce_jax.tools.bench import programs, verifiable_block, wire_bytes
 from allreduce_jax.units import parse_size
 
 
@@ -65,28 +64,6 @@ def schedule_bytes(algorithm: str, p: int, n: float) -> float:
   return float(gloo_model.schedule_bytes(algorithm, p, n)[0])
 
 
-def _counters() -> tuple[int, int]:
-  """(bytes sent, bytes received) over this namespace's interfaces but ``lo``."""
-  tx = rx = 0
-  for dev in os.listdir("/sys/class/net"):
-    if dev != "lo":
-      stats = Path(f"/sys/class/net/{dev}/statistics")
-      tx += int((stats / "tx_bytes").read_text())
-      rx += int((stats / "rx_bytes").read_text())
-  return tx, rx
-
-
-def counted(fn, reps: int) -> np.ndarray:
-  """Bytes sent and received by this host over ``reps`` calls of ``fn``, between barriers."""
-  multihost_utils.sync_global_devices("before")
-  t0 = _counters()
-  for _ in range(reps):
-    fn()
-  multihost_utils.sync_global_devices("after")
-  t1 = _counters()
-  return np.array([t1[0] - t0[0], t1[1] - t0[1]], np.float64)
-
-
 def program(algorithm: str, p: int, count: int):
   """``(name, call, wrong)``: the row's name of ``algorithm`` (``mpi(ITS PICK)`` for the
   peer), one call of it on this host's input (compiled and connected) and how many
@@ -116,11 +93,11 @@ def measure(args: argparse.Namespace) -> None:
   distributed.initialize_from_env()
   p = jax.device_count()
   n = parse_size(args.bytes)
-  idle = counted(lambda: None, args.reps)
+  idle = wire_bytes(lambda: None, args.reps)
   rows = []
   for alg in args.algorithms.split(","):
     name, call, wrong = program(alg, p, n // 4)
-    per_call = (counted(call, args.reps) - idle) / args.reps
+    per_call = (wire_bytes(call, args.reps) - idle) / args.reps
     every = np.asarray(multihost_utils.process_allgather(np.append(per_call, wrong))).reshape(p, 3)
     try:
       schedule = schedule_bytes(name, p, n)

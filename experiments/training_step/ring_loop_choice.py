@@ -13,6 +13,15 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from allreduce_jax import all_reduce, devices
+from allreduce_jax.tools.bench import time_round_robin
+
 
 @dataclass(frozen=True)
 class Config:
@@ -25,9 +34,6 @@ class Config:
 def ring_fori_loop(flat, axis_name, combine):
   """The ring with both phases as ``lax.fori_loop`` (one permute in the HLO each), in
   plain JAX: reduce-scatter, then all-gather, each p − 1 shifts by one."""
-  import jax.numpy as jnp
-  from jax import lax
-
   p, i, n = lax.axis_size(axis_name), lax.axis_index(axis_name), flat.shape[0]
   flat = jnp.pad(flat, (0, (-n) % p))  # T[p*c]
   c = flat.shape[0] // p
@@ -61,18 +67,7 @@ def parser() -> argparse.ArgumentParser:
 def compare(args: argparse.Namespace) -> None:
   """Both forms and ``psum`` at every size, side by side: compile time, median, over psum."""
   cfg = Config(sizes=(4 << 10, 64 << 10), iters=3, trials=1) if args.smoke else Config()
-
-  import jax
-
   jax.config.update("jax_num_cpu_devices", cfg.devices)
-  import jax.numpy as jnp
-  from jax import lax
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
-
-  from allreduce_jax import all_reduce, devices
-  from allreduce_jax.tools.bench import time_round_robin
-
   mesh = devices.submesh((cfg.devices,), ("i",))
   variants = {
     "unrolled": lambda b: all_reduce(b, "i", algorithm="ring"),
