@@ -54,10 +54,10 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_run(tmp_path):
   plain = ex.run_sync(cfg, 0)
   saved = ex.run_sync(cfg, 0, checkpoint_dir=tmp_path, checkpoint_every=5)
   steps = sorted(int(p.name) for p in (tmp_path / "seed-0").iterdir() if p.name.isdigit())
-  assert steps == [15, 20]  # two kept
-  shutil.rmtree(tmp_path / "seed-0" / "20")  # as if killed after step 15's save
+  assert steps == [20, 24]  # two kept (the last step is saved too)
+  shutil.rmtree(tmp_path / "seed-0" / "24")  # as if killed after step 20's save
   resumed = ex.run_sync(cfg, 0, checkpoint_dir=tmp_path, checkpoint_every=5)
-  assert resumed["restarts"] == [15]
+  assert resumed["restarts"] == [20]
   assert plain["params_sha256"] == saved["params_sha256"] == resumed["params_sha256"]
   assert plain["test_acc"] == resumed["test_acc"] and plain["final_loss"] == resumed["final_loss"]
   # A checkpoint of another run, or of more workers without --elastic: one line naming it.
@@ -67,8 +67,9 @@ def test_a_resumed_run_is_bitwise_the_uninterrupted_run(tmp_path):
   three = configs.SyncConfig.smoke(workers=3, steps=24, eval_every=8)
   with pytest.raises(checkpoint.CheckpointError, match=r"4 workers.*--workers 3.*--elastic"):
     ex.run_sync(three, 0, checkpoint_dir=tmp_path, checkpoint_every=5)
+  shutil.rmtree(tmp_path / "seed-0" / "24")  # resume from step 20, on 3 workers
   elastic = ex.run_sync(three, 0, checkpoint_dir=tmp_path, checkpoint_every=5, elastic=True)
-  assert elastic["restarts"] == [15, 20] and elastic["final_test_acc"] > 0.8
+  assert elastic["restarts"] == [20] and elastic["final_test_acc"] > 0.8
 
 
 @pytest.mark.timeout(240)

@@ -99,7 +99,9 @@ def run_sync(
   (:mod:`.checkpoint`) and resumes from the newest complete checkpoint there, with
   the same final parameters, bit for bit, as a run never interrupted; ``elastic``: a
   checkpoint of more workers is resumed too (same batch per worker, learning rate
-  scaled with the global batch). The row's ``restarts`` lists the steps resumed from.
+  scaled with the global batch). The row's ``restarts`` lists the steps resumed from,
+  its ``segments`` every step range with the workers and learning rate that trained it
+  (``from_step``, ``to_step``, ``workers``, ``learning_rate``; one range unless resumed).
 
   Example:
     >>> row = run_sync(SyncConfig.smoke(workers=2, algorithm="psum"))
@@ -147,12 +149,16 @@ def run_sync(
     checkpoints=ckpt,
   )
   wall = time.perf_counter() - t0
+  segments = [{"from_step": 0, "to_step": cfg.steps, "workers": cfg.workers,
+               "learning_rate": cfg.learning_rate}]  # fmt: skip
   if ckpt is not None:
+    segments = ckpt.segments(cfg.steps, cfg.workers, ckpt.learning_rate)
     ckpt.close()
   return {
     "config": dataclasses.asdict(cfg),
     "seed": seed,
     **({"restarts": ckpt.restarts} if ckpt is not None else {}),
+    "segments": segments,
     "params_sha256": checkpoint.digest(res.params),
     "final_test_acc": res.final_test_acc,
     "final_train_acc": res.final_train_acc,

@@ -236,7 +236,8 @@ def train_sync(
     start: a :class:`~allreduce_jax.training.checkpoint.State` to resume from
       (``idx``/``mask`` then hold the steps after ``start.step`` only), or None.
     checkpoints: a :class:`~allreduce_jax.training.checkpoint.Checkpoints`: the run is
-      saved after every ``checkpoints.every``-th step (chunks also end there), or None.
+      saved after every ``checkpoints.every``-th step (chunks also end there) and after
+      its last step, or None.
 
   Returns:
     A :class:`SyncResult`.
@@ -296,7 +297,8 @@ def train_sync(
     if stop % eval_every == 0 or stop == end:
       eval_steps.append(stop)
       test_acc.append(evaluate(first_replica(w), data.x_test, data.y_test))
-    if checkpoints is not None and stop % every == 0 and checkpoints.writes:
+    last = stop == end  # saved whatever --checkpoint-every is
+    if checkpoints is not None and (stop % every == 0 or last) and checkpoints.writes:
       began = time.perf_counter()
       checkpoints.save(
         _checkpoint_state(stop, w, s, examples, p, checkpoints, losses, eval_steps, test_acc)
