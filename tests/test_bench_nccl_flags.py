@@ -41,10 +41,16 @@ def test_iteration_times_and_json(tmp_path, capsys):
   assert f"{rows[0]['time_us_p99']:>9.1f}" in table
 
 
-def test_bad_timeout_is_one_line(capsys):
-  with pytest.raises(SystemExit):
-    main(["bench", "--smoke", "-T", "0"])
-  assert "argument -T/--timeout: must be more than 0 seconds, got 0" in capsys.readouterr().err
+@pytest.mark.parametrize(
+  "value, says",
+  [("0", "must be more than 0 seconds, got 0"), ("nan", "a finite number of seconds, got nan"),
+   ("inf", "a finite number of seconds, got inf"), ("1e308", "at most 9.22e+09 seconds")],
+)  # fmt: skip
+def test_bad_timeout_is_one_line(value, says, capsys):
+  with pytest.raises(SystemExit):  # inf and 1e308 overflowed in the timer thread: no timeout
+    main(["bench", "--smoke", "-T", value])
+  err = capsys.readouterr().err
+  assert f"argument -T/--timeout: {says}" in err and err.count("\n") == 2  # usage + the line
 
 
 @pytest.mark.timeout(120)
@@ -55,6 +61,41 @@ def test_timeout_in_one_process_says_where_and_exits_124(tmp_path):
   assert res.returncode == 124, res.stderr[-2000:]
   assert "bench: -T 4 s reached after" in res.stderr
   assert "during ring at 1 KiB float32 sum; stopping." in res.stderr
+
+
+def _stop_one_while_timing(tmp_path, victim_rank: str, seconds: int = 12):
+  """``launch -n 2 -- bench -T seconds``, process ``victim_rank`` stopped (SIGSTOP)
+  once timing started: ``(returncode, stdout + stderr, seconds from the stop to the end)``."""
+  logs = tmp_path / "logs"
+  argv = [sys.executable, "-m", "allreduce_jax", "launch", "-n", "2", "--log-dir", str(logs),
+          "--output", "all", "--", "bench", "--algorithms", "ring", "--smoke", "-n", "1000000",
+          "-T", str(seconds), "--out", str(tmp_path / "b.jsonl")]  # fmt: skip
+  proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  try:
+    deadline = time.monotonic() + 120
+    log0 = logs / "process-0.log"
+    while not (log0.exists() and "size(B)" in log0.read_text(errors="replace")):
+      assert time.monotonic() < deadline and proc.poll() is None, "bench never started timing"
+      time.sleep(0.2)
+    time.sleep(1)
+    os.kill(json.loads((logs / "pids.json").read_text())[victim_rank], signal.SIGSTOP)
+    stopped = time.monotonic()
+    out, err = proc.communicate(timeout=60)  # JAX's own heartbeat check: 100 s
+    return proc.returncode, out + err, time.monotonic() - stopped
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+      proc.communicate()
+
+
+@pytest.mark.timeout(180)
+def test_timeout_fires_when_process_0_is_the_stopped_one(tmp_path):
+  rc, text, took = _stop_one_while_timing(tmp_path, "0")
+  assert rc == 124, text[-3000:]
+  assert "bench: -T 12 s reached: process 0 did not answer (stopped or dead); process 1 made" in (
+    text
+  )
+  assert took < 12 + 15, f"{took:.1f} s"
 
 
 @pytest.mark.timeout(180)
@@ -80,3 +121,25 @@ def test_timeout_names_a_stopped_participant(tmp_path):
       proc.communicate()
   assert proc.returncode == 124, err[-2000:]
   assert "bench: -T 12 s reached: process 1 did not answer (stopped or dead)" in out + err
+
+
+def test_json_never_writes_over_rows_or_another_options_file(tmp_path, capsys):
+  out, other = tmp_path / "b.jsonl", tmp_path / "other.jsonl"
+  argv = ["bench", "--devices", "2", "--algorithms", "ring", "--smoke", "-e", "1KiB", "-n", "2"]
+  assert main([*argv, "--out", str(other)]) == 0  # another run's rows
+  assert main([*argv, "--out", str(out)]) == 0
+  kept = out.read_bytes(), other.read_bytes()
+  capsys.readouterr()
+  for doc, says in [(out, "is also --out"), (tmp_path / "b.png", "is also --plot"),
+                    (tmp_path / "fit.json", "is also --params"), (other, "holds rows")]:  # fmt: skip
+    extra = ["--fit", "--params", str(tmp_path / "fit.json")] if "params" in says else []
+    with pytest.raises(SystemExit) as e:
+      main([*argv, "--algorithms", "ring,psum", "--out", str(out), "-J", str(doc), *extra])
+    assert str(e.value).startswith(f"-J/--json {doc}: {says}"), e.value
+    assert "\n" not in str(e.value)
+  assert (out.read_bytes(), other.read_bytes()) == kept  # nothing measured, nothing replaced
+  assert "size(B)" not in capsys.readouterr().out  # refused before the header
+  doc = tmp_path / "b.json"  # a file of its own: written, and rewritten by the next run
+  assert main([*argv, "--out", str(out), "-J", str(doc)]) == 0
+  assert main([*argv, "--out", str(out), "-J", str(doc)]) == 0
+  assert len(json.loads(doc.read_text())["results"]) == len(out.read_text().splitlines()) == 2

@@ -10,6 +10,7 @@ import argparse
 import math
 import os
 import stat
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,46 @@ def nonnegative_float(text: str) -> float:
     raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {text!r}") from None
   if not math.isfinite(value) or value < 0:
     raise argparse.ArgumentTypeError(f"expected a finite number ≥ 0, got {text!r}")
+  return value
+
+
+#: The longest a timer can wait (``threading.TIMEOUT_MAX``, about 292 years): a timeout
+#: or a fault time beyond it (or infinite, or NaN) would fail inside the timer thread.
+MAX_SECONDS = float(threading.TIMEOUT_MAX)
+
+
+def seconds_problem(value: float, low: float = 0.0) -> str | None:
+  """Why ``value`` is not a number of seconds a timer can wait (more than ``low``,
+  finite, at most :data:`MAX_SECONDS`), or None.
+
+  Example:
+    >>> seconds_problem(30.0), seconds_problem(float("nan")), seconds_problem(0.0)
+    (None, 'expected a finite number of seconds, got nan', 'must be more than 0 seconds, got 0')
+  """
+  if not math.isfinite(value):
+    return f"expected a finite number of seconds, got {value:g}"
+  if not value > low:
+    return f"must be more than {low:g} seconds, got {value:g}"
+  if value > MAX_SECONDS:
+    return f"must be at most {MAX_SECONDS:.3g} seconds (about 292 years), got {value:g}"
+  return None
+
+
+def positive_seconds(text: str) -> float:
+  """A number of seconds > 0 that a timer can wait (an argparse ``type``: ``-T``,
+  ``--timeout``; argparse names the option).
+
+  Example:
+    >>> positive_seconds("12.5")
+    12.5
+  """
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+  problem = seconds_problem(value)
+  if problem:
+    raise argparse.ArgumentTypeError(problem)
   return value
 
 

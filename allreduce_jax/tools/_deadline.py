@@ -8,7 +8,10 @@ fewer calls than the others is the one not coming (stuck outside the collective:
 sleeping, looping, blocked on input); one that does not answer is stopped or dead.
 Then every process exits with status 124 (``timeout``'s), at once, not after JAX's
 shutdown barrier. The watchdog is a daemon thread: a process blocked inside a
-collective still answers, since a JAX call releases the GIL.
+collective still answers, since a JAX call releases the GIL. Every call to the
+key-value store is bounded (:data:`ANSWER_S`): process 0 holds the coordinator, so
+when it is the one stopped or dead the others say so and exit 124 too, instead of
+waiting in that call until JAX's heartbeat check ends them.
 """
 
 from __future__ import annotations
@@ -71,21 +74,42 @@ class Deadline:
     from jax._src import distributed as jax_distributed
 
     client = jax_distributed.global_state.client
-    try:
-      client.key_value_set(f"{_KEY}/{me}", mine)
-    except Exception:  # pragma: no cover - the coordinator is gone
-      pass
+    answered, _ = bounded(lambda: client.key_value_set(f"{_KEY}/{me}", mine), ANSWER_S)
     if me != 0:
+      if not answered:  # the coordinator (process 0) does not answer
+        return (
+          f"{self.what} s reached: process 0 did not answer (stopped or dead); process {me}"
+          f" made {self.calls} calls, during {self.where}; stopping."
+        )
       time.sleep(ANSWER_S + 1)  # process 0 reads the count, then ends the run
       return f"{self.what} s reached in process {me} after {self.calls} calls ({self.where})."
     time.sleep(ANSWER_S)
-    counts = {}
-    try:
-      for key, value in client.key_value_dir_get(_KEY):
-        counts[int(key.rsplit("/", 1)[1])] = value
-    except Exception:  # pragma: no cover
-      pass
+    _, got = bounded(lambda: client.key_value_dir_get(_KEY), ANSWER_S)
+    counts = {int(key.rsplit("/", 1)[1]): value for key, value in got or []}
     return describe(self.what, counts, n)
+
+
+def bounded(call, seconds: float) -> tuple[bool, object]:
+  """``(True, call())``, or ``(False, None)`` if it raised or had not returned after
+  ``seconds`` (it goes on in a daemon thread: a key-value call to a stopped coordinator
+  blocks).
+
+  Example:
+    >>> bounded(lambda: 7, 1.0), bounded(lambda: 1 / 0, 1.0)
+    ((True, 7), (False, None))
+  """
+  result = []
+
+  def run():
+    try:
+      result.append(call())
+    except Exception:  # the coordinator is gone: as if it did not answer
+      pass
+
+  thread = threading.Thread(target=run, name="deadline-call", daemon=True)
+  thread.start()
+  thread.join(seconds)
+  return (True, result[0]) if result else (False, None)
 
 
 def describe(what: str, counts: dict[int, str], n: int) -> str:

@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from allreduce_jax import ALGORITHMS, _wire, all_reduce, cost_model, devices, names, netns, topology
 from allreduce_jax._ops import get_op
-from allreduce_jax.results import fingerprint, run_context
+from allreduce_jax.results import SCHEMA, fingerprint, run_context
 from allreduce_jax.tools import compare, mpi_peer, plot
 from allreduce_jax.tools._args import (
   add_devices,
@@ -59,6 +59,7 @@ from allreduce_jax.tools._args import (
   output_path,
   params_file,
   positive_int,
+  positive_seconds,
   row_store,
   size,
   wire_list,
@@ -66,6 +67,9 @@ from allreduce_jax.tools._args import (
 from allreduce_jax.tools._deadline import Deadline
 from allreduce_jax.tools._timing import ORDERS, time_round_robin  # time_round_robin: public here
 from allreduce_jax.units import format_bytes, parse_size
+
+#: What a row file's first line starts with (``results.RowStore``): -J never writes over one.
+ROWS_PREFIX = b'{"schema": "' + SCHEMA.encode() + b'"'
 
 #: The fields every bench row carries (nccl-tests' columns, the model's prediction,
 #: the run's configuration, the spread of the timed calls and XLA's temporary memory).
@@ -575,17 +579,6 @@ def fit_and_save(rows: Sequence[dict], path, min_bytes: int = 0) -> tuple:
 # ----------------------------------------------------------------------------------------
 
 
-def _seconds(text: str) -> float:
-  """A positive number of seconds (an argparse ``type``; argparse names the option)."""
-  try:
-    value = float(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-  if not value > 0:
-    raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text}")
-  return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
   add_devices(parser)
   parser.add_argument(
@@ -710,7 +703,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
   parser.add_argument(
     "-T",
     "--timeout",
-    type=_seconds,
+    type=positive_seconds,
     default=None,
     metavar="SECONDS",
     help="end the run after SECONDS, naming the participant that is stuck (the process"
@@ -798,12 +791,13 @@ def _run(args: argparse.Namespace, deadline: Deadline) -> int:
     "warmup": args.warmup,
     **({"trials": args.trials} if getattr(args, "trials", None) else {}),
   }  # + each row's dtype and op (row_key): one file holds every pair of -o/-d
-  store = row_store(out, "bench", fresh=args.fresh and main, context=context)
-  if args.json:
-    output_path(args.json, "-J/--json")
   fig = figure_path(args.plot or out.with_suffix(".png"), "--plot")
   if args.fit:
     output_path(args.params or cost_model.default_fit_path(), "--params")
+  if args.json:  # before the store: --fresh must not empty a file -J names
+    fit = args.params or (cost_model.default_fit_path() if args.fit else None)
+    _json_path(args.json, {"--out": out, "--plot": fig, "--params": fit})
+  store = row_store(out, "bench", fresh=args.fresh and main, context=context)
   done = {} if args.fresh else store.done()  # every process: the same (empty) set
   if args.params and not args.fit:  # the fit to price auto with: refused like scaling's
     params = params_file(args.params, "--params")
@@ -907,6 +901,35 @@ def _print_header(args: argparse.Namespace, params, p: int, check: bool, undefin
   if undefined:
     print(f"# skipping {', '.join(undefined)}: all_reduce does not define them", flush=True)
   print("# " + HEADER.lstrip() + (HEADER_ITERATIONS if args.iteration_times else ""), flush=True)
+
+
+def _json_path(path: str, others: dict[str, Path | str | None]) -> Path:
+  """``-J FILE``, checked before anything is measured: writable, not the file of another
+  option (``others``: option -> path), and not a file of rows (which the one JSON
+  document ``-J`` writes would replace); an earlier ``-J`` document is rewritten."""
+  json_path = output_path(path, "-J/--json")
+  for option, other in others.items():
+    if other is not None and json_path.resolve() == Path(other).resolve():
+      raise SystemExit(
+        f"-J/--json {path}: is also {option}; -J writes one JSON document over it. Give -J"
+        f" a file of its own (e.g. {Path(path).with_suffix('.json').name}"
+        f"{' beside it' if Path(path).suffix != '.json' else '; another name'})."
+      )
+  if _holds_rows(json_path):
+    raise SystemExit(
+      f"-J/--json {path}: holds rows (JSON Lines of allreduce-jax results); -J writes one JSON"
+      " document and would replace them. Give -J another file."
+    )
+  return json_path
+
+
+def _holds_rows(path: Path) -> bool:
+  """Whether ``path`` is a file whose first line is a row of the row store."""
+  try:
+    with open(path, "rb") as f:
+      return f.read(len(ROWS_PREFIX)) == ROWS_PREFIX
+  except (FileNotFoundError, IsADirectoryError):
+    return False
 
 
 def _write_json(path: str, context: dict, rows: list[dict]) -> None:
