@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+import threading
 from collections.abc import Iterable
 
 _SIZE_UNITS = {
@@ -110,6 +111,28 @@ def parse_duration(text: str, name: str = "duration") -> float:
   if value <= 0:
     raise ValueError(f"{name} {text!r} must be positive.")
   return value
+
+
+#: The longest a timer can wait (``threading.TIMEOUT_MAX``, about 292 years): a timeout
+#: or a fault time beyond it (or infinite, or NaN) would fail inside the timer thread.
+MAX_SECONDS = float(threading.TIMEOUT_MAX)
+
+
+def seconds_problem(value: float, low: float = 0.0) -> str | None:
+  """Why ``value`` is not a number of seconds a timer can wait (more than ``low``,
+  finite, at most :data:`MAX_SECONDS`), or None.
+
+  Example:
+    >>> seconds_problem(30.0), seconds_problem(float("nan")), seconds_problem(0.0)
+    (None, 'expected a finite number of seconds, got nan', 'must be more than 0 seconds, got 0')
+  """
+  if not math.isfinite(value):
+    return f"expected a finite number of seconds, got {value:g}"
+  if not value > low:
+    return f"must be more than {low:g} seconds, got {value:g}"
+  if value > MAX_SECONDS:
+    return f"must be at most {MAX_SECONDS:.3g} seconds (about 292 years), got {value:g}"
+  return None
 
 
 def format_bytes(nbytes: float, sep: str = " ") -> str:

@@ -206,10 +206,11 @@ def test_a_killed_host_stops_every_survivor_and_is_named_within_10_s(privileged,
 
 @pytest.mark.timeout(200)
 def test_link_down_and_cpu_faults_are_applied_logged_and_undone(privileged, tmp_path):
-  specs = ["link:1=20Mbit@1", "cpu:1=0.5@1", "down:1@2+0.5"]
+  specs = ["link:1=20Mbit@1", "cpu:1=0.5@1", "down:1@2+0.5", "kill:1@600"]  # kill: after the run
   res, rows, _ = _cluster(tmp_path, 2, specs, 6)
   assert res.returncode == 0, res.stderr[-2000:]
-  assert [r["event"] for r in rows] == ["link", "cpu", "down", "up"], rows
+  assert [r["event"] for r in rows] == ["link", "cpu", "down", "up", "not applied"], rows
+  assert rows[4]["fault"] == "kill:1@600" and "the run ended first" in rows[4]["what"]
   assert not any("failed" in r["what"] for r in rows), rows
   up, down = rows[3], rows[2]
   assert 0.45 < up["after_join_s"] - down["after_join_s"] < 1.0

@@ -10,7 +10,6 @@ import argparse
 import math
 import os
 import stat
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from allreduce_jax import cost_model, names
 from allreduce_jax._ops import OPS, get_op
 from allreduce_jax._wire import WIRES
 from allreduce_jax.results import RowsError, RowStore
-from allreduce_jax.units import parse_size
+from allreduce_jax.units import parse_size, seconds_problem
 
 
 def csv_list(text: str) -> list[str]:
@@ -163,28 +162,6 @@ def nonnegative_float(text: str) -> float:
   if not math.isfinite(value) or value < 0:
     raise argparse.ArgumentTypeError(f"expected a finite number ≥ 0, got {text!r}")
   return value
-
-
-#: The longest a timer can wait (``threading.TIMEOUT_MAX``, about 292 years): a timeout
-#: or a fault time beyond it (or infinite, or NaN) would fail inside the timer thread.
-MAX_SECONDS = float(threading.TIMEOUT_MAX)
-
-
-def seconds_problem(value: float, low: float = 0.0) -> str | None:
-  """Why ``value`` is not a number of seconds a timer can wait (more than ``low``,
-  finite, at most :data:`MAX_SECONDS`), or None.
-
-  Example:
-    >>> seconds_problem(30.0), seconds_problem(float("nan")), seconds_problem(0.0)
-    (None, 'expected a finite number of seconds, got nan', 'must be more than 0 seconds, got 0')
-  """
-  if not math.isfinite(value):
-    return f"expected a finite number of seconds, got {value:g}"
-  if not value > low:
-    return f"must be more than {low:g} seconds, got {value:g}"
-  if value > MAX_SECONDS:
-    return f"must be at most {MAX_SECONDS:.3g} seconds (about 292 years), got {value:g}"
-  return None
 
 
 def positive_seconds(text: str) -> float:

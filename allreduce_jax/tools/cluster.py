@@ -67,7 +67,7 @@ from allreduce_jax import distributed, netns, progress, units
 from allreduce_jax.tools import engines
 from allreduce_jax.tools import faults as fault_lib
 from allreduce_jax.tools import launch as launcher
-from allreduce_jax.tools._args import output_dir
+from allreduce_jax.tools._args import output_dir, output_path
 
 #: The coordinator's port on host 0 (its namespace is fresh, so the port is free).
 PORT = 29500
@@ -125,10 +125,13 @@ def _open_lock():
 
 # The namespace watchdog: its own session (Ctrl-C does not reach it); when its stdin
 # reaches EOF without "done" (the cluster command died, even by SIGKILL) it deletes
-# the cluster's namespaces and host files. Standalone: it imports nothing of ours.
+# the cluster's namespaces and host files, and the cgroups of its cpu: faults (as
+# faults.remove_cgroups does: processes moved to the parent, the root's cpu controller
+# disabled again where the run enabled it). Standalone: it imports nothing of ours.
 _WATCHDOG = """
-import os, shutil, subprocess, sys
+import os, shutil, subprocess, sys, time
 tag = sys.argv[1] + "-"
+cgroup, notes = sys.argv[2], sys.argv[3]
 for line in sys.stdin:
   if line.strip() == "done":
     sys.exit(0)
@@ -139,13 +142,38 @@ if os.path.isdir("/etc/netns"):
   for n in os.listdir("/etc/netns"):
     if n.startswith(tag):
       shutil.rmtree(os.path.join("/etc/netns", n), ignore_errors=True)
+for root in (cgroup, os.path.join(cgroup, "cpu")):
+  for n in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    group = os.path.join(root, n)
+    for _ in range(50 if n.startswith(tag) and os.path.isdir(group) else 0):
+      try:
+        for pid in open(os.path.join(group, "cgroup.procs")).read().split():
+          with open(os.path.join(root, "cgroup.procs"), "w") as f:
+            f.write(pid)
+      except OSError:
+        pass
+      try:
+        os.rmdir(group)
+        break
+      except FileNotFoundError:
+        break
+      except OSError:
+        time.sleep(0.1)
+note = os.path.join(notes, tag[:-1])
+if os.path.exists(note):
+  try:
+    with open(os.path.join(cgroup, "cgroup.subtree_control"), "w") as f:
+      f.write("-cpu")
+  except OSError:
+    pass
+  os.remove(note)
 """
 
 
 def _watchdog(tag: str) -> subprocess.Popen | None:
   try:
     return subprocess.Popen(
-      [sys.executable, "-c", _WATCHDOG, tag],
+      [sys.executable, "-c", _WATCHDOG, tag, str(fault_lib.CGROUP), str(fault_lib.CPU_NOTES)],
       stdin=subprocess.PIPE,
       stdout=subprocess.DEVNULL,
       stderr=subprocess.DEVNULL,
@@ -204,6 +232,7 @@ def cluster(
     )
   distributed.check_collectives(collectives, devices_per_host, "--devices-per-host")
   rate = units.parse_rate(link, "--link")
+  fault_lib.check_link_rate(rate, link)
   plan = netns.plan(
     network,
     hosts,
@@ -232,6 +261,7 @@ def _run(
   watchdog = None
   if not rootless:  # rootless, the kernel removes it all with its last process
     stale = netns.clean_stale()
+    stale += [t for t in fault_lib.stale_cgroup_tags() if fault_lib.remove_cgroups(f"{t}-")]
     if stale:
       print(f"# cluster: removed what dead runs left ({', '.join(stale)})", file=err, flush=True)
     watchdog = _watchdog(plan.tag)
@@ -340,16 +370,22 @@ def _down(prog: str, everything: bool = False) -> int:
   """Removes the leftovers of clusters whose command is gone; with ``everything``, also
   the clusters still running (their hosts lose their links)."""
   tags = netns.clean_stale()
+  for tag in fault_lib.stale_cgroup_tags():  # a killed cluster's cpu: faults
+    fault_lib.remove_cgroups(f"{tag}-")
+    tags = sorted({*tags, tag})
   live = sorted({"-".join(n.split("-")[:2]) for n in netns.namespaces()})
   if everything:
+    live = sorted({*live, *("-".join(g.name.split("-")[:2]) for g in fault_lib.cgroups())})
     for tag in live:
       netns.down(tag)
-    tags, live = tags + live, []
+      fault_lib.remove_cgroups(f"{tag}-")
+    tags, live = sorted({*tags, *live}), []
   print(f"{prog}: removed {len(tags)} cluster(s){': ' if tags else ''}{', '.join(tags)}")
   if live:
     print(f"{prog}: kept {', '.join(live)}: still running (their process is alive; 'down --all'"
           " removes them too)")  # fmt: skip
   left = netns.leftovers() if everything else [x for t in tags for x in netns.leftovers(t)]
+  left += [str(g) for g in fault_lib.cgroups() if "-".join(g.name.split("-")[:2]) in tags]
   if left:
     print(f"{prog}: could not remove {', '.join(left)}", file=sys.stderr)
     return 1
@@ -454,7 +490,10 @@ def run(args: argparse.Namespace) -> int:
     return 2
   if args.log_dir:
     output_dir(args.log_dir, "--log-dir")
+  if args.counters:  # written after the run: a bad path is refused before it
+    output_path(args.counters, "--counters")
   try:
+    launcher.check_options(launcher.launch_options(args), args.hosts)
     faults = [fault_lib.parse(spec, args.hosts) for spec in args.fault]
     if args.launcher != "builtin" and (faults or args.restarts or args.elastic):
       raise ValueError(

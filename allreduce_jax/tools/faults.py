@@ -43,6 +43,16 @@ _SPEC = re.compile(
 
 CGROUP = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
+#: Where a run notes that it enabled the cpu controller for the root cgroup's children
+#: (cgroup v2: ``+cpu`` in its ``cgroup.subtree_control``), one file per cluster tag, so
+#: whoever removes that cluster's cgroups (the run, its watchdog, ``cluster down``)
+#: disables it again and leaves the machine as it found it.
+CPU_NOTES = Path("/run/allreduce-jax-cpu")
+
+#: The fastest rate a link is shaped to, in bytes/s (8 Tbit/s): tbf's bucket
+#: (:func:`allreduce_jax.networks.bucket_bytes`, 4 ms of the rate) is a 32-bit byte
+#: count, so a faster ``--link`` or ``link:`` fault would fail inside ``tc``.
+MAX_LINK_RATE = 1e12
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,8 @@ def parse(spec: str, hosts: int) -> Fault:
     at = float(m["at"])
   except ValueError:
     raise bad("its time is not a number of seconds") from None
+  if at > units.MAX_SECONDS:
+    raise bad(f"its time must be at most {units.MAX_SECONDS:.3g} seconds (about 292 years)")
   needs_value = kind in ("link", "cpu")
   if needs_value != (value is not None):
     raise bad(f"{kind} {'takes' if needs_value else 'takes no'} =VALUE")
@@ -87,6 +99,8 @@ def parse(spec: str, hosts: int) -> Fault:
       number = units.parse_rate(value, "--fault")
     except ValueError:
       raise bad(f"rate {value!r} is not a rate such as 20Mbit") from None
+    if number > MAX_LINK_RATE:
+      raise bad(f"rate {value!r} is above {units.tc_rate(MAX_LINK_RATE)}, the most tc shapes here")
   elif kind == "cpu":
     try:
       number = float(value)
@@ -94,9 +108,14 @@ def parse(spec: str, hosts: int) -> Fault:
       number = -1.0
     if not 0 < number <= 64:
       raise bad(f"CPU fraction {value!r} is not a number > 0 (0.5: half a core)")
-  duration = float(dur) if dur is not None else None
+  try:
+    duration = float(dur) if dur is not None else None
+  except ValueError:
+    raise bad(f"its duration {dur!r} is not a number of seconds") from None
   if duration is not None and duration <= 0:
     raise bad("its duration must be > 0")
+  if duration is not None and units.MAX_SECONDS < duration < float("inf"):
+    raise bad(f"its duration must be at most {units.MAX_SECONDS:.3g} seconds (+inf: for good)")
   return Fault(spec.strip(), kind, host, at, number, duration)
 
 
@@ -107,6 +126,16 @@ def _alive(pid: int) -> bool:
   except (OSError, IndexError):
     return False
   return state != "Z"
+
+
+def check_link_rate(rate: float, text: str, option: str = "--link") -> None:
+  """A ``ValueError`` naming ``option`` and ``text`` (as given) if ``rate`` (bytes/s,
+  parsed from ``text``) is faster than a link is shaped to (:data:`MAX_LINK_RATE`)."""
+  if rate > MAX_LINK_RATE:
+    raise ValueError(
+      f"{option} {text}: at most {units.tc_rate(MAX_LINK_RATE)}, the most tc shapes a link"
+      " to here (its token bucket is a 32-bit byte count)."
+    )
 
 
 def cgroup_version() -> int | None:
@@ -292,8 +321,7 @@ class Injector:
     name = f"{self.plan.tag}-host{f.host}"
     if version == 2:
       group = CGROUP / name
-      with contextlib.suppress(OSError):  # the cpu controller for the children of the root
-        (CGROUP / "cgroup.subtree_control").write_text("+cpu")
+      _enable_cpu_controller(self.plan.tag)
       group.mkdir(exist_ok=True)
       self.cgroups.append(group)
       (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
@@ -307,26 +335,84 @@ class Injector:
     return f"pid {pid} limited to {f.value:g} of a core (cgroup v{version} {group})"
 
   def close(self) -> list[dict]:
-    """Stops applying faults, removes the cgroups made; the rows of applied faults."""
+    """Stops applying faults, says which were never applied (due after the run ended:
+    a row ``"event": "not applied"`` each), removes the cgroups made (and restores the
+    root's cpu controller where the run enabled it); the rows of the faults."""
     self.cancel.set()
     for t in self.timers:
       t.cancel()
     if self.thread is not None:
       self.thread.join(5)
-    for group in self.cgroups:
-      parent = group.parent
-      for _ in range(50):  # its processes have exited (reaped) by now; rmdir retries briefly
-        with contextlib.suppress(OSError):
-          for pid in (group / "cgroup.procs").read_text().split():
-            (parent / "cgroup.procs").write_text(pid)
-        try:
-          group.rmdir()
-          break
-        except FileNotFoundError:
-          break
-        except OSError:
-          time.sleep(0.1)
+    if self.joined is not None:
+      done = {r["fault"] for r in self.rows}
+      for f in sorted(self.faults, key=lambda f: f.at):
+        if f.spec not in done:
+          self._log(f, self.joined, self.t0, "not applied, the run ended first (its rows still"
+                    " name it in their network)", "not applied")  # fmt: skip
+    remove_cgroups(f"{self.plan.tag}-")
     return self.rows
+
+
+# ---- cgroups a run (or a killed run) leaves ----------------------------------------
+
+
+def _enable_cpu_controller(tag: str) -> None:
+  """cgroup v2: the cpu controller for the root's children (``+cpu``), noted in
+  :data:`CPU_NOTES` if this run is the one that enabled it."""
+  control = CGROUP / "cgroup.subtree_control"
+  with contextlib.suppress(OSError):
+    if "cpu" in control.read_text().split():
+      return
+    control.write_text("+cpu")
+    CPU_NOTES.mkdir(parents=True, exist_ok=True)
+    (CPU_NOTES / tag).write_text("+cpu\n")
+
+
+def cgroups(prefix: str = f"{netns.PREFIX}-") -> list[Path]:
+  """The cgroups (v2 under :data:`CGROUP`, v1 under its ``cpu``) whose names start with
+  ``prefix``: ``arj-123-`` one cluster's, ``arj-`` every cluster's."""
+  found = []
+  for root in (CGROUP, CGROUP / "cpu"):
+    with contextlib.suppress(OSError):
+      found += [root / n for n in sorted(os.listdir(root)) if n.startswith(prefix)]
+  return [g for g in found if g.is_dir()]
+
+
+def remove_cgroups(prefix: str = f"{netns.PREFIX}-") -> list[str]:
+  """Removes the cgroups of :func:`cgroups` (their processes moved to the parent
+  first; an exiting process is waited for briefly) and, on cgroup v2, disables the cpu
+  controller for the root's children where such a cluster enabled it. Returns the
+  cgroups removed."""
+  removed = []
+  for group in cgroups(prefix):
+    for _ in range(50):
+      with contextlib.suppress(OSError):
+        for pid in (group / "cgroup.procs").read_text().split():
+          (group.parent / "cgroup.procs").write_text(pid)
+      try:
+        group.rmdir()
+        removed.append(str(group))
+        break
+      except FileNotFoundError:
+        break
+      except OSError:
+        time.sleep(0.1)
+  with contextlib.suppress(OSError):
+    for note in sorted(CPU_NOTES.iterdir()):  # not while any cluster's cgroups need it
+      if f"{note.name}-".startswith(prefix) and not cgroups():
+        with contextlib.suppress(OSError):
+          (CGROUP / "cgroup.subtree_control").write_text("-cpu")
+        note.unlink()
+  return removed
+
+
+def stale_cgroup_tags() -> list[str]:
+  """Tags (``arj-PID``) of the clusters whose cgroups are left while their process is
+  gone (a cluster killed, even by SIGKILL, whose watchdog could not remove them)."""
+  tags = {"-".join(g.name.split("-")[:2]) for g in cgroups()}
+  with contextlib.suppress(OSError):
+    tags |= {n.name for n in CPU_NOTES.iterdir()}
+  return sorted(t for t in tags if t.split("-")[1].isdigit() and not _alive(int(t.split("-")[1])))
 
 
 # ---- a row's faults, read back ----------------------------------------------------

@@ -58,10 +58,11 @@ from pathlib import Path
 from allreduce_jax import distributed, progress
 from allreduce_jax.tools import engines, watchdog
 from allreduce_jax.tools import spares as spare_pool
-from allreduce_jax.tools._args import output_dir
+from allreduce_jax.tools._args import nonnegative_int, output_dir, positive_int, positive_seconds
 from allreduce_jax.tools._proc import LaunchError as LaunchError
 from allreduce_jax.tools._proc import command_argv as command_argv
 from allreduce_jax.tools._proc import die_with_parent as die_with_parent
+from allreduce_jax.units import seconds_problem
 
 POLL_S = 0.05
 
@@ -346,7 +347,9 @@ def launch(
   out = out or sys.stdout
   err = err or sys.stderr
   report = report if report is not None else {}
-  _check_options(num_processes, local_devices, timeout, shutdown_timeout, heartbeat_timeout)
+  _check_options(
+    num_processes, local_devices, timeout, shutdown_timeout, heartbeat_timeout, init_timeout
+  )
   _check_choices(platform, output, num_processes)
   argv = command_argv(list(command))
   if host_argv is None and shutil.which(argv[0]) is None:
@@ -603,14 +606,35 @@ def _restart_kit(command, num_processes, restarts, use_spares, place, options):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _check_options(num_processes, local_devices, timeout, shutdown_timeout, heartbeat_timeout):
+def check_options(options: dict, num_processes: int) -> None:
+  """The options of :func:`launch_options` for ``num_processes`` processes (hosts),
+  checked before anything starts (``cluster``: before its namespaces are built): a
+  ``LaunchError`` naming the first out of range."""
+  _check_options(
+    num_processes,
+    1,
+    options["timeout"],
+    options["shutdown_timeout"],
+    options["heartbeat_timeout"],
+    options["init_timeout"],
+  )
+  _check_choices("cpu", options["output"], num_processes)
+  if options["restarts"] < 0:
+    raise LaunchError(f"--restarts must be at least 0, got {options['restarts']}.")
+
+
+def _check_options(
+  num_processes, local_devices, timeout, shutdown_timeout, heartbeat_timeout, init_timeout=120
+):
   """``LaunchError`` naming the first numeric option out of range."""
   if num_processes < 1:
     raise LaunchError(f"-n/--num-processes must be at least 1, got {num_processes}.")
   if local_devices < 1:
     raise LaunchError(f"--local-devices must be at least 1, got {local_devices}.")
-  if timeout is not None and timeout <= 0:
-    raise LaunchError(f"--timeout must be positive, got {timeout}.")
+  if timeout is not None and (why := seconds_problem(timeout)):
+    raise LaunchError(f"--timeout: {why}.")
+  if init_timeout < 1:
+    raise LaunchError(f"--init-timeout must be at least 1, got {init_timeout}.")
   if shutdown_timeout < 1:
     raise LaunchError(f"--shutdown-timeout must be at least 1, got {shutdown_timeout}.")
   if heartbeat_timeout is not None and heartbeat_timeout < 1:
@@ -897,7 +921,7 @@ def add_launch_options(parser: argparse.ArgumentParser, who: str = "process") ->
   whos = f"{who}es" if who.endswith("s") else f"{who}s"
   parser.add_argument(
     "--timeout",
-    type=float,
+    type=positive_seconds,
     default=None,
     help=f"seconds after which a run still going is stopped, naming the stuck {who}"
     " (exit 124; default: none)",
@@ -914,19 +938,19 @@ def add_launch_options(parser: argparse.ArgumentParser, who: str = "process") ->
   )
   parser.add_argument(
     "--init-timeout",
-    type=int,
+    type=positive_int,
     default=120,
     help=f"seconds the {whos} wait for each other to connect (default 120)",
   )
   parser.add_argument(
     "--shutdown-timeout",
-    type=int,
+    type=positive_int,
     default=30,
     help=f"seconds a finished {who} waits for the others at exit (JAX's default 300)",
   )
   parser.add_argument(
     "--heartbeat-timeout",
-    type=int,
+    type=positive_int,
     default=None,
     help=f"seconds without a heartbeat after which JAX declares a {who} dead (default: JAX's, 100)",
   )
@@ -943,7 +967,7 @@ def add_launch_options(parser: argparse.ArgumentParser, who: str = "process") ->
   )
   parser.add_argument(
     "--restarts",
-    type=int,
+    type=nonnegative_int,
     default=0,
     metavar="N",
     help="start the job again after a failure, up to N times (torchrun's --max-restarts;"
