@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -137,6 +138,22 @@ class Lab:
       raise
     assert m[1] == str(port), m[0]
     self.url, self.token, self.base = m[0], m[2], f"http://127.0.0.1:{port}"
+    self._wait_until_it_answers()
+
+  def _wait_until_it_answers(self, seconds: float = 120) -> None:
+    """The URL is printed before the server listens for good (it is still writing its
+    server-info file): ready is when its API answers, not when it has printed."""
+    deadline = time.monotonic() + seconds
+    while True:
+      try:
+        self.api("GET", "/api/status")
+        return
+      except (urllib.error.URLError, ConnectionError) as e:
+        if self.proc.poll() is not None or time.monotonic() > deadline:
+          self.stop()
+          raise AssertionError(f"lab/serve's API never answered ({e}):\n"
+                               f"{self.log.read_text()[-3000:]}") from None  # fmt: skip
+        time.sleep(0.2)
 
   def api(self, method: str, path: str, body: dict | None = None):
     data = None if body is None else json.dumps(body).encode()
@@ -213,11 +230,13 @@ def test_every_kernel_the_lab_offers_sees_8_cpu_devices(tmp_path):
     }
     assert specs["default"] == "allreduce-jax"
     seen = {}
-    for name in [None, "allreduce-jax-small"]:  # None: what a console from the launcher gets
+    # None: what a console from the launcher gets; python3: hidden from the list, and a request
+    # by name (a notebook whose metadata names it) gets the lab's default kernel.
+    for name in [None, "allreduce-jax-small", "python3"]:
       kernel = lab.api("POST", "/api/kernels", {} if name is None else {"name": name})
       seen[kernel["name"]] = _run_in_kernel(lab, kernel["id"], _PROBE)
       lab.api("DELETE", f"/api/kernels/{kernel['id']}")
-    assert seen == {"allreduce-jax": "8 0", "allreduce-jax-small": "8 1"}
+    assert seen == {"allreduce-jax": "8 0", "allreduce-jax-small": "8 1", "python3": "8 0"}
   finally:
     lab.stop()
   assert lab.proc.returncode is not None
