@@ -584,6 +584,18 @@ def cpu_devices_from_env(env: Mapping[str, str]) -> int | None:
   return None
 
 
+def _collectives_from_env(env: Mapping[str, str]) -> str:
+  """``$ALLREDUCE_JAX_COLLECTIVES`` (default gloo), a ``ValueError`` naming it if it is
+  none of :data:`COLLECTIVES`."""
+  collectives = env.get(ENV_COLLECTIVES, "").strip().lower() or "gloo"
+  if collectives not in COLLECTIVES:
+    raise ValueError(
+      f"environment variable {ENV_COLLECTIVES}={collectives!r} must be one of"
+      f" {', '.join(COLLECTIVES)}."
+    )
+  return collectives
+
+
 #: The variables that make an explicit cluster (with a coordinator address).
 _EXPLICIT = (ENV_NUM_PROCESSES, ENV_PROCESS_ID, "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 
@@ -596,6 +608,7 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
     ValueError: a malformed variable, named in the message.
   """
   env = os.environ if env is None else env
+  collectives = _collectives_from_env(env)  # checked in one process too: never ignored
   mode = env.get(ENV_MODE, "").strip().lower()
   if mode not in ("", "auto", "off", "0", "1", "on"):
     raise ValueError(f"environment variable {ENV_MODE}={mode!r} must be 'auto' or 'off'.")
@@ -631,12 +644,6 @@ def initialize_from_env(env: Mapping[str, str] | None = None) -> bool:
     raise ValueError(
       f"environment variable {ENV_LOCAL_DEVICE_IDS}={ids_text!r} must be comma-separated integers."
     ) from None
-  collectives = env.get(ENV_COLLECTIVES, "").strip().lower() or "gloo"
-  if collectives not in COLLECTIVES:
-    raise ValueError(
-      f"environment variable {ENV_COLLECTIVES}={collectives!r} must be one of"
-      f" {', '.join(COLLECTIVES)}."
-    )
   if collectives == "mpi" and local_devices is None:
     local_devices = _int_env(env, "JAX_NUM_CPU_DEVICES", 1)
   progress.phase("joining")  # a launcher's watchdog: the imports are done

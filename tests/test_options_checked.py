@@ -71,3 +71,23 @@ def test_cluster_counters_path_is_checked_before_the_run(tmp_path, capsys):
     main(["cluster", "--hosts", "2", "--counters", str(counters), "--", "verify"])
   assert str(e.value).startswith(f"--counters {counters}: cannot create its folder")
   assert "# cluster:" not in capsys.readouterr().err
+
+
+def test_an_unknown_collectives_variable_is_refused_in_one_process_too():
+  import os
+  import subprocess
+  import sys
+
+  from allreduce_jax import distributed
+
+  with pytest.raises(
+    ValueError, match="ALLREDUCE_JAX_COLLECTIVES='bogus' must be one of gloo, mpi"
+  ):
+    distributed.initialize_from_env({distributed.ENV_COLLECTIVES: "bogus"})
+  assert distributed.initialize_from_env({distributed.ENV_COLLECTIVES: "gloo"}) is False
+  env = {**os.environ, distributed.ENV_COLLECTIVES: "bogus"}
+  res = subprocess.run([sys.executable, "-m", "allreduce_jax", "verify", "--devices", "2",
+                        "--algorithms", "ring", "--shapes", "3"], env=env, capture_output=True,
+                       text=True)  # fmt: skip
+  assert res.returncode != 0 and res.stderr.count("\n") == 1, res.stderr
+  assert "ALLREDUCE_JAX_COLLECTIVES='bogus'" in res.stderr and "PASS" not in res.stdout
