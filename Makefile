@@ -1,17 +1,30 @@
-# Two commands a new user needs (see README): `make demo` and `make test`.
-# Both create .venv on first use.
+# The commands a new user needs (see README): `make try` (the command line alone, then the first
+# check, seconds once installed), `make demo` and `make test` (everything). Each creates .venv on
+# first use.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
+CLI    := $(VENV)/.cli-stamp
 
-.PHONY: demo test test-fast lint format lab notebooks api clean
+.PHONY: try demo test test-fast lint format lab notebooks api clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[cli,train,notebooks,dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(CLI)
+
+$(CLI): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[cli]'
+	touch $(CLI)
+
+# README's "A first try": .venv with the command line only (the cli extra), then one check of
+# the ring and Swing against NumPy on 4 emulated CPU devices.
+try: $(CLI)
+	$(BIN)/allreduce-jax verify --devices 4 --algorithms ring,swing --dtypes float32 --shapes 13
 
 demo: $(STAMP)
 	$(BIN)/allreduce-jax report --devices 8
@@ -51,7 +64,9 @@ format: $(STAMP)
 lab: $(STAMP)
 	lab/serve
 
-# Execute every notebook in full mode; executed copies (with outputs) go to results/report/notebooks/.
+# Execute every notebook, in full mode unless ALLREDUCE_JAX_SMALL=1 is set (`ALLREDUCE_JAX_SMALL=1
+# make notebooks`: small mode, as CI runs them); executed copies (with outputs) go to
+# results/report/notebooks/.
 notebooks: $(STAMP)
 	mkdir -p results/report/notebooks
 	for nb in notebooks/[0-9][0-9]_*.py; do \
