@@ -275,3 +275,16 @@ def test_redraw_measures_nothing_and_keeps_the_recorded_run(tmp_path, monkeypatc
     assert (out / name).stat().st_size > 0, name
   with pytest.raises(SystemExit, match="--redraw measures nothing"):
     cli.main(["report", "--redraw", "--fresh", "--out", str(out)])
+
+
+def test_the_network_section_says_what_its_model_column_and_bounds_are(tmp_path):
+  """On the emulated network the console's model column is the in-process CPU fit (tens of
+  times below the times), and some rows sit a little below their bound: both explained."""
+  from pathlib import Path
+
+  (network,) = [s for s in report.plan(tmp_path, True, 8) if s.key == "network"]
+  assert "not a model of this network" in " ".join(network.intro.split())
+  committed = Path(__file__).resolve().parents[1] / "docs" / "report"
+  text = " ".join(" ".join(report._render_network(committed)).split())
+  assert "measured / bound" in text and "0.93" in text  # the committed run has such a row
+  assert "A row a little below its bound" in text and "no barrier between them" in text

@@ -268,7 +268,7 @@ def plan(out: Path, smoke: bool, devices: int) -> list[Section]:
              ["train", "table-c", *opts("compression_train"), "--devices", d,
               "--out", f"{o}/compression/table_c"]]),
     Section("network", "On a real network: an emulated cluster with shaped links",
-            f"{net['hosts']} hosts (network namespaces, one process and one device each) on one switch, every host link shaped to {net['link']} each way with `tc`; gloo carries the data over the emulated links. Each algorithm is timed in its own block (`--order blocks`: after a round robin one algorithm's traffic slowed the next one's calls) and each row is the slowest process's median (`-a 3`). Each time is set against its bound from the link rate (less the TCP/IP headers), replayed as XLA:CPU and gloo run it: one ppermute at a time, a pairwise exchange one direction at a time (`allreduce_jax.gloo_model`). Built as root on the machine, or without root in a user namespace of the user's own (rootless); skipped, with the reason, where neither is possible.",
+            f"{net['hosts']} hosts (network namespaces, one process and one device each) on one switch, every host link shaped to {net['link']} each way with `tc`; gloo carries the data over the emulated links. Each algorithm is timed in its own block (`--order blocks`: after a round robin one algorithm's traffic slowed the next one's calls) and each row is the slowest process's median (`-a 3`). Each time is set against its bound from the link rate (less the TCP/IP headers), replayed as XLA:CPU and gloo run it: one ppermute at a time, a pairwise exchange one direction at a time (`allreduce_jax.gloo_model`). Built as root on the machine, or without root in a user namespace of the user's own (rootless); skipped, with the reason, where neither is possible. The model column of the console output is bench's usual α-β-γ fit of this machine's in-process devices, not a model of this network (it sits tens of times below these times): the bounds in the table are.",
             [["cluster", "--hosts", str(net["hosts"]), "--topology", "switch", "--link", net["link"],
               "--timeout", "1800", "--", "bench", "--algorithms", NETWORK_ALGORITHMS,
               "--min-bytes", net["min_bytes"], "--max-bytes", net["max_bytes"], "--factor", "4",
@@ -561,7 +561,14 @@ def _render_network(out: Path) -> list[str]:
     f"{rows[0]['n_devices']} hosts, links {link} ({rate / 1e6:g} MB/s) each way.{queues} The"
     " bounds are the replayed bytes at the link rate less the frames' TCP/IP headers"
     " (`gloo_model.payload_share`), α = 0; the half-duplex one as XLA:CPU and gloo run"
-    " them: one ppermute at a time, an exchange's two directions in turn.",
+    " them: one ppermute at a time, an exchange's two directions in turn. They are the"
+    " bounds of one call on idle links. A row a little below its bound (the root-based"
+    " naive, halving-doubling) did not beat the links: each process times its calls back"
+    " to back with no barrier between them, so a process that has its result"
+    " starts the next call while the others finish this one, and where this call leaves a"
+    " direction of a link idle the next one's first bytes travel in it (into the sockets'"
+    " and the links' queues); a link idle for a moment also passes its token bucket (4 ms of"
+    " its rate) at once.",
     "",
     to_markdown(table),
     "",
