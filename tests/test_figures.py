@@ -193,3 +193,64 @@ def test_rows_of_several_processes_on_an_unnamed_network_get_no_model():
   fig = plot.bench(rows, PARAMS, network=net)
   assert "switch, 4 hosts, 200 Mbit/s links" in fig._suptitle.get_text()
   assert [line for ax in fig.axes for line in ax.get_lines() if line.get_linestyle() == "--"]
+
+
+# ------------------------------------------------------------------ what each mark means
+
+import study_script  # noqa: E402
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_the_bench_legend_says_what_a_hollow_marker_is():
+  rows = _bench_rows(["ring", "psum"], p=8, sizes=(1024, 1028, 65536))  # 257 floats: padded
+  fig = plot.bench(rows, PARAMS)
+  titles = [t.get_text() for ax in fig.axes if (lg := ax.get_legend()) for t in [lg.get_title()]]
+  titles += [t.get_text() for lg in fig.legends for t in [lg.get_title()]]
+  assert any("hollow: a size not a multiple of p" in t for t in titles), titles
+  even = plot.bench(_bench_rows(["ring", "psum"], p=8, sizes=(1024, 65536)), PARAMS)
+  legends = [ax.get_legend() for ax in even.axes if ax.get_legend()] + list(even.legends)
+  assert legends and not any("hollow" in lg.get_title().get_text() for lg in legends)
+
+
+def test_the_slow_link_figure_draws_the_blocks_runs_each_slowdown_its_own_mark(tmp_path):
+  faults = study_script.load(ROOT / "experiments" / "faults" / "faults.py")
+  fig = faults.figure(tmp_path / "slow_link.png")
+  (ax,) = fig.axes
+  series = [c for c in ax.containers if hasattr(c, "has_xerr")]
+  looks = {(c.lines[0].get_marker(), c.lines[0].get_color()) for c in series}
+  assert len(series) == 3 and len(looks) == 3  # 1/2, 1/10, 1/100: told apart
+  # The points are the medians of the runs timed in blocks, as the answer's numbers are.
+  n, rate = 2**20, 25e6
+  blocks = [r for r in faults._read("slow_link_alone.jsonl") if r["iters"] == 3
+            and r["bytes"] == n and json.loads(r["key"])["network"]["hosts"] == 4
+            and json.loads(r["key"])["network"]["network"] == "switch"]  # fmt: skip
+  ring10 = sorted(r["time_us"] for r in blocks if r["algorithm"] == "ring" and faults._k(r) == 10)
+  want = ring10[len(ring10) // 2] * 1e-6 / (n * 10 / rate)
+  ring_y = [t.get_text() for t in ax.get_yticklabels()].index("ring")
+  drawn = [x for c in series if "1/10 " in c.get_label()
+           for x, y in c.lines[0].get_xydata() if abs(y - ring_y) < 0.5]  # fmt: skip
+  assert drawn == [pytest.approx(want)]
+
+
+def test_the_mpi_peer_figure_tells_every_series_apart_in_bytes(tmp_path):
+  from matplotlib.colors import to_rgb
+
+  tables = study_script.load(ROOT / "experiments" / "mpi_peer" / "tables.py")
+  fig = tables.figure(tmp_path / "mpi_peer.png")
+  panels = [ax for ax in fig.axes if ax.get_lines()]
+  for ax in panels:
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    looks = [(to_rgb(line.get_color()), line.get_linestyle(), line.get_marker())
+             for line in lines.values()]  # fmt: skip
+    assert len(set(looks)) == len(looks), ax.get_title()
+    solid = [to_rgb(line.get_color()) for name, line in lines.items() if "(" not in name]
+    for i, a in enumerate(solid):  # the hand-written ones and psum: colours far apart
+      for b in solid[i + 1 :]:
+        assert np.linalg.norm(np.subtract(a, b)) > 0.3, ax.get_title()
+    if "ring" in lines and "psum" in lines:  # psum lies on the ring: hollow and larger
+      assert lines["psum"].get_markerfacecolor() == "none"
+      assert lines["psum"].get_markersize() > lines["ring"].get_markersize()
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels and all(t.endswith(("B", "KiB", "MiB")) for t in labels), labels
+  assert len([lg for ax in fig.axes if (lg := ax.get_legend())]) == 1  # one legend for all

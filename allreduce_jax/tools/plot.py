@@ -311,6 +311,8 @@ def bench(
     else "fitted α-β-γ model" + (", exact program only" if len(wires) > 1 else "")
   )
   key = "solid: measured median (bars: min–max)" + (f"; dashed: {model}" if modelled else "")
+  if any(r.get("count", 0) % p for r in rows):  # the unconnected hollow markers
+    key += "; hollow: a size not a multiple of p (padded)"
   if len(grid) > n_panels:  # the spare panel holds the legend, in the figure's order
     seen: dict = {}
     for ax in time_axes:

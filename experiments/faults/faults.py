@@ -1199,43 +1199,54 @@ def tables() -> dict[str, str]:
   return {"tables.md": "\n".join(parts)}
 
 
-def figure(path: Path) -> None:
+def figure(path: Path):
+  """Each algorithm timed in blocks (as the answer's numbers) on the 4-host switch, 1 MiB per
+  host, host 1's link at 1/2, 1/10 and 1/100: its time in units of the bound n·k/B (the
+  median of its runs, a bar from the fastest to the slowest), one marker per slowdown."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  import matplotlib.ticker
 
   from allreduce_jax import cluster_rows
-  from allreduce_jax.palette import style
 
-  rows = [r for r in _slow_rows() if r["bytes"] == 2**20 and r["net"].startswith("switch, 4 hosts")
-          and "idle" not in r["net"] and not _cc(r)]  # fmt: skip
-  main = "switch, 4 hosts, queues of 100 ms"  # the cluster's default
-  fig, ax = plt.subplots(figsize=(6.4, 4.4))
-  for alg in dict.fromkeys(r["algorithm"] for r in rows):
-    for net in dict.fromkeys(r["net"] for r in rows):
-      pts = sorted((r["k"], r["time_us"] / 1e6) for r in rows if r["algorithm"] == alg
-                   and r["net"] == net)  # fmt: skip
-      if pts:
-        look = style(alg) if net == main else {**style(alg), "linestyle": "", "alpha": 0.5}
-        ax.plot([k for k, _ in pts], [t for _, t in pts], label=alg if net == main else None,
-                markersize=4, **look)  # fmt: skip
-  ks = sorted({r["k"] for r in rows})
   n = 2**20
-  ax.plot(ks, [n * k / cluster_rows.link_rate(rows) for k in ks], "k--", label="bound n·k/B")
-  ax.set_xscale("log")
-  ax.set_yscale("log")
-  ax.set_xticks(ks, [f"1/{k}" for k in ks])
-  ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-  ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-  ax.set_yticks([0.1, 0.3, 1, 3, 10])
-  ax.set_xlabel("host 1's link rate (of 200 Mbit/s)")
-  ax.set_ylabel("all-reduce time (s), 1 MiB per host")
-  ax.set_title("One slow link, 4 hosts on a switch (faint markers: queues of 5 ms)", fontsize=10)
-  ax.legend(fontsize=7, ncol=2)
+  rows = [r for r in _read("slow_link_alone.jsonl") if r.get("wrong") == 0 and r["iters"] != 6
+          and r["bytes"] == n and not _cc(r)
+          and json.loads(r["key"])["network"]["network"] == "switch"
+          and json.loads(r["key"])["network"]["hosts"] == 4]  # fmt: skip
+  rate = cluster_rows.link_rate(rows)
+  runs: dict[tuple[str, int], list[float]] = {}
+  for r in rows:
+    k = _k(r)
+    runs.setdefault((r["algorithm"], k), []).append(r["time_us"] * 1e-6 / (n * k / rate))
+  ks = sorted({k for _, k in runs})
+  by = max(ks[:-1] or ks)  # the order: by the time at 1/10
+  algs = sorted({a for a, _ in runs}, key=lambda a: _median(runs.get((a, by), [float("inf")])))
+  looks = {2: ("o", "#1f77b4"), 10: ("s", "#d62728"), 100: ("^", "#2ca02c")}
+  fig, ax = plt.subplots(figsize=(6.4, 4.6))
+  for j, k in enumerate(ks):
+    marker, color = looks.get(k, ("D", "#7f7f7f"))
+    ys = [i + (j - (len(ks) - 1) / 2) * 0.22 for i, a in enumerate(algs) if (a, k) in runs]
+    got = [runs[a, k] for a in algs if (a, k) in runs]
+    mid = [_median(v) for v in got]
+    err = [[m - min(v) for m, v in zip(mid, got)], [max(v) - m for m, v in zip(mid, got)]]
+    counts = sorted({len(v) for v in got})
+    ax.errorbar(mid, ys, xerr=err, fmt=marker, color=color, markersize=5, capsize=2,
+                linewidth=1, label=f"link at 1/{k} ({'–'.join(map(str, counts))} run"
+                f"{'s' if counts[-1] > 1 else ''} each)")  # fmt: skip
+  ax.axvline(1.0, color="black", linestyle="--", linewidth=1, label="bound n·k/B")
+  ax.set_yticks(range(len(algs)), algs, fontsize=8)
+  ax.invert_yaxis()
+  ax.set_xlabel("all-reduce time / (n·k/B): n = 1 MiB through the slow link at B/k")
+  ax.set_xlim(left=0)
+  ax.grid(axis="x", alpha=0.3)
+  ax.set_title("One slow link, 4 hosts on a 200 Mbit/s switch, each algorithm in blocks",
+               fontsize=10)  # fmt: skip
+  ax.legend(fontsize=7, loc="lower left", framealpha=1)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
+  return fig
 
 
 def _names(args: list[str]) -> list[str]:

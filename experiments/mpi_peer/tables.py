@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 from allreduce_jax import gloo_model, results
-from allreduce_jax.units import spread
+from allreduce_jax.units import format_bytes, spread
 
 HERE = Path(__file__).resolve().parent
 #: Column order: the hand-written algorithms, then the peers (psum over gloo, Open MPI's).
@@ -272,7 +272,31 @@ def _mb(xs) -> str:
   return spread([x / 1e6 for x in xs], ".3f")
 
 
-def figure(path: Path) -> None:
+#: Open MPI's algorithm beside the hand-written one it runs (the same colour, dashed).
+MPI_KIN = {"mpi(ring)": "ring", "mpi(segmented_ring)": "ring",
+           "mpi(recursive_doubling)": "recursive_doubling", "mpi(rabenseifner)": "halving_doubling"}  # fmt: skip
+
+
+def look(name: str) -> dict:
+  """A series' look: the hand-written algorithms in the project's palette (solid), psum
+  black with hollow markers (it lies on the ring where both run gloo's ring), Open MPI's
+  algorithms dashed in the colour of the hand-written one they run (segmented ring
+  dotted), Open MPI's own choice dark grey."""
+  from allreduce_jax.palette import style
+
+  if name == "psum":
+    return {"color": "black", "marker": "o", "mfc": "none", "ms": 6, "linestyle": "-", "lw": 1}
+  if name in MPI_KIN:
+    dots = ":" if name == "mpi(segmented_ring)" else "--"
+    return {"color": style(MPI_KIN[name])["color"], "marker": "x", "ms": 5, "linestyle": dots}
+  if name.startswith("mpi("):
+    return {"color": "#4d4d4d", "marker": "x", "ms": 5, "linestyle": "-."}
+  return {**style(name), "linestyle": "-", "ms": 3}
+
+
+def figure(path: Path):
+  """Every network's times against the size, one panel each and one legend for all (each
+  series in its :func:`look`, sizes in bytes as measured); saved to ``path``, returned."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -282,33 +306,39 @@ def figure(path: Path) -> None:
           for pattern, heading, _ in NETWORKS]  # fmt: skip
   nets = [(h, d) for h, d in nets if d]
   cols = 3 if len(nets) > 4 else 2
-  fig, axes = plt.subplots(-(-len(nets) // cols), cols, figsize=(6 * cols, 4.2 * -(-len(nets) // cols)),
-                           squeeze=False)  # fmt: skip
+  n_rows = -(-(len(nets) + 1) // cols)  # and a panel for the legend
+  fig, axes = plt.subplots(n_rows, cols, figsize=(6 * cols, 4.2 * n_rows), squeeze=False)
+  handles: dict = {}
   for ax, (heading, data) in zip(axes.flat, nets):
     cells = times(data)
-    for name in ORDER:
+    sizes = [n for _, n in cells]
+    for name in ("psum", *(n for n in ORDER if n != "psum")):  # psum under the ring
       pts = sorted((n, statistics.median(v.values())) for (k, n), v in cells.items() if k == name)
       if pts:
-        style = "--s" if is_peer(name) else "-o"
-        ax.plot(
-          [n / 2**20 for n, _ in pts],
-          [t * 1e3 for _, t in pts],
-          style,
-          label=name,
-          ms=3,
-          color=plt.cm.tab20(ORDER.index(name)),
-        )  # one colour per algorithm everywhere
+        (line,) = ax.plot([n for n, _ in pts], [t * 1e3 for _, t in pts], label=name,
+                          **look(name))  # fmt: skip
+        handles.setdefault(name, line)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("MiB per host")
+    ticks = sorted(set(sizes))
+    ticks = ticks[:: -(-len(ticks) // 6)]  # at most 6 labels: the sizes measured
+    ax.set_xticks(ticks, [format_bytes(n) for n in ticks], fontsize=8)
+    ax.minorticks_off()
+    ax.set_xlabel("bytes per host")
     ax.set_ylabel("time per all-reduce (ms)")
     ax.set_title(heading.split(" (")[0], fontsize=10)
-    ax.legend(fontsize=7)
+    ax.grid(True, which="major", alpha=0.3)
+  spare = list(axes.flat)[len(nets)]
+  names = [n for n in ORDER if n in handles]
+  spare.legend([handles[n] for n in names], names, loc="center", fontsize=9, frameon=False,
+               title="solid: hand-written (psum: XLA's, over gloo)\ndashed, x: Open MPI's"
+               " MPI_Allreduce, forced\nto the algorithm of that colour", title_fontsize=9)  # fmt: skip
   for ax in list(axes.flat)[len(nets) :]:
-    ax.set_visible(False)
+    ax.set_axis_off()
   fig.suptitle("MPI_Allreduce vs hand-written vs psum over gloo, 200 Mbit/s links", fontsize=11)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
+  return fig
 
 
 if __name__ == "__main__":
