@@ -67,10 +67,11 @@ def test_timeout_in_one_process_says_where_and_exits_124(tmp_path):
 
 def _stop_one_while_timing(tmp_path, victim_rank: str, seconds: int = 12):
   """``launch -n 2 -- bench -T seconds``, process ``victim_rank`` stopped (SIGSTOP)
-  once timing started: ``(returncode, stdout + stderr, seconds from the stop to the end)``."""
+  once timing started: ``(returncode, stdout + stderr, seconds from the stop to the end)``.
+  The launcher's own no-progress watchdog is off (``--watchdog 0``): bench's ``-T`` is tested."""
   logs = tmp_path / "logs"
   argv = [sys.executable, "-m", "allreduce_jax", "launch", "-n", "2", "--log-dir", str(logs),
-          "--output", "all", "--", "bench", "--algorithms", "ring", "--smoke", "-n", "1000000",
+          "--output", "all", "--watchdog", "0", "--", "bench", "--algorithms", "ring", "--smoke", "-n", "1000000",
           "-T", str(seconds), "--out", str(tmp_path / "b.jsonl")]  # fmt: skip
   proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
@@ -104,8 +105,8 @@ def test_timeout_fires_when_process_0_is_the_stopped_one(tmp_path):
 def test_timeout_names_a_stopped_participant(tmp_path):
   logs = tmp_path / "logs"
   argv = [sys.executable, "-m", "allreduce_jax", "launch", "-n", "2", "--log-dir", str(logs),
-          "--", "bench", "--algorithms", "ring", "--smoke", "-n", "1000000", "-T", "12",
-          "--out", str(tmp_path / "b.jsonl")]  # fmt: skip
+          "--watchdog", "0", "--", "bench", "--algorithms", "ring", "--smoke", "-n", "1000000",
+          "-T", "12", "--out", str(tmp_path / "b.jsonl")]  # fmt: skip
   proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   try:
     deadline = time.monotonic() + 120
