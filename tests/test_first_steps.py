@@ -7,6 +7,7 @@ shows. The Makefile and the README say the same of full and small mode.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -25,7 +26,11 @@ def _section(title: str) -> str:
 def _dry_run(target: str) -> list[str]:
   if shutil.which("make") is None:
     pytest.skip("no make on this machine")
-  res = subprocess.run(["make", "-n", "-B", target], cwd=ROOT, capture_output=True, text=True)
+  # Under an outer make (CI's `make test`) the inherited MAKEFLAGS/MAKELEVEL would add
+  # make's own "Entering/Leaving directory" lines: the dry run starts from a clean slate.
+  env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+  argv = ["make", "--no-print-directory", "-n", "-B", target]
+  res = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, env=env)
   assert res.returncode == 0, res.stderr
   return res.stdout.strip().splitlines()
 

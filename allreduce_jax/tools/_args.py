@@ -462,6 +462,16 @@ def _main_process() -> bool:
   return not jax.distributed.is_initialized() or jax.process_index() == 0
 
 
+def check_rows(path, kind: str, arg: str = "--out") -> None:
+  """Before any work, changing nothing: the rows file behind ``arg`` is ours (or
+  absent) and can be written (:func:`row_store` then locks it). Lets a command name
+  the user's own ``--out`` before options whose defaults derive from it."""
+  try:
+    RowStore(path, kind).check()
+  except RowsError as e:
+    raise SystemExit(f"{arg}: {e}") from None
+
+
 def row_store(path, kind: str, *, fresh: bool = False, context=None, arg: str = "--out"):
   """Before any work: the :class:`~allreduce_jax.results.RowStore` behind ``arg``,
   checked (ours or absent, writable), locked for this run by the writing process

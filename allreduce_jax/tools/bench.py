@@ -51,6 +51,7 @@ from allreduce_jax.tools._args import (
   available_memory,
   check_memory,
   check_op_dtypes,
+  check_rows,
   choice_list,
   dtype_spec,
   figure_path,
@@ -791,6 +792,7 @@ def _run(args: argparse.Namespace, deadline: Deadline) -> int:
     "warmup": args.warmup,
     **({"trials": args.trials} if getattr(args, "trials", None) else {}),
   }  # + each row's dtype and op (row_key): one file holds every pair of -o/-d
+  check_rows(out, "bench")  # the user's --out is named before --plot's default derived from it
   fig = figure_path(args.plot or out.with_suffix(".png"), "--plot")
   if args.fit:
     output_path(args.params or cost_model.default_fit_path(), "--params")

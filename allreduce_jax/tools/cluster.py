@@ -488,6 +488,9 @@ def run(args: argparse.Namespace) -> int:
   if args.hosts is None:
     print(f"{prog}: --hosts N is required (or 'cluster down').", file=sys.stderr)
     return 2
+  if args.hosts < 1:  # before the launch options' checks, which would say -n/--num-processes
+    print(f"{prog}: --hosts must be at least 1, got {args.hosts}.", file=sys.stderr)
+    return 2
   if args.log_dir:
     output_dir(args.log_dir, "--log-dir")
   if args.counters:  # written after the run: a bad path is refused before it
