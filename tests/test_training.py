@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -142,13 +143,15 @@ def _naive_async(graphdef, params, rest, tx, digits, tau, idx, method):
   """Reference: keep every parameter version in a Python list."""
   history = [params]
   w, s = params, tx.init(params)
+  ms = jax.tree.map(jnp.zeros_like, params)  # DC-ASGD-a's running mean square of g
   grad = jax.jit(jax.grad(lambda q, x, y: models.loss_fn(graphdef, q, rest, x, y)))
   for t in range(len(tau)):
     read = history[t - int(tau[t])]
     g = grad(read, digits.x_train[idx[t]], digits.y_train[idx[t]])
-    if method == "dcasgd":
+    ms = jax.tree.map(lambda m, gi: 0.95 * m + 0.05 * gi * gi, ms, g)
+    if method == "dcasgd":  # λ_t = 2 / sqrt(ms + 1e-7), elementwise (Zheng et al.'s DC-ASGD-a)
       g = jax.tree.map(
-        lambda gi, wi, ri: gi + async_sim.DC_LAMBDA * gi * gi * (wi - ri), g, w, read
+        lambda gi, wi, ri, m: gi + 2.0 / jnp.sqrt(m + 1e-7) * gi * gi * (wi - ri), g, w, read, ms
       )
     if method == "async_eta_tau":
       scale = 1.0 / max(int(tau[t]), 1)

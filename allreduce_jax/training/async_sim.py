@@ -10,7 +10,7 @@ the parameters, so it is built first in NumPy (:func:`event_schedule`,
 :func:`fixed_tau_schedule`, :func:`sync_schedule`) and then replayed by one jitted
 step over a ring buffer of the last ``K`` parameter snapshots (:func:`make_replay`):
 the gradient is evaluated at snapshot ``t - τ_t`` and applied to the current
-parameters. The method (plain, staleness-aware η/τ, DC-ASGD) is a traced argument,
+parameters. The method (plain, staleness-aware η/τ, DC-ASGD-a) is a traced argument,
 so one compiled program serves every method, staleness and seed of a sweep.
 
 Compute times have mean 1 (the unit of simulated time is one mean gradient
@@ -40,8 +40,16 @@ COMPUTE_MODELS = ("constant", "exponential", "lognormal", "pareto", "slow")
 #: Methods of the async replay: the gradient transform applied before the optimizer.
 ASYNC_METHODS = ("async", "async_eta_tau", "dcasgd")
 
-#: DC-ASGD's λ (Zheng et al. 2017; MXNet's default).
-DC_LAMBDA = 0.04
+#: DC-ASGD's adaptive λ (DC-ASGD-a, Zheng et al. 2017): λ_t = λ0 / sqrt(MS_t + ε) per
+#: element, MS_t = m·MS_{t-1} + (1 - m)·g_t² a running mean square of the gradients, so
+#: the correction λ_t·g⊙g⊙Δw ≈ λ0·|g|⊙Δw follows the gradient's own scale. λ0 = 2 and
+#: m = 0.95 are the defaults of an open implementation; ε is Multiverso's. (A constant
+#: λ must be tuned to the gradient's scale: MXNet's 0.04 left the digits MLP's runs
+#: unchanged, λ = 16 (its batch) helped at τ = 8 and diverged at τ = 16; DC-ASGD-a
+#: helped at both, ``notebooks/07_sync_vs_async.py``.)
+DC_LAMBDA0 = 2.0
+DC_DECAY = 0.95
+DC_EPS = 1e-7
 
 _DEFAULT_PARAM = {"lognormal": 0.5, "pareto": 1.5, "slow": 4.0}
 
@@ -399,7 +407,8 @@ def make_replay(
 
     w_read = buf[(t - τ_t) % K]
     g = ∇ loss(w_read; batch_t)
-    g = g + λ · g ⊙ g ⊙ (w_t - w_read)            # DC-ASGD (λ = 0 for the others)
+    ms = m · ms + (1 - m) · g ⊙ g                  # the gradients' running mean square
+    g = g + λ0 / sqrt(ms + ε) ⊙ g ⊙ g ⊙ (w_t - w_read)   # DC-ASGD-a (λ0 = 0 for the others)
     g = g / max(τ_t, 1)                            # staleness-aware η/τ (if enabled)
     w_{t+1} = w_t + tx.update(g)                   # padding steps (valid = 0) change nothing
     buf[(t + 1) % K] = w_{t+1}
@@ -411,23 +420,31 @@ def make_replay(
 
   Returns:
     ``replay(state, x_all, y_all, tau, idx, valid, eta_tau, dc_lambda) -> (state,
-    losses)``. ``state = (params, opt_state, buf, t)`` (from :func:`init_state`);
+    losses)``. ``state = (params, opt_state, buf, t, ms)`` (from :func:`init_state`);
     ``tau``: i32[C]; ``idx``: i32[C, B]; ``valid``: f32[C]; ``eta_tau``: f32 scalar
-    (1: divide by max(τ, 1)); ``dc_lambda``: f32 scalar; ``losses``: f32[C] loss at
-    the stale parameters. One compile per (chunk length, batch size).
+    (1: divide by max(τ, 1)); ``dc_lambda``: f32 scalar, DC-ASGD-a's λ0 (0: no
+    correction); ``losses``: f32[C] loss at the stale parameters. One compile per
+    (chunk length, batch size).
   """
   if buffer_size < 1:
     raise ValueError(f"buffer_size must be >= 1, got {buffer_size}.")
   K = buffer_size
 
   def step(carry, inp, x_all, y_all, eta_tau, dc_lambda):
-    w, s, buf, t = carry
+    w, s, buf, t, ms = carry
     tau, ib, valid = inp
     read = jax.tree.map(lambda b: b[(t - tau) % K], buf)
     loss, g = jax.value_and_grad(lambda q: models.loss_fn(graphdef, q, rest, x_all[ib], y_all[ib]))(
       read
     )
-    g = jax.tree.map(lambda gi, wi, ri: gi + dc_lambda * gi * gi * (wi - ri), g, w, read)
+    ms_new = jax.tree.map(lambda m, gi: DC_DECAY * m + (1 - DC_DECAY) * gi * gi, ms, g)
+    g = jax.tree.map(
+      lambda gi, wi, ri, m: gi + dc_lambda / jnp.sqrt(m + DC_EPS) * gi * gi * (wi - ri),
+      g,
+      w,
+      read,
+      ms_new,
+    )
     scale = jnp.where(eta_tau > 0, 1.0 / jnp.maximum(tau, 1).astype(jnp.float32), 1.0)
     g = jax.tree.map(lambda gi: gi * scale, g)
     updates, s_new = tx.update(g, s, w)
@@ -435,9 +452,10 @@ def make_replay(
     keep = valid > 0
     w = jax.tree.map(lambda a, b: jnp.where(keep, a, b), w_new, w)
     s = jax.tree.map(lambda a, b: jnp.where(keep, a, b), s_new, s)
+    ms = jax.tree.map(lambda a, b: jnp.where(keep, a, b), ms_new, ms)
     t = t + keep.astype(jnp.int32)
     buf = jax.tree.map(lambda b, a: b.at[t % K].set(a), buf, w)
-    return (w, s, buf, t), loss
+    return (w, s, buf, t, ms), loss
 
   @jax.jit
   def replay(state, x_all, y_all, tau, idx, valid, eta_tau, dc_lambda):
@@ -448,9 +466,11 @@ def make_replay(
 
 
 def init_state(params: Any, tx: optax.GradientTransformation, buffer_size: int) -> tuple:
-  """``(params, opt_state, buf, t=0)`` with every snapshot of ``buf`` equal to ``params``."""
+  """``(params, opt_state, buf, t=0, ms=0)`` with every snapshot of ``buf`` equal to
+  ``params`` and DC-ASGD-a's mean square of the gradients at zero."""
   buf = jax.tree.map(lambda a: jnp.broadcast_to(a, (buffer_size, *a.shape)), params)
-  return (params, tx.init(params), buf, jnp.zeros((), jnp.int32))
+  ms = jax.tree.map(jnp.zeros_like, params)
+  return (params, tx.init(params), buf, jnp.zeros((), jnp.int32), ms)
 
 
 @dataclass(frozen=True)
@@ -510,7 +530,7 @@ def run_async(
   if chunk < 1:
     raise ValueError(f"chunk must be >= 1, got {chunk}.")
   eta_tau = jnp.asarray(1.0 if method == "async_eta_tau" else 0.0, jnp.float32)
-  dc = jnp.asarray(DC_LAMBDA if method == "dcasgd" else 0.0, jnp.float32)
+  dc = jnp.asarray(DC_LAMBDA0 if method == "dcasgd" else 0.0, jnp.float32)
   x_all, y_all = jnp.asarray(data.x_train), jnp.asarray(data.y_train)
   state = init_state(params, tx, buffer_size)
   eval_updates, test_acc, losses = [0], [evaluate(params, data.x_test, data.y_test)], []

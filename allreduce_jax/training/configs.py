@@ -115,7 +115,8 @@ class StalenessConfig:
     taus: staleness values τ (updates between reading the parameters and applying the
       gradient), comma-separated; 0 is the synchronous baseline.
     methods: asynchronous methods run at every τ > 0: async (plain), async_eta_tau
-      (step size divided by τ), dcasgd (delay-compensated).
+      (step size divided by τ), dcasgd (delay-compensated, DC-ASGD-a: λ adapts to the
+      gradients' running mean square).
     seeds: one run per seed and (method, τ), comma-separated.
     target: the test accuracy whose first update is reported (updates to target).
     eval_every: updates between two test-accuracy evaluations.
