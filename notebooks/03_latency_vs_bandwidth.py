@@ -10,17 +10,20 @@
 # Here we time the algorithms on emulated devices with a dozen lines of our own, fit α
 # and β to the times with a few lines of least squares, read off where each algorithm
 # stops being latency-bound and where the best one changes, check what
-# `algorithm="auto"` would pick with this fit, and see why frameworks pack small
-# gradients into buckets before reducing them.
+# `algorithm="auto"` would pick with this fit, on the sizes it was fitted on and on
+# sizes it never saw, and see why frameworks pack small gradients into buckets before
+# reducing them, with the fitted model's prediction of what packing saves beside the
+# measurement. Two cells ask you for a number before the run computes it; one asks you
+# to write an algorithm's α-β time.
 #
 # Emulated CPU devices share one process and one memory, so absolute numbers say
 # little about a GPU cluster; the *shape* of the curves and the method carry over.
 #
-# **Run time.** Full mode takes about 5 minutes on 2 CPU cores. Small mode
+# **Run time.** Full mode 82 s on 2 CPU cores; small mode
 # (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
-# JupyterLab) takes about 1 minute: four sizes from 8 KiB to 4 MiB instead of eight up
-# to 16 MiB, four algorithms and psum instead of every `auto` candidate, fewer timed
-# calls and a smaller model gradient for the bucketing. Every sentence at the end is
+# JupyterLab) 15–90 s: four sizes from 8 KiB to 4 MiB instead of eight up to
+# 16 MiB (two unseen sizes instead of four), four algorithms and psum instead of every
+# `auto` candidate, fewer timed calls and a smaller model gradient for the bucketing. Every sentence at the end is
 # computed from the run; where a run measures too little to support one, it says so.
 
 # %% tags=["parameters"]
@@ -45,7 +48,7 @@ from IPython.display import display
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import all_reduce, all_reduce_tree, cost_model, names
+from allreduce_jax import all_reduce, all_reduce_tree, cost_model, names, teach
 from allreduce_jax.palette import style
 from allreduce_jax.units import format_bytes
 
@@ -55,6 +58,8 @@ if SMALL:
   CANDIDATES = tuple(a for a in CANDIDATES if a in ("ring", "tree", "recursive_doubling", "swing"))
 ALGORITHMS = ("psum", *CANDIDATES)
 SIZES = [8 << 10, 64 << 10, 512 << 10, 4 << 20] if SMALL else [4**k << 10 for k in range(8)]
+# sizes between those, never fitted on: where auto's picks are checked a second time
+UNSEEN = [24 << 10, 1536 << 10] if SMALL else [2 << 10, 32 << 10, 512 << 10, 8 << 20]
 mesh = jax.make_mesh((DEVICES,), ("i",))
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
 print("sizes per participant:", ", ".join(format_bytes(n) for n in SIZES))
@@ -73,6 +78,15 @@ print("allreduce-jax at commit", source_commit() or "(not a git checkout)")
 # inputs make every sum exact, so each result is compared with `psum`'s bit for bit.
 # As in nccl-tests, algbw = n/t and busbw = algbw·2(p−1)/p: the number to compare with
 # a link's peak.
+#
+# ### Predict before you run
+#
+# The largest size below is 512 times the smallest (8 KiB to 4 MiB in small mode, 1 KiB
+# to 16 MiB... 16384 times in full mode). **How many times longer will the ring take at
+# the largest size than at the smallest?**
+
+# %% tags=["predict"]
+guess = None  # the ring's time at the largest size / at the smallest
 
 
 # %%
@@ -105,6 +119,12 @@ for n in SIZES:
     busbw = n / t * 2 * (DEVICES - 1) / DEVICES / 1e9
     rows.append({"algorithm": a, "bytes": n, "time_us": 1e6 * t, "busbw_GBps": busbw})
 measured = pd.DataFrame(rows)
+ring_t = measured[measured["algorithm"] == "ring"].set_index("bytes")["time_us"]
+teach.reveal(
+  guess, ring_t[SIZES[-1]] / ring_t[SIZES[0]],
+  what=f"the ring's time at {format_bytes(SIZES[-1])} / at {format_bytes(SIZES[0])} "
+  f"({SIZES[-1] // SIZES[0]:,} times the bytes)",
+)  # fmt: skip
 measured.pivot(index="bytes", columns="algorithm", values="time_us").round(0)
 
 # %%
@@ -243,6 +263,50 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ### Try this: halving-doubling's α-β time
+#
+# Halving-doubling (Rabenseifner) takes 2 lg p message steps and puts 2(p−1)/p·n bytes
+# on its busiest link, the ring's bytes. Write its predicted time for n bytes per
+# participant on p participants (a power of two), given α (seconds per step) and β
+# (seconds per byte). The check compares it with `cost_model.schedule` at p = 8 and 64
+# and three sizes.
+
+
+# %% tags=["exercise"]
+def hd_seconds(n, p, alpha, beta):  # n bytes per participant, p a power of two
+  raise NotImplementedError("your turn: α·steps + β·bytes on the busiest link")
+
+
+# %% tags=["check"]
+def hd_is_right():
+  q = cost_model.DEFAULT_PARAMS
+  for p in (8, 64):
+    for n in (1 << 10, 1 << 20, 1 << 30):
+      s = cost_model.schedule("halving_doubling", p, n)
+      want = q.alpha * s.steps + q.beta * s.beta_bytes
+      got = hd_seconds(n, p, q.alpha, q.beta)
+      if not np.isclose(got, want, rtol=1e-9):
+        return False, f"at p={p}, n={format_bytes(n)}: {got:.4g} s, the model says {want:.4g} s"
+  return True
+
+
+teach.check(
+  hd_is_right,
+  right="2 lg p·α + 2(p−1)/p·n·β, the model's time: the ring's bytes in far fewer steps.",
+  wrong="halving-doubling's time is α per step times 2 lg p steps plus β times 2(p−1)/p·n bytes",
+)
+
+# %% [markdown] tags=["solution"]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def hd_seconds(n, p, alpha, beta):  # n bytes per participant, p a power of two
+#   lg = int(np.log2(p))
+#   return 2 * lg * alpha + 2 * (p - 1) / p * n * beta
+# ```
+# </details>
+
+# %% [markdown]
 # ## What `auto` would pick
 #
 # `algorithm="auto"` makes the same NCCL-style choice at trace time, from the
@@ -274,6 +338,30 @@ picks = pd.DataFrame(picks).set_index("size")
 picks
 
 # %% [markdown]
+# That was the easy test: the fit was made from those very sizes. A model earns its keep
+# on sizes it has not seen. Below, sizes between the measured ones (`UNSEEN`), timed the
+# same way, against what `auto` picks there with the same fit:
+
+# %%
+unseen = []
+for n in UNSEEN:
+  t = measure(n, ALGORITHMS)
+  pick = cost_model.choose(DEVICES, n, fit)
+  fastest = min(CANDIDATES, key=t.get)
+  unseen.append(
+    {
+      "size": format_bytes(n),
+      "auto picks": pick,
+      "fastest measured": fastest,
+      "pick (µs)": round(1e6 * t[pick]),
+      "fastest (µs)": round(1e6 * t[fastest]),
+      "pick / fastest": t[pick] / t[fastest],
+    }
+  )
+unseen = pd.DataFrame(unseen).set_index("size")
+unseen.round(2)
+
+# %% [markdown]
 # ## Tensor fusion: why small gradients are bucketed
 #
 # A model's gradient is a pytree of many leaves, most of them small (biases, norms).
@@ -285,6 +373,14 @@ picks
 # `all_reduce_tree(tree, axis, bucket_bytes=...)` does the packing: `bucket_bytes=0`
 # is one all-reduce per leaf, `None` one bucket per dtype. Below, the gradient of a
 # small GPT-style transformer (12 leaves per layer), reduced with the ring both ways.
+#
+# ### Predict before you run
+#
+# **How many times faster will one bucket be than one all-reduce per leaf?** (The
+# model: LAYERS layers of 12 leaves plus 4; the next cell prints the count.)
+
+# %% tags=["predict"]
+guess = None  # per-leaf time / one-bucket time
 
 # %%
 d, h = D_MODEL, 4 * D_MODEL
@@ -315,7 +411,37 @@ for _ in range(ITERS):
     fusion_times[k].append(time.perf_counter() - start)
 fusion = pd.Series({k: 1e6 * float(np.median(t)) for k, t in fusion_times.items()}, name="µs")
 print(f"{len(shapes)} leaves, {format_bytes(n_bytes)} per participant")
+teach.reveal(guess, fusion["per leaf"] / fusion["one bucket"], what="per leaf / one bucket")
 fusion.round(0).to_frame()
+
+# %% [markdown]
+# The formula of this section, evaluated with the ring's own fitted α and β: per leaf, the
+# sum over the leaves of the ring's time for that leaf's bytes; one bucket, the ring's
+# time for all of them.
+
+# %%
+ring_gbps = fits["ring"]["GBps"]
+ring_q = cost_model.Params(
+  fits["ring"]["alpha_us"] * 1e-6, 1e-9 / ring_gbps if ring_gbps > 0 else 0.0
+)
+per_leaf = sum(cost_model.predict_seconds("ring", DEVICES, 4 * int(np.prod(s)), ring_q) for s in shapes.values())  # fmt: skip
+one_bucket = cost_model.predict_seconds("ring", DEVICES, n_bytes, ring_q)
+formula = pd.DataFrame(
+  {"measured (µs)": fusion, "formula (µs)": [1e6 * per_leaf, 1e6 * one_bucket]}
+)
+formula["measured / formula"] = formula["measured (µs)"] / formula["formula (µs)"]
+formula.loc["per leaf / one bucket"] = formula.loc["per leaf"] / formula.loc["one bucket"]
+formula.round(2)
+
+# %% [markdown]
+# The last row is the point: from two numbers fitted on single all-reduces, the formula
+# says that packing pays and gives the size of the gain, to within a small factor (the
+# closing cell prints both). The absolute times it leaves short, because it counts only
+# the all-reduces: `all_reduce_tree` also copies every leaf into the bucket and
+# back out (a pass over all the bytes on each side), per leaf each small buffer is padded
+# to a multiple of p, and the many small steps of a per-leaf program run one after another
+# on the host (the same fixed costs that α measured, plus the time to launch and finish
+# each op).
 
 # %% [markdown]
 # ## What this run showed
@@ -344,13 +470,29 @@ CONCLUSION = {
   "sizes": len(SIZES),
   "leaves": len(shapes),
   "fusion_speedup": fusion["per leaf"] / fusion["one bucket"],
+  "formula_speedup": per_leaf / one_bucket,
+  "unseen": len(UNSEEN),
+  "unseen_agree": int((unseen["auto picks"] == unseen["fastest measured"]).sum()),
+  "unseen_worst": float(unseen["pick / fastest"].max()),
+  "ring_growth": ring_t[SIZES[-1]] / ring_t[SIZES[0]],
+  "byte_growth": SIZES[-1] // SIZES[0],
+}
+CONCLUSION["lesson"] = {
+  "time_grows_far_slower_than_bytes": bool(
+    CONCLUSION["ring_growth"] < CONCLUSION["byte_growth"] / 4
+  ),
+  "fusion_pays": bool(CONCLUSION["fusion_speedup"] > 2),
+  "the_formula_says_fusion_pays": bool(CONCLUSION["formula_speedup"] > 2),
+  "auto_within_half_again_on_unseen_sizes": bool(CONCLUSION["unseen_worst"] < 1.5),
 }
 sentences = [
+  f"From {format_bytes(small_n)} to {format_bytes(big_n)} per participant ({CONCLUSION['byte_growth']:,} "
+  f"times the bytes) the ring's time grew {CONCLUSION['ring_growth']:.1f} times.",
   f"On {DEVICES} emulated {CONCLUSION['backend']} devices, at {format_bytes(small_n)} per "
   f"participant the fastest hand-written algorithm was {best_small} "
   f"({CONCLUSION['best_small_us']:.0f} µs; the ring {CONCLUSION['ring_small_us']:.0f} µs), and at "
   f"{format_bytes(big_n)} it was {best_big} ({CONCLUSION['best_big_busbw']:.3f} GB/s busbw; psum "
-  f"{CONCLUSION['psum_big_busbw']:.3f} GB/s)."
+  f"{CONCLUSION['psum_big_busbw']:.3f} GB/s).",
 ]
 if ring_measurable:
   CONCLUSION |= {"ring_alpha_us": ring["alpha_us"], "ring_GBps": ring["GBps"]}
@@ -379,9 +521,13 @@ elif ring_measurable:
     f"In the fitted model {CONCLUSION['only']} stays the best algorithm from "
     f"{format_bytes(int(grid[0]))} to {format_bytes(int(grid[-1]))}."
   )
+c = CONCLUSION
 sentences.append(
-  f"With this fit, auto's pick was the fastest measured algorithm at {CONCLUSION['agree']} of "
-  f"{len(SIZES)} sizes. Packing the {len(shapes)}-leaf transformer gradient into one bucket "
-  f"made its all-reduce {CONCLUSION['fusion_speedup']:.1f}x faster than leaf by leaf."
+  f"With this fit, auto's pick was the fastest measured algorithm at {c['agree']} of "
+  f"{len(SIZES)} sizes it was fitted on, and at {c['unseen_agree']} of {c['unseen']} sizes it "
+  f"never saw, where its pick took at most {c['unseen_worst']:.2f} times the fastest's time. "
+  f"Packing the {len(shapes)}-leaf transformer gradient into one bucket made its all-reduce "
+  f"{c['fusion_speedup']:.1f}x faster than leaf by leaf; the α-β formula with the ring's fit "
+  f"predicted {c['formula_speedup']:.1f}x."
 )
 print("\n".join(sentences))

@@ -17,20 +17,31 @@ reads ``CONCLUSION`` back from the kernel and checks the printed text against it
 So a sentence cannot quote a number that was typed in, nor one the run did not make.
 """
 
+import importlib.util
 import json
 import math
 import re
-import time
+import sys
 from pathlib import Path
 
 import jupytext
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from allreduce_jax.results import source_commit
+from allreduce_jax.teach import NOT_YET, RIGHT
 
-NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("[0-9][0-9]_*.py"))
+_ROOT = Path(__file__).parent.parent
+_spec = importlib.util.spec_from_file_location("run_notebooks", _ROOT / "lab" / "run_notebooks.py")
+runner = importlib.util.module_from_spec(_spec)
+sys.modules["run_notebooks"] = runner  # its dataclass looks itself up there
+_spec.loader.exec_module(runner)
+
+NOTEBOOKS = runner.NOTEBOOKS
+# Notebooks not yet turned into lessons (prompts, a checked exercise, a full-mode record,
+# the README's times in their header); this set only shrinks.
+_NOT_YET = {"05_running_for_real", "06_thousands_of_nodes", "07_sync_vs_async", "08_stragglers",
+            "09_when_links_fail"}  # fmt: skip
+LESSONS = [p for p in NOTEBOOKS if p.stem not in _NOT_YET]
 
 # A number as printed: 8, 1,024, 0.25, 2.1e-05; not a digit inside a word (int8, bf16,
 # H100); a binary size or percent unit after it scales what it may be recorded as.
@@ -39,13 +50,6 @@ _NUMBER = re.compile(
 )
 _SCALE = {"KiB": (1, 1024), "MiB": (1, 1024**2), "GiB": (1, 1024**3), "%": (1, 0.01), None: (1,)}
 _FORBIDDEN = re.compile(r"\b(inf|infinity|nan|no change)\b", re.IGNORECASE)
-
-# Appended to the notebook under test: hands CONCLUSION back as one JSON line.
-_DUMP = (
-  "import json as _json\n"
-  "print('CONCLUSION=' + _json.dumps({k: (v.tolist() if hasattr(v, 'tolist') else v)"
-  " for k, v in CONCLUSION.items()}))"
-)
 
 
 def printed_numbers(text: str) -> list[tuple[float, float, str | None]]:
@@ -102,18 +106,6 @@ def check_conclusion(text: str, conclusion: dict) -> list[str]:
   return problems
 
 
-def _text(outputs) -> str:
-  """What a cell showed its reader: stdout, and Markdown or plain text it displayed."""
-  parts = []
-  for o in outputs:
-    if o.get("output_type") == "stream" and o.get("name") == "stdout":
-      parts.append(o["text"])
-    elif "data" in o:
-      data = o["data"]
-      parts.append(data.get("text/markdown") or data.get("text/plain", ""))
-  return "".join(parts)
-
-
 @pytest.mark.parametrize(
   ("text", "conclusion", "wrong"),
   [
@@ -150,23 +142,71 @@ def test_every_notebook_records_its_conclusion(path):
   )
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes_in_small_mode(path, monkeypatch, tmp_path):
-  monkeypatch.setenv("ALLREDUCE_JAX_SMALL", "1")
-  monkeypatch.setenv("ALLREDUCE_JAX_RESULTS", str(tmp_path))
-  # The kernel's own backend, as in Jupyter (ipykernel picks the inline one when
-  # MPLBACKEND is unset): figures must reach the reader as images.
-  monkeypatch.delenv("MPLBACKEND", raising=False)
-  nb = jupytext.read(path)
-  concludes = "CONCLUSION" in nb.cells[-1].source
-  if concludes:
-    nb.cells.append(nbformat.v4.new_code_cell(_DUMP))
-  start = time.perf_counter()
-  NotebookClient(
-    nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
-  ).execute()
-  print(f"{path.name}: {time.perf_counter() - start:.0f} s in small mode")
-  outputs = [o for cell in nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+def _tagged(cells, tag):
+  return [k for k, c in enumerate(cells) if tag in runner.tags(c)]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_every_notebook_asks_for_predictions_and_has_a_checked_exercise(path):
+  """At least two "predict before you run" cells, each followed by the cell that
+  reveals the truth (``teach.reveal``); at least one exercise, each check after an
+  exercise and followed by a folded solution."""
+  cells = jupytext.read(path).cells
+  predicts = _tagged(cells, "predict")
+  assert len(predicts) >= 2, f"{path.name}: {len(predicts)} predict cell(s)"
+  for k in predicts:
+    assert "teach.reveal(" in cells[k + 1].source, (path.name, cells[k + 1].source[:200])
+  exercises, checks = _tagged(cells, "exercise"), _tagged(cells, "check")
+  solutions = _tagged(cells, "solution")
+  assert exercises and len(checks) == len(solutions) >= 1, (path.name, exercises, checks)
+  for check, solution in zip(checks, solutions):
+    assert any(e < check for e in exercises) and check < solution, (path.name, check, solution)
+    assert "teach.check(" in cells[check].source
+    assert cells[solution].cell_type == "markdown" and "<details>" in cells[solution].source
+    compile(runner.solution_code(cells[solution]), f"{path.name}: solution", "exec")
+
+
+def _full_mode() -> dict:
+  path = runner.FULL_MODE
+  return json.loads(path.read_text()) if path.exists() else {}
+
+
+def check_lesson(small: dict, full: dict) -> list[str]:
+  """What the small run's ``CONCLUSION`` says against the full run's lesson: every
+  claim the same, or named in the small run's ``too_short`` with its reason."""
+  lesson, too_short = small.get("lesson", {}), small.get("too_short", {})
+  problems = [f"the full run is too short for {k!r}" for k in full.get("too_short", {})]
+  for claim, value in full.get("lesson", {}).items():
+    if claim in too_short:
+      continue
+    if claim not in lesson:
+      problems.append(f"the small run does not state {claim!r}")
+    elif lesson[claim] != value:
+      problems.append(f"{claim!r}: small mode {lesson[claim]!r}, full mode {value!r}")
+  return problems
+
+
+@pytest.mark.parametrize(
+  ("small", "full", "wrong"),
+  [
+    ({"lesson": {"a": True}}, {"lesson": {"a": True}}, []),
+    ({"lesson": {"a": False}}, {"lesson": {"a": True}}, ["'a'"]),
+    ({"lesson": {}, "too_short": {"a": "why"}}, {"lesson": {"a": True}}, []),
+    ({"lesson": {}}, {"lesson": {"a": "ring"}}, ["does not state"]),
+    ({"lesson": {"a": 1}}, {"lesson": {"a": 1}, "too_short": {"a": "x"}}, ["full run"]),
+  ],
+)
+def test_the_lesson_check_can_fail(small, full, wrong):
+  problems = check_lesson(small, full)
+  assert bool(problems) == bool(wrong), problems
+  for w in wrong:
+    assert any(w in p for p in problems), (w, problems)
+
+
+def _check_run(path, run) -> None:
+  outputs = [
+    o for cell in run.nb.cells if cell.cell_type == "code" for o in cell.get("outputs", [])
+  ]
   assert not [o for o in outputs if o.get("output_type") == "error"]
   # A figure shows as an image, not as its text repr (a bare matplotlib Figure needs the
   # inline backend: `# %matplotlib inline` in a notebook that never imports pyplot).
@@ -174,15 +214,103 @@ def test_notebook_executes_in_small_mode(path, monkeypatch, tmp_path):
              and "image/png" not in o.get("data", {})]  # fmt: skip
   assert not unshown, f"{len(unshown)} figure(s) shown as text"
   # The first output names the code that made it (an executed copy says its commit).
-  first = next(_text(c.outputs) for c in nb.cells if c.cell_type == "code" and c.get("outputs"))
+  first = next(
+    runner.text(c.outputs) for c in run.nb.cells if c.cell_type == "code" and c.get("outputs")
+  )
   assert f"allreduce-jax at commit {source_commit() or '(not a git checkout)'}" in first, first
-  if not concludes:  # test_every_notebook_records_its_conclusion names it
-    assert nb.cells[-1].cell_type == "code" and nb.cells[-1].outputs
+  # Every exercise's check says "not yet" to the untouched exercise and "right" to its solution.
+  for cell in run.nb.cells:
+    said = runner.text(cell.get("outputs", [])).strip()
+    if "check" in runner.tags(cell):
+      assert said.startswith(NOT_YET), (path.name, "the untouched exercise passed", said)
+    if "check-solution" in runner.tags(cell):
+      assert said.startswith(RIGHT), (path.name, "the solution failed its check", said)
+  if run.conclusion is None:  # test_every_notebook_records_its_conclusion names it
+    assert run.nb.cells[-1].cell_type == "code" and run.nb.cells[-1].outputs
     return
-  dump = _text(nb.cells.pop().outputs)
-  conclusion = json.loads(dump.split("CONCLUSION=", 1)[1])
-  text = _text(nb.cells[-1].outputs)
-  assert not (problems := check_conclusion(text, conclusion)), (text, problems)
+  assert not (problems := check_conclusion(run.text, run.conclusion)), (run.text, problems)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_executes_in_small_mode_and_keeps_the_full_mode_s_lesson(path, monkeypatch):
+  """Small mode, as CI runs it, with every exercise's solution checked; its lesson
+  against the full mode's, committed in ``notebooks/full_mode.json``
+  (``python lab/run_notebooks.py --record``)."""
+  # The kernel's own backend, as in Jupyter (ipykernel picks the inline one when
+  # MPLBACKEND is unset): figures must reach the reader as images.
+  monkeypatch.delenv("MPLBACKEND", raising=False)
+  run = runner.execute(path, small=True, solutions=True, timeout=900)
+  print(f"{path.name}: {run.seconds:.0f} s in small mode")
+  _check_run(path, run)
+  if path.stem in _NOT_YET:
+    return
+  full = _full_mode().get(path.stem)
+  assert full, (
+    f"{path.stem} has no full-mode record: python lab/run_notebooks.py --record {path.stem[:2]}"
+  )
+  assert not (problems := check_lesson(run.conclusion, full)), (run.text, problems)
+
+
+@pytest.mark.parametrize("devices", [3, 6])
+def test_01_runs_on_any_device_count(devices, monkeypatch):
+  """``DEVICES`` is a parameter: the ring pads a length that no device count divides."""
+  monkeypatch.delenv("MPLBACKEND", raising=False)
+  path = next(p for p in NOTEBOOKS if p.stem.startswith("01_"))
+  run = runner.execute(path, small=True, solutions=True, overrides={"DEVICES": devices})
+  _check_run(path, run)
+  assert run.conclusion["devices"] == devices and run.conclusion["n"] % devices
+  assert all(run.conclusion["lesson"].values()), run.conclusion["lesson"]
+
+
+_RUNTIME = re.compile(
+  r"\*\*Run time\.\*\* Full mode (?P<full>[^;]+?) on 2 CPU cores; small mode \(.*?\) (?P<small>[^:.]+? s)[:.]",
+  re.DOTALL,
+)
+
+
+def test_run_time_headers_agree_with_the_readme_table():
+  """Each notebook's header says the times of the README's notebook table."""
+  readme = (_ROOT / "README.md").read_text()
+  for path in LESSONS:
+    row = next((ln for ln in readme.splitlines() if f"[{path.stem}]" in ln), None)
+    assert row, f"README's notebook table has no row for {path.stem}"
+    full, small = [c.strip() for c in row.strip("|").split("|")][-2:]
+    header = " ".join(ln.lstrip("# ") for ln in path.read_text().splitlines()[:60])
+    m = _RUNTIME.search(header)
+    assert m, f"{path.name}: no 'Run time.' sentence in the header"
+    assert (m["full"].replace("about ", ""), m["small"]) == (full, small), (
+      path.name,
+      m.groups(),
+      row,
+    )
+
+
+def test_every_module_a_notebook_imports_is_in_the_api_reference():
+  import ast
+
+  from allreduce_jax.tools import API_MODULES
+
+  imported = set()
+  for path in NOTEBOOKS:
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("allreduce_jax"):
+        for alias in node.names:
+          full = f"{node.module}.{alias.name}"
+          imported.add(full if _is_module(full) else node.module)
+      elif isinstance(node, ast.Import):
+        imported |= {a.name for a in node.names if a.name.startswith("allreduce_jax")}
+  import allreduce_jax
+
+  # allreduce_jax's own page documents the modules it exports (devices)
+  documented = set(API_MODULES) | {f"allreduce_jax.{m}" for m in allreduce_jax.__all__}
+  assert imported <= documented, sorted(imported - documented)
+
+
+def _is_module(name: str) -> bool:
+  try:
+    return importlib.util.find_spec(name) is not None
+  except ModuleNotFoundError:
+    return False
 
 
 def test_source_commit_is_the_checkout_s_commit():

@@ -45,4 +45,12 @@ API_MODULES: tuple[str, ...] = (
   "allreduce_jax.hlo",
   "allreduce_jax.trace",
   "allreduce_jax.training",
+  "allreduce_jax.wire_error",
+  "allreduce_jax.networks",
+  "allreduce_jax.replay",
+  "allreduce_jax.gloo_model",
+  "allreduce_jax.netns",
+  "allreduce_jax.palette",
+  "allreduce_jax.teach",
+  "allreduce_jax.cli",
 )
