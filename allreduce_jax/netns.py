@@ -587,16 +587,17 @@ def up(p: Plan) -> None:
     raise
 
 
-def host_argv(p: Plan, rank: int) -> list[str]:
+def host_argv(p: Plan, rank: int, description: dict | None = None) -> list[str]:
   """The command prefix that runs a program as host ``rank``: in its network
   namespace (with its ``/etc/hosts``), in a UTS namespace of its own named after it,
-  with :data:`~allreduce_jax.results.ENV_NETWORK` describing the network. Every step execs the next, so the
+  with :data:`~allreduce_jax.results.ENV_NETWORK` describing the network
+  (``description``; None: :meth:`Plan.describe`). Every step execs the next, so the
   program keeps the process id it was started with."""
   return [
     *p.exec_in(p.hosts[rank]),
     "unshare", "--uts", "--",
     "sh", "-c", 'hostname "$0" && exec "$@"', p.hostnames[rank],
-    "env", f"{ENV_NETWORK}={json.dumps(p.describe(), sort_keys=True)}",
+    "env", f"{ENV_NETWORK}={json.dumps(description or p.describe(), sort_keys=True)}",
   ]  # fmt: skip
 
 

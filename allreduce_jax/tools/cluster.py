@@ -61,6 +61,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from allreduce_jax import distributed, netns, progress, units
@@ -192,6 +194,23 @@ def _release(watchdog: subprocess.Popen | None) -> None:
     watchdog.wait(5)
 
 
+@dataclass(frozen=True)
+class Job:
+  """What runs on a built cluster: ``command`` on each of ``hosts`` hosts, started by
+  ``engine`` with ``devices_per_host`` devices each, data moved by ``collectives``, the
+  ``faults`` applied and the processes supervised as ``options`` say (builtin engine);
+  each host's interface counters over the run written to ``counters_path``."""
+
+  command: list[str]
+  hosts: int
+  devices_per_host: int = 1
+  engine: str = "builtin"
+  collectives: str = "gloo"
+  faults: tuple[fault_lib.Fault, ...] = ()
+  options: launcher.Options = field(default_factory=launcher.Options)
+  counters_path: str | None = None
+
+
 def cluster(
   command: list[str],
   hosts: int,
@@ -207,15 +226,18 @@ def cluster(
   concurrent: bool = False,
   rootless: bool | None = None,
   engine: str = "builtin",
+  collectives: str = "gloo",
+  faults: Sequence[fault_lib.Fault | str] = (),
+  options: launcher.Options | None = None,
   err=None,
-  **launch_options,
 ) -> int:
-  """Builds the cluster, runs ``command`` on every host (``launch.launch`` with
-  ``launch_options``), removes the cluster; waits first while another cluster runs
-  unless ``concurrent``. ``rootless``: build it in a user namespace of this user's own
+  """Builds the cluster, runs ``command`` on every host (:func:`launch.launch_restarting`
+  with ``options``, None: the defaults; the ``faults`` applied: :class:`~allreduce_jax.tools.faults.Fault`
+  or their specs), removes the cluster; waits first while another cluster runs unless
+  ``concurrent``. ``rootless``: build it in a user namespace of this user's own
   (:class:`~allreduce_jax.netns.UserNamespace`) rather than as root on the machine;
   None: as root where this process can, else rootless. ``engine``: who starts the hosts'
-  processes, ``builtin`` (:func:`launch.launch`), ``mpirun`` or ``slurm``
+  processes, ``builtin`` (:func:`launch.run_attempt`), ``mpirun`` or ``slurm``
   (:mod:`allreduce_jax.tools.engines`). Returns the launcher's status; raises
   ``ValueError`` (bad option, one line naming it), ``netns.ClusterError`` (no
   privilege, a failed build) or ``launch.LaunchError``."""
@@ -224,7 +246,6 @@ def cluster(
     raise ValueError(f"--devices-per-host must be at least 1, got {devices_per_host}.")
   if engine not in engines.LAUNCHERS:
     raise ValueError(f"--launcher must be one of {', '.join(engines.LAUNCHERS)}, got {engine!r}.")
-  collectives = launch_options.pop("collectives", "gloo")
   if collectives == "mpi" and engine != "mpirun":
     raise ValueError(
       f"--collectives mpi needs the hosts' processes to be MPI ranks: --launcher mpirun, got"
@@ -243,21 +264,19 @@ def cluster(
     congestion_control=congestion_control,
   )
   launcher.command_argv(list(command))  # a missing command: before anything is built
+  parsed = tuple(f if isinstance(f, fault_lib.Fault) else fault_lib.parse(f, hosts) for f in faults)
+  job = Job(list(command), hosts, devices_per_host, engine, collectives, parsed,
+            options or launcher.Options(), counters_path)  # fmt: skip
   rootless, problem = netns.choose(rootless)
   problem = problem or netns.congestion_control_problem(congestion_control)
   problem = problem or engines.problem(engine, rootless)
   if problem:
     raise netns.ClusterError(problem)
   with _one_at_a_time(concurrent, err):
-    return _run(
-      command, hosts, plan, rate, rootless, devices_per_host, counters_path, err,
-      {**launch_options, "engine": engine, "collectives": collectives},
-    )  # fmt: skip
+    return _run(job, plan, rootless, err)
 
 
-def _run(
-  command, hosts, plan, rate, rootless, devices_per_host, counters_path, err, launch_options
-) -> int:
+def _run(job: Job, plan: netns.Plan, rootless: bool, err) -> int:
   watchdog = None
   if not rootless:  # rootless, the kernel removes it all with its last process
     stale = netns.clean_stale()
@@ -267,9 +286,7 @@ def _run(
     watchdog = _watchdog(plan.tag)
   try:
     with netns.built(plan, rootless) as plan:
-      return _hosts(
-        command, hosts, plan, rate, devices_per_host, counters_path, err, launch_options
-      )
+      return _hosts(job, plan, err)
   finally:
     _release(watchdog)
     left = netns.leftovers(plan.tag)
@@ -277,10 +294,11 @@ def _run(
       print(f"# cluster: could not remove {', '.join(left)}", file=err, flush=True)
 
 
-def _hosts(command, hosts, plan, rate, devices_per_host, counters_path, err, launch_options) -> int:
-  """Runs ``command`` on every host of the built ``plan``; the launcher's status."""
+def _hosts(job: Job, plan: netns.Plan, err) -> int:
+  """Runs the job on every host of the built ``plan``; the launcher's status."""
+  rate = plan.rate
   print(
-    f"# cluster: {hosts} host(s) on {plan.network}, every link {units.tc_rate(rate)}"
+    f"# cluster: {job.hosts} host(s) on {plan.network}, every link {units.tc_rate(rate)}"
     f" each way ({rate / 1e6:.3g} MB/s, queues of {plan.queue * 1e3:g} ms, MTU {plan.mtu},"
     f" at most {units.format_bytes(plan.tcp_queue)} queued per TCP socket, TCP congestion"
     f" control {plan.congestion_control or netns.default_congestion_control() or 'unknown'}"
@@ -292,60 +310,50 @@ def _hosts(command, hosts, plan, rate, devices_per_host, counters_path, err, lau
     flush=True,
   )
   before = netns.counters(plan)
-  engine = launch_options.pop("engine", "builtin")
-  collectives = launch_options.pop("collectives", "gloo")
-  if engine != "builtin":
-    timeout = launch_options.get("timeout")
-    rc = engines.run(engine, plan, command, devices_per_host, timeout, err, collectives)
+  if job.engine != "builtin":
+    rc = engines.run(job.engine, plan, job.command, job.devices_per_host, job.options.timeout,
+                     err, job.collectives)  # fmt: skip
   else:
-    rc = _launch_builtin(command, hosts, plan, devices_per_host, err, launch_options)
-  if counters_path:
+    rc = _launch_builtin(job, plan, err)
+  if job.counters_path:
     after = netns.counters(plan)
     rows = [
       {**a, "tx_bytes": a["tx_bytes"] - b["tx_bytes"], "rx_bytes": a["rx_bytes"] - b["rx_bytes"]}
       for a, b in zip(after, before)
     ]
-    Path(counters_path).write_text(
+    Path(job.counters_path).write_text(
       json.dumps({"network": plan.network, "rate": rate, "hosts": rows}, indent=1) + "\n"
     )
   return rc
 
 
-def _launch_builtin(command, hosts, plan, devices_per_host, err, launch_options) -> int:
+def _launch_builtin(job: Job, plan: netns.Plan, err) -> int:
   """The hosts' processes under :func:`launch.launch_restarting`: ``--restarts`` starts
   them again after a failure (``--elastic``: on the surviving hosts, the coordinator on
-  the first of them), ``--fault`` specs are applied during the first attempt and
-  carried in every row's network description."""
-  options = dict(launch_options)
-  faults = [
-    f if isinstance(f, fault_lib.Fault) else fault_lib.parse(f, hosts)
-    for f in options.pop("faults", None) or ()
-  ]
-  injector = fault_lib.Injector(plan, faults, PORT, err, options.get("log_dir")) if faults else None
+  the first of them), the job's faults are applied during the first attempt and named in
+  the network description every host's rows carry (built once)."""
+  faults = job.faults
+  injector = (
+    fault_lib.Injector(plan, list(faults), PORT, err, job.options.log_dir) if faults else None
+  )
+  described = {**plan.describe(), **({"faults": [f.spec for f in faults]} if faults else {})}
+  spin = {progress.ENV_FAULT_SPIN: "1"} if any(f.kind == "spin" for f in faults) else {}
 
-  def host_argv(host: int) -> list[str]:
-    argv = netns.host_argv(plan, host)
-    if faults:  # the network description (last word, NAME=JSON) names the faults too
-      name, _, desc = argv[-1].partition("=")
-      desc = {**json.loads(desc), "faults": [f.spec for f in faults]}
-      argv = [*argv[:-1], f"{name}={json.dumps(desc, sort_keys=True)}"]
-    return argv
-
-  def place(alive: list[int], attempt: int) -> dict:
+  def place(alive: list[int], attempt: int) -> launcher.Place:
     if injector is not None:  # a host whose links went down for good is replaced
       injector.repair(alive)
-    return {
-      "coordinator": f"{plan.addresses[alive[0]]}:{PORT + attempt}",
-      "host_argv": lambda rank: host_argv(alive[rank]),
-      "local_devices": devices_per_host,
-      "on_start": (lambda pids, t0: injector.start(pids, t0, alive)) if injector else None,
-      "explain": lambda rank: link_down(plan, alive[rank]),
-      "extra_env": {progress.ENV_FAULT_SPIN: "1"} if any(f.kind == "spin" for f in faults) else {},
-    }
+    return launcher.Place(
+      local_devices=job.devices_per_host,
+      coordinator=f"{plan.addresses[alive[0]]}:{PORT + attempt}",
+      host_argv=lambda rank: netns.host_argv(plan, alive[rank], described),
+      extra_env=spin,
+      on_start=(lambda pids, t0: injector.start(pids, t0, alive)) if injector else None,
+      explain=lambda rank: link_down(plan, alive[rank]),
+    )
 
   try:
     return launcher.launch_restarting(
-      command, hosts, place=place, label="cluster", err=err, **options
+      job.command, job.hosts, job.options, place=place, label="cluster", err=err
     )
   finally:
     if injector is not None:
@@ -518,8 +526,8 @@ def run(args: argparse.Namespace) -> int:
       rootless=True if args.rootless else None,
       engine=args.launcher,
       collectives=args.collectives,
-      **launcher.launch_options(args),
       faults=faults,
+      options=launcher.launch_options(args),
     )
   except (ValueError, launcher.LaunchError) as e:
     print(f"{prog}: {e}", file=sys.stderr)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -52,6 +53,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,6 +133,7 @@ class _Child:
   ended: float | None = None
   shown: bool = field(default=False)
   spare: bool = False  # a spare process took this rank
+  named: bool = False  # the launcher named it as the run's failure
 
 
 def _child_env(
@@ -279,6 +282,73 @@ def _stacks(children: list[_Child], wait_s: float = 1.5) -> dict[int, str]:
                              wait_s)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Options:
+  """How a job's processes are supervised: the options ``launch`` and ``cluster`` share
+  (:func:`add_launch_options` declares them, :func:`launch_options` reads them back).
+
+  Attributes:
+    timeout: seconds after which a run still going is stopped (124), or None.
+    log_dir: per-process logs (None: a folder of the launcher's own, removed after success).
+    output: whose output to show: a rank, ``all`` (prefixed) or ``none``.
+    init_timeout, shutdown_timeout, heartbeat_timeout: JAX's, in seconds (None: JAX's 100).
+    watch: the no-progress watchdog (:mod:`allreduce_jax.tools.watchdog`; None: its defaults).
+    restarts, elastic, spares, replace_after: :func:`launch_restarting`'s.
+  """
+
+  timeout: float | None = None
+  log_dir: str | os.PathLike | None = None
+  output: str = "0"
+  init_timeout: int = 120
+  shutdown_timeout: int = 30
+  heartbeat_timeout: int | None = None
+  watch: watchdog.Settings | None = None
+  restarts: int = 0
+  elastic: bool = False
+  spares: bool = True
+  replace_after: float | None = None
+
+
+@dataclass(frozen=True)
+class Place:
+  """Where one attempt's processes run: this machine (the defaults) or a cluster's hosts.
+
+  Attributes:
+    local_devices: devices per process; platform: ``cpu`` or ``gpu``.
+    coordinator: ``HOST:PORT`` (None: 127.0.0.1 and a free port).
+    host_argv: ``rank -> list[str]``, the command prefix that runs process ``rank`` where it
+      belongs (``cluster``: in its host's network namespace; each step must exec the next,
+      so the pid the launcher watches is the program's); with it ``coordinator`` is an
+      address on process 0's host and is not checked from here.
+    extra_env: set in every process.
+    on_start: ``on_start(pids, t0)``, called once every process has started (``pids[rank]``,
+      ``t0`` on ``time.monotonic``'s clock) before supervision.
+    explain: ``explain(rank) -> str | None``, why that process cannot progress (the watchdog's).
+  """
+
+  local_devices: int = 1
+  coordinator: str | None = None
+  platform: str = "cpu"
+  host_argv: Callable[[int], list[str]] | None = None
+  extra_env: Mapping[str, str] = field(default_factory=dict)
+  on_start: Callable | None = None
+  explain: Callable[[int], str | None] | None = None
+
+
+@dataclass(frozen=True)
+class Result:
+  """How one attempt ended: ``code`` (0: every process exited 0), the process the launcher
+  named (``failed_rank``, or None), whether the launcher itself was stopped
+  (``interrupted``), its ``seconds`` and the time to the first step (``first_step_s``, from
+  the watchdog's reports; None when unwatched or never reached)."""
+
+  code: int
+  failed_rank: int | None = None
+  interrupted: bool = False
+  seconds: float = 0.0
+  first_step_s: float | None = None
+
+
 class _Terminated(Exception):
   def __init__(self, signum: int):
     super().__init__(signum)
@@ -289,77 +359,66 @@ def _raise_terminated(signum, frame):
   raise _Terminated(signum)
 
 
-def launch(
+def launch(command: list[str], num_processes: int, *, out=None, err=None, **fields) -> int:
+  """Runs ``command`` in ``num_processes`` local processes joined by ``jax.distributed``,
+  once (:func:`run_attempt`); ``fields``: those of :class:`Options` and :class:`Place` by
+  name (``timeout=60``, ``local_devices=2``...). Returns the attempt's status."""
+  place_names = {f.name for f in dataclasses.fields(Place)}
+  place = Place(**{k: v for k, v in fields.items() if k in place_names})
+  options = Options(**{k: v for k, v in fields.items() if k not in place_names})
+  return run_attempt(command, num_processes, options, place, out=out, err=err).code
+
+
+def run_attempt(
   command: list[str],
   num_processes: int,
+  options: Options = Options(),
+  place: Place = Place(),
   *,
-  local_devices: int = 1,
-  coordinator: str | None = None,
-  timeout: float | None = None,
-  log_dir: str | os.PathLike | None = None,
-  output: str = "0",
-  platform: str = "cpu",
-  init_timeout: int = 120,
-  shutdown_timeout: int = 30,
-  heartbeat_timeout: int | None = None,
-  stop_grace: float = 3.0,
+  label: str = "launch",
   out=None,
   err=None,
-  host_argv=None,
-  label: str = "launch",
-  extra_env: dict[str, str] | None = None,
-  report: dict | None = None,
-  on_start=None,
-  watch: watchdog.Settings | None = None,
   spares=None,
-) -> int:
-  """Runs ``command`` in ``num_processes`` local processes joined by ``jax.distributed``.
+  stop_grace: float = 3.0,
+) -> Result:
+  """Runs ``command`` in ``num_processes`` processes joined by ``jax.distributed``, where
+  ``place`` puts them, supervised as ``options`` say (their restart fields aside).
 
-  Returns 0 if every process exited with status 0; otherwise the failed process's
-  status (128 + signal if it was killed), 124 on ``timeout``, 130/143 if the
-  launcher was interrupted/terminated. Raises ``LaunchError`` for a launch that
-  cannot start, with the offending option in the message. ``shutdown_timeout``:
-  seconds a finished process waits for the others in JAX's shutdown barrier;
-  ``heartbeat_timeout``: seconds of silence after which JAX declares a process dead
-  (None: JAX's default, 100).
+  The result's code is 0 if every process exited with status 0; otherwise the failed
+  process's status (128 + signal if it was killed), 124 on ``options.timeout``, 130/143 if
+  the launcher was interrupted/terminated. Raises ``LaunchError`` for a launch that cannot
+  start, with the offending option in the message. ``label`` starts the launcher's own
+  messages.
 
-  ``host_argv``: a function ``rank -> list[str]``, the command prefix that runs
-  process ``rank`` where it belongs (``allreduce-jax cluster``: in its host's network
-  namespace; each step must exec the next, so the pid the launcher watches is the
-  program's). With it, ``coordinator`` is an address on process 0's host and is not
-  checked from here. ``label`` starts the launcher's own messages.
-
-  ``extra_env``: set in every process; ``report``: a dict that receives
-  ``failed_rank`` (the process named, if any), ``interrupted`` (the launcher itself
-  was stopped) and ``seconds``; ``on_start(pids, t0)``: called once every process has
-  started (``pids[rank]``, ``t0`` on ``time.monotonic``'s clock) before supervision.
-
-  ``watch``: the no-progress watchdog (:mod:`allreduce_jax.tools.watchdog`; None: its
-  defaults, on): every process reports its progress to ``log_dir/progress-R``, and a run
-  that stops progressing is stopped with status 124, naming the process to blame
-  (``report``'s ``failed_rank``). The launcher's own events (started, named, stopped) go to
-  ``log_dir/launcher.jsonl``, for a run's timeline.
+  ``options.watch``: the no-progress watchdog (None: its defaults, on): every process
+  reports its progress to ``log_dir/progress-R``, and a run that stops progressing is
+  stopped with status 124, naming the process to blame (the result's ``failed_rank``). The
+  launcher's own events (started, named, stopped) go to ``log_dir/launcher.jsonl``, for a
+  run's timeline.
 
   ``spares``: ready processes to take the ranks' places (``spares.take(rank, env, log)``,
   :mod:`allreduce_jax.tools.spares`), and ``spares.refill()`` once the run has made its
-  first step (its own start done).
+  first step (its own start done); ``stop_grace``: seconds an interrupted launcher gives
+  the processes to end by SIGTERM.
   """
   out = out or sys.stdout
   err = err or sys.stderr
-  report = report if report is not None else {}
+  o, local_devices, platform = options, place.local_devices, place.platform
   _check_options(
-    num_processes, local_devices, timeout, shutdown_timeout, heartbeat_timeout, init_timeout
-  )
-  _check_choices(platform, output, num_processes)
+    num_processes, local_devices, o.timeout, o.shutdown_timeout, o.heartbeat_timeout,
+    o.init_timeout,
+  )  # fmt: skip
+  _check_choices(platform, o.output, num_processes)
   argv = command_argv(list(command))
+  host_argv = place.host_argv
   if host_argv is None and shutil.which(argv[0]) is None:
     raise LaunchError(f"cannot start {argv[0]!r}: no such program, or not executable.")
-  address = _coordinator_address(coordinator, checked=host_argv is None)
-  made = not log_dir  # the launcher's own folder: removed after success, kept after failure
-  logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="allreduce-jax-launch-"))
+  address = _coordinator_address(place.coordinator, checked=host_argv is None)
+  made = not o.log_dir  # the launcher's own folder: removed after success, kept after failure
+  logs = Path(o.log_dir) if o.log_dir else Path(tempfile.mkdtemp(prefix="allreduce-jax-launch-"))
   logs.mkdir(parents=True, exist_ok=True)
-  shown = set(range(num_processes)) if output == "all" else set()
-  shown |= {int(output)} if output.isdigit() else set()
+  shown = set(range(num_processes)) if o.output == "all" else set()
+  shown |= {int(o.output)} if o.output.isdigit() else set()
   print(
     f"# {label}: {num_processes} process(es) × {local_devices} local {platform} device(s),"
     f" coordinator {address}, logs in {logs}"
@@ -372,8 +431,9 @@ def launch(
   t0 = time.monotonic()
   failure: str | None = None
   code = 0
+  interrupted = False
   reaper = _start_watchdog()
-  watch = watch if watch is not None else watchdog.Settings()
+  watch = o.watch if o.watch is not None else watchdog.Settings()
   dog = None
   try:
     for rank in range(num_processes):
@@ -383,11 +443,11 @@ def launch(
         address,
         local_devices,
         platform,
-        init_timeout,
-        shutdown_timeout,
-        heartbeat_timeout,
+        o.init_timeout,
+        o.shutdown_timeout,
+        o.heartbeat_timeout,
       )
-      env.update(extra_env or {})
+      env.update(place.extra_env)
       env[progress.ENV_PROGRESS] = str(_fresh(logs / f"progress-{rank}"))
       child = _spawn(rank, [*host_argv(rank), *argv] if host_argv else argv, env, logs, spares)
       child.shown = rank in shown
@@ -400,44 +460,47 @@ def launch(
       dog = watchdog.Watchdog(
         [logs / f"progress-{c.rank}" for c in children], [c.proc.pid for c in children], watch
       )
-    if on_start is not None:
-      on_start([c.proc.pid for c in children], t0)
+    if place.on_start is not None:
+      place.on_start([c.proc.pid for c in children], t0)
     failure, code = _supervise(
-      children, t0, timeout, out, prefix=output == "all", report=report, dog=dog, spares=spares
+      children, t0, o.timeout, out, prefix=o.output == "all", dog=dog, spares=spares
     )
   except LaunchError:
     if made:
       shutil.rmtree(logs, ignore_errors=True)
     raise
   except KeyboardInterrupt:
-    failure, code = "interrupted (Ctrl-C); stopping all processes.", 130
-    _note(report, interrupted=True)
+    failure, code, interrupted = "interrupted (Ctrl-C); stopping all processes.", 130, True
   except _Terminated as e:
     failure = f"got {signal.Signals(e.signum).name}; stopping all processes."
-    code = 128 + e.signum
-    _note(report, interrupted=True)
+    code, interrupted = 128 + e.signum, True
   finally:
-    _note(report, seconds=time.monotonic() - t0)
-    _note(report, first_step_s=dog.first_step_s() if dog is not None else None)
+    named = next((c.rank for c in children if c.named), None)
+    result = Result(
+      code,
+      failed_rank=named,
+      interrupted=interrupted,
+      seconds=time.monotonic() - t0,
+      first_step_s=dog.first_step_s() if dog is not None else None,
+    )
     if failure:
       print(f"{label}: {failure}", file=err, flush=True)
-      named = report.get("failed_rank")
       _event(logs / "launcher.jsonl", "named", rank=named, why=failure.split("\n")[0][:500])
     # A failed run's survivors wait in a collective that cannot complete, and JAX catches
     # SIGTERM (its preemption notifier) without leaving it: they are killed at once. An
     # interrupted launcher gives them stop_grace seconds to end by SIGTERM.
-    also = _stop(children, stop_grace if report.get("interrupted") or not failure else 0)
+    also = _stop(children, stop_grace if interrupted or not failure else 0)
     _event(logs / "launcher.jsonl", "stopped", code=code)
     _close_watchdog(reaper)
     for s, h in old_handlers.items():
       signal.signal(s, h)
-    _stream(children, out, prefix=output == "all", final=True)
+    _stream(children, out, prefix=o.output == "all", final=True)
   if failure:
     if also:
       print(f"{label}: while stopping: {'; '.join(also)}", file=err, flush=True)
     if made:
       print(f"{label}: each process's log is kept in {logs}", file=err, flush=True)
-    return code
+    return result
   if made:
     shutil.rmtree(logs, ignore_errors=True)
   print(
@@ -445,92 +508,90 @@ def launch(
     file=err,
     flush=True,
   )
-  return 0
+  return result
 
 
 def launch_restarting(
   command: list[str],
   num_processes: int,
+  options: Options | None = None,
   *,
-  restarts: int = 0,
-  elastic: bool = False,
-  place=None,
-  log_dir: str | os.PathLike | None = None,
+  place: Place | Callable[[list[int], int], Place] = Place(),
   label: str = "launch",
   err=None,
-  spares: bool = True,
-  replace_after: float | None = None,
-  **options,
+  **fields,
 ) -> int:
-  """:func:`launch`, started again after a failure up to ``restarts`` times (torchrun's
-  ``--max-restarts``): every process is stopped and the whole job starts afresh (a
-  program that saves checkpoints, such as ``train sync --checkpoint-dir``, resumes from
-  its newest). ``elastic``: a restart leaves out the process that was named and runs
-  on the survivors (ranks renumbered), and every process sees ``$ALLREDUCE_JAX_ELASTIC``;
-  ``replace_after``: a process left out comes back (a replacement) at the first restart
-  at least that many seconds after it was left out (None: never). A launcher stopped by
-  Ctrl-C or SIGTERM is not restarted.
+  """:func:`run_attempt`, started again after a failure up to ``options.restarts`` times
+  (torchrun's ``--max-restarts``): every process is stopped and the whole job starts
+  afresh (a program that saves checkpoints, such as ``train sync --checkpoint-dir``,
+  resumes from its newest). ``options.elastic``: a restart leaves out the process that was
+  named and runs on the survivors (ranks renumbered), and every process sees
+  ``$ALLREDUCE_JAX_ELASTIC``; ``options.replace_after``: a process left out comes back (a
+  replacement) at the first restart at least that many seconds after it was left out
+  (None: never). A launcher stopped by Ctrl-C or SIGTERM is not restarted. ``fields``:
+  :class:`Options`' fields by name, over ``options``.
 
   What a restart costs is cut where it can be: every attempt's processes share one JAX
   persistent compilation cache (a folder of the run's own, unless
   ``$JAX_COMPILATION_CACHE_DIR`` names one), so a restart reads what the first attempt
-  compiled; with ``spares`` and a command that is an ``allreduce-jax`` subcommand, one
-  spare process per host is started ahead and takes a restarted process's place
+  compiled; with ``options.spares`` and a command that is an ``allreduce-jax`` subcommand,
+  one spare process per host is started ahead and takes a restarted process's place
   (:mod:`allreduce_jax.tools.spares`).
 
-  ``place(alive, attempt) -> dict``: the :func:`launch` options that put the processes
-  of ``alive`` (the original ranks still in the job) where they belong (a cluster's
-  ``host_argv`` and ``coordinator``); None: this machine. Each restart's logs go to
+  ``place``: a :class:`Place`, or ``place(alive, attempt) -> Place`` that puts the
+  processes of ``alive`` (the original ranks still in the job) where they belong (a
+  cluster's ``host_argv`` and ``coordinator``). Each restart's logs go to
   ``log_dir/restart-K``. Returns the last attempt's status.
   """
   err = err or sys.stderr
-  if restarts < 0:
-    raise LaunchError(f"--restarts must be at least 0, got {restarts}.")
-  if replace_after is not None and not (elastic and 0 <= replace_after < float("inf")):
+  o = dataclasses.replace(options or Options(), **fields)
+  where = place if callable(place) else (lambda alive, attempt: place)
+  if o.restarts < 0:
+    raise LaunchError(f"--restarts must be at least 0, got {o.restarts}.")
+  if o.replace_after is not None and not (o.elastic and 0 <= o.replace_after < float("inf")):
     raise LaunchError(
-      f"--replace-after must be a number of seconds >= 0, with --elastic; got {replace_after}"
-      + ("" if elastic else " without --elastic")
+      f"--replace-after must be a number of seconds >= 0, with --elastic; got {o.replace_after}"
+      + ("" if o.elastic else " without --elastic")
       + "."
     )
   alive = list(range(num_processes))
   left_out: dict[int, float] = {}  # rank -> when it was left out (--elastic)
   t0 = time.monotonic()
-  watch = options.pop("watch", None) or watchdog.Settings()
+  watch = o.watch or watchdog.Settings()
   first_step_s = None  # the last attempt's time to its first step: a restart's phase bound
-  with _restart_kit(command, num_processes, restarts, spares, place, options) as kit:
-    for attempt in range(restarts + 1):
-      report: dict = {}
-      alive = _rejoined(alive, left_out, replace_after, label, err)
-      env = {ENV_RESTART: str(attempt), **({ENV_ELASTIC: "1"} if elastic else {}), **kit.env}
-      logs = log_dir if log_dir is None or attempt == 0 else Path(log_dir) / f"restart-{attempt}"
-      placed = dict(place(alive, attempt)) if place else {}
-      env.update(placed.pop("extra_env", None) or {})
-      rc = launch(
+  with _restart_kit(command, num_processes, o.restarts, o.spares, where) as kit:
+    for attempt in range(o.restarts + 1):
+      alive = _rejoined(alive, left_out, o.replace_after, label, err)
+      env = {ENV_RESTART: str(attempt), **({ENV_ELASTIC: "1"} if o.elastic else {}), **kit.env}
+      logs = (
+        o.log_dir if o.log_dir is None or attempt == 0 else Path(o.log_dir) / f"restart-{attempt}"
+      )
+      placed = where(alive, attempt)
+      result = run_attempt(
         command,
         len(alive),
-        log_dir=logs,
+        dataclasses.replace(
+          o, log_dir=logs, watch=watchdog.attempt(watch, first_step_s, placed.explain)
+        ),
+        dataclasses.replace(placed, extra_env={**env, **placed.extra_env}),
         label=label,
         err=err,
-        extra_env=env,
-        report=report,
-        watch=watchdog.attempt(watch, first_step_s, placed.pop("explain", None)),
         spares=kit.spares_for(alive),
-        **placed,
-        **options,
       )
-      first_step_s = report.get("first_step_s") or first_step_s
-      if rc == 0 or attempt == restarts or report.get("interrupted"):
+      rc = result.code
+      first_step_s = result.first_step_s or first_step_s
+      if rc == 0 or attempt == o.restarts or result.interrupted:
         return rc
-      failed = report.get("failed_rank")
+      failed = result.failed_rank
       who = f"process {alive[failed]}" if failed is not None else "a process"
-      if elastic and failed is not None:
+      if o.elastic and failed is not None:
         if len(alive) == 1:
           return rc
         left_out[alive.pop(failed)] = time.monotonic()
       print(
-        f"{label}: restart {attempt + 1} of {restarts} after {who} failed"
+        f"{label}: restart {attempt + 1} of {o.restarts} after {who} failed"
         f" ({time.monotonic() - t0:.1f} s since the start): {len(alive)} process(es)"
-        + (f", original ranks {', '.join(map(str, alive))} (--elastic)" if elastic else ""),
+        + (f", original ranks {', '.join(map(str, alive))} (--elastic)" if o.elastic else ""),
         file=err,
         flush=True,
       )
@@ -573,10 +634,11 @@ class _RestartKit:
 
 
 @contextlib.contextmanager
-def _restart_kit(command, num_processes, restarts, use_spares, place, options):
+def _restart_kit(command, num_processes, restarts, use_spares, where):
   """A :class:`_RestartKit` for a job of ``restarts`` restarts (none for 0): a compilation
   cache folder of its own (removed after) unless ``$JAX_COMPILATION_CACHE_DIR`` is set,
-  and, with ``use_spares``, a spare pool (killed after)."""
+  and, with ``use_spares``, a spare pool (killed after) on the hosts ``where(hosts, 0)``
+  places."""
   if restarts == 0:
     yield _RestartKit({}, None)
     return
@@ -589,10 +651,9 @@ def _restart_kit(command, num_processes, restarts, use_spares, place, options):
   argv = command_argv(list(command))
   if use_spares and argv[1:3] == ["-m", "allreduce_jax"]:  # a subcommand waits as a spare
     hosts = list(range(num_processes))
-    placed = place(hosts, 0) if place else {}
-    host_argv = placed.get("host_argv")
-    base = _child_env(0, num_processes, "127.0.0.1:1", placed.get("local_devices",
-                      options.get("local_devices", 1)), options.get("platform", "cpu"), 1)  # fmt: skip
+    placed = where(hosts, 0)
+    host_argv = placed.host_argv
+    base = _child_env(0, num_processes, "127.0.0.1:1", placed.local_devices, placed.platform, 1)
     base.update(env)
     spare_logs = tempfile.mkdtemp(prefix="allreduce-jax-spares-")
     pool = spare_pool.Spares(argv, base, hosts, Path(spare_logs), host_argv)
@@ -606,21 +667,17 @@ def _restart_kit(command, num_processes, restarts, use_spares, place, options):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def check_options(options: dict, num_processes: int) -> None:
-  """The options of :func:`launch_options` for ``num_processes`` processes (hosts),
-  checked before anything starts (``cluster``: before its namespaces are built): a
-  ``LaunchError`` naming the first out of range."""
+def check_options(options: Options, num_processes: int) -> None:
+  """``options`` for ``num_processes`` processes (hosts), checked before anything starts
+  (``cluster``: before its namespaces are built): a ``LaunchError`` naming the first out
+  of range."""
+  o = options
   _check_options(
-    num_processes,
-    1,
-    options["timeout"],
-    options["shutdown_timeout"],
-    options["heartbeat_timeout"],
-    options["init_timeout"],
+    num_processes, 1, o.timeout, o.shutdown_timeout, o.heartbeat_timeout, o.init_timeout
   )
-  _check_choices("cpu", options["output"], num_processes)
-  if options["restarts"] < 0:
-    raise LaunchError(f"--restarts must be at least 0, got {options['restarts']}.")
+  _check_choices("cpu", o.output, num_processes)
+  if o.restarts < 0:
+    raise LaunchError(f"--restarts must be at least 0, got {o.restarts}.")
 
 
 def _check_options(
@@ -689,13 +746,8 @@ def _spawn(rank: int, argv: list[str], env: dict, logs: Path, spares=None) -> _C
   return _Child(rank, proc, log)
 
 
-def _note(report: dict | None, **facts) -> None:
-  if report is not None:
-    report.update(facts)
-
-
 def _supervise(
-  children, t0, timeout, out, prefix: bool, report=None, dog=None, spares=None
+  children, t0, timeout, out, prefix: bool, dog=None, spares=None
 ) -> tuple[str | None, int]:
   """Polls until every process exited 0 (``(None, 0)``), one failed (its message and
   status), the watchdog ``dog`` tripped or ``timeout`` passed (the stuck ones named, 124).
@@ -707,23 +759,24 @@ def _supervise(
     _stream(children, out, prefix=prefix)
     newly = _reap(children, t0)
     if newly:
-      return _failure(children, newly, t0, report)
+      return _failure(children, newly, t0)
     if all(c.rc == 0 for c in children):
       return None, 0
     stall = dog.check(lambda rank: children[rank].rc is None) if dog is not None else None
     if stall is not None:
-      return _stalled(children, dog, stall, t0, report)
+      return _stalled(children, dog, stall)
     if timeout is not None and time.monotonic() - t0 > timeout:
       return _timeout_report(children, timeout), 124
     time.sleep(POLL_S)
 
 
-def _stalled(children, dog, stall, t0, report=None) -> tuple[str, int]:
+def _stalled(children, dog, stall) -> tuple[str, int]:
   """The watchdog tripped: the message naming the process to blame (:func:`watchdog.name`
-  from each running process's state, reports, stack and place), and 124."""
+  from each running process's state, reports, stack and place; marked ``named``), and 124."""
   running = [c for c in children if c.rc is None]
   verdict = watchdog.name(dog.facts([(c.rank, c.proc.pid, c.log) for c in running]))
-  _note(report, failed_rank=verdict.rank, failed_after_s=time.monotonic() - t0, watchdog=True)
+  for c in children:
+    c.named = c.rank == verdict.rank
   return watchdog.message(stall, verdict, len(children), [c.proc.pid for c in children]), 124
 
 
@@ -740,10 +793,10 @@ def _event(path: Path, event: str, **facts) -> None:
     f.write(json.dumps({"event": event, "unix": round(time.time(), 4), **facts}) + "\n")
 
 
-def _failure(children, newly, t0, report=None) -> tuple[str, int]:
+def _failure(children, newly, t0) -> tuple[str, int]:
   """The message and status of a failed run: collects the failures that follow within
   SETTLE_S (a dead process's peers fail with connection errors at once), then names the
-  first that is not one of those."""
+  first that is not one of those (marked ``named``)."""
   num_processes = len(children)
   # a kill by a signal other than SIGABRT is never a peer's consequence: no need to wait
   certain = any(c.rc < 0 and -c.rc != signal.SIGABRT for c in newly)
@@ -752,7 +805,6 @@ def _failure(children, newly, t0, report=None) -> tuple[str, int]:
     time.sleep(POLL_S)
     newly += _reap(children, t0)
   first = _culprit(newly)
-  _note(report, failed_rank=first.rank, failed_after_s=first.ended)
   failure = (
     f"process {first.rank} of {num_processes} (pid {first.proc.pid}) {_status(first.rc)}"
     f" after {first.ended:.1f} s; stopping the other processes. Its log: {first.log}"
@@ -761,8 +813,9 @@ def _failure(children, newly, t0, report=None) -> tuple[str, int]:
   if not stopped and (first.rc > 0 or -first.rc == signal.SIGABRT):  # not killed: JAX may know
     said = [r for c in children for r in unhealthy_ranks(_tail(c.log, 10**4, 1 << 18))]
     stopped = [c for c in children if c.rank in said[:1] and c is not first]
+  for c in children:
+    c.named = c is (stopped[0] if stopped else first)
   if stopped:  # e.g. SIGSTOP: its peers' heartbeat check gave up on it
-    _note(report, failed_rank=stopped[0].rank)
     names = ", ".join(f"{c.rank} (pid {c.proc.pid})" for c in stopped)
     how = "is stopped (SIGSTOP?) and stopped" if _state(stopped[0].proc.pid) == "T" else "stopped"
     failure = (
@@ -1013,21 +1066,21 @@ def add_collectives_option(parser: argparse.ArgumentParser, mpi_needs: str) -> N
   )
 
 
-def launch_options(args: argparse.Namespace) -> dict:
-  """The keyword arguments of :func:`launch` that :func:`add_launch_options` declared."""
-  return {
-    "timeout": args.timeout,
-    "log_dir": args.log_dir,
-    "output": args.output,
-    "init_timeout": args.init_timeout,
-    "shutdown_timeout": args.shutdown_timeout,
-    "heartbeat_timeout": args.heartbeat_timeout,
-    "restarts": args.restarts,
-    "elastic": args.elastic,
-    "watch": watchdog.Settings(floor=args.watchdog),
-    "spares": args.spares,
-    "replace_after": args.replace_after,
-  }
+def launch_options(args: argparse.Namespace) -> Options:
+  """The :class:`Options` that :func:`add_launch_options` declared."""
+  return Options(
+    timeout=args.timeout,
+    log_dir=args.log_dir,
+    output=args.output,
+    init_timeout=args.init_timeout,
+    shutdown_timeout=args.shutdown_timeout,
+    heartbeat_timeout=args.heartbeat_timeout,
+    watch=watchdog.Settings(floor=args.watchdog),
+    restarts=args.restarts,
+    elastic=args.elastic,
+    spares=args.spares,
+    replace_after=args.replace_after,
+  )
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -1065,10 +1118,10 @@ def run(args: argparse.Namespace) -> int:
     return launch_restarting(
       args.command,
       args.num_processes,
-      local_devices=args.local_devices,
-      coordinator=args.coordinator,
-      platform=args.platform,
-      **launch_options(args),
+      launch_options(args),
+      place=Place(
+        local_devices=args.local_devices, coordinator=args.coordinator, platform=args.platform
+      ),
     )
   except (LaunchError, ValueError) as e:
     print(f"allreduce-jax launch: {e}", file=sys.stderr)
