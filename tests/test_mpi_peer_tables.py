@@ -47,3 +47,18 @@ def test_a_run_with_launches_in_blocks_takes_those_only():
   ]
   assert tables.times(data)[("psum", 1 << 20)] == {"run1": 0.31}
   assert tables.best_ratio(data, 1 << 20) == ("ring", "psum", [pytest.approx(0.31 / 0.34)])
+
+
+def test_settings_shares_are_the_ring_bound_over_the_time_and_ratios_stay_in_their_launch():
+  # p = 4 at 25 MB/s: the ring's bound for 1 MiB is 1.5 MiB / 25e6 s; two launches of run1
+  key = '{"network": {"link_Bps": 25000000.0}}'
+  bound = 1.5 * (1 << 20) / 25e6
+  data = [
+    {**_row(a, t, launch), "n_devices": 4, "key": key}
+    for a, t, launch in (("ring", bound, "run1_alg0"), ("halving_doubling", 2 * bound, "run1_alg0"),
+                         ("ring", 2 * bound, "run1_alg4"), ("halving_doubling", 3 * bound, "run1_alg4"))
+  ]  # fmt: skip
+  share, ratio = tables._shares(data)
+  assert share[("ring", 1 << 20)] == [pytest.approx(1 / 1.5)]  # the median launch: 1.5 bounds
+  assert share[("halving_doubling", 1 << 20)] == [pytest.approx(1 / 2.5)]
+  assert ratio[("halving_doubling", 1 << 20)] == [pytest.approx(1.75)]  # median of 2 and 1.5

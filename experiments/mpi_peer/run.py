@@ -40,7 +40,9 @@ class Network:
   """One network's side-by-side launches: ``bench`` of ``algorithms[forced]`` (else
   ``algorithms[None]``) beside ``MPI_Allreduce`` with Open MPI's algorithm forced, per
   repetition and forced algorithm; ``rows``: the file name (``{net}``, ``{rep}``, ``{alg}``,
-  ``{sfx}``: ``_blocks`` where ``--order blocks`` and the network keeps them apart)."""
+  ``{sfx}``: ``_blocks`` where ``--order blocks`` and the network keeps them apart);
+  ``cluster``, ``bench``: more options of each (``linux``: Linux's own TCP queue, longer
+  link queues, the slowest host's time)."""
 
   hosts: int
   topologies: tuple[str, ...]
@@ -51,6 +53,8 @@ class Network:
   forced: tuple[int, ...] = (0, 4)
   timeout: str | None = "900"
   blocks_apart: bool = False
+  cluster: tuple[str, ...] = ()
+  bench: tuple[str, ...] = ()
 
 
 NETWORKS = {
@@ -58,6 +62,9 @@ NETWORKS = {
                     "run{rep}_alg{alg}{sfx}", (0, 3, 4, 5, 6), None, True),
   "sweep": Network(4, ("switch",), {0: "ring,halving_doubling,recursive_doubling,psum,mpi",
                                     4: "ring,psum,mpi"}, "1KiB:64MiB:16", 3, "sweep_run{rep}_alg{alg}"),
+  "linux": Network(4, ("switch",), {None: "ring,halving_doubling,psum,mpi"}, "1MiB:16MiB:4", 5,
+                   "linux_run{rep}_alg{alg}", (0, 3, 4, 5, 6), None,
+                   cluster=("--tcp-queue", "4MiB", "--queue", "500ms"), bench=("-a", "3")),
   "fat_tree": Network(4, ("fat_tree:2:2",), {None: "ring,halving_doubling,psum,mpi"},
                       "4MiB:16MiB:4", 5, "fat_tree_run{rep}_alg{alg}", timeout="600"),
   "eight_hosts": Network(8, ("switch", "torus:8"), {0: EVERY_HOST8, None: RINGS}, "1MiB:16MiB:4",
@@ -188,8 +195,9 @@ def compare_command(net: Network, topology: str, rep: int, alg: int, args) -> li
     cluster += ["--topology", topology]
   if net.timeout:
     cluster += ["--timeout", net.timeout]
+  cluster += net.cluster
   bench = ["bench", "--algorithms", net.algorithms.get(alg, net.algorithms.get(None)), "-b", lo,
-           "-e", hi, "-f", factor, "--no-uneven", "-n", str(net.iters), "-w", "1"]  # fmt: skip
+           "-e", hi, "-f", factor, "--no-uneven", "-n", str(net.iters), "-w", "1", *net.bench]  # fmt: skip
   if args.order:
     bench += ["--order", args.order]
   bench += ["--out", str(ROWS / f"{name}.jsonl")]
