@@ -134,6 +134,51 @@ def slow_alone(
                 ("-b", "4MiB", "-n", "6", "--order", "blocks"))  # fmt: skip
 
 
+#: The slow host as the parameter server's root: host 0 (participant 0, naive's root).
+ROOT_ALGORITHMS = "naive,ring,tree,psum"
+
+
+def slow_root(runs: int = 3) -> None:
+  """Host 0, the parameter server's (``naive``'s) root, at 1/10: ``runs`` runs of
+  :data:`ROOT_ALGORITHMS` at 1 and 4 MiB timed in blocks (bench ``--order blocks``), as
+  the ``slow-alone every`` cells with host 1 slowed."""
+  for _ in range(runs):
+    _slow_bench(HOSTS, "switch", SLOW[10], ROOT_ALGORITHMS, "4MiB", "100ms", "slow_root.jsonl",
+                ("--order", "blocks"), host=0)  # fmt: skip
+
+
+def slow_root_table() -> str:
+  """Per algorithm and size: host 0 (the root) slowed against host 1 (a leaf) slowed, both
+  at 1/10 and timed in blocks (the machine's congestion control, 100 ms queues): median
+  [min–max] seconds over the runs, and in n·k/B (n bytes through the slow link)."""
+  root = [r for r in _read("slow_root.jsonl") if r.get("wrong") == 0]
+  if not root:
+    return "(not measured)"
+
+  def net(r: dict) -> dict:
+    return json.loads(r["key"])["network"]
+
+  leaf = [r for r in _read("slow_link_alone.jsonl") if r.get("wrong") == 0 and r["iters"] != 6
+          and net(r)["faults"] == ["link:1=20Mbit@0"] and net(r)["hosts"] == HOSTS
+          and net(r)["queue_s"] == 0.1 and _cc(r) is None]  # fmt: skip
+  lines = ["| algorithm | size | host 0 (root) at 1/10, s | n·k/B | host 1 (leaf) at 1/10, s |"
+           " n·k/B | root / leaf |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+  for alg in ROOT_ALGORITHMS.split(","):
+    for size in sorted({r["bytes"] for r in root}):
+      a = [r["time_us"] / 1e6 for r in root if r["algorithm"] == alg and r["bytes"] == size]
+      b = [r["time_us"] / 1e6 for r in leaf if r["algorithm"] == alg and r["bytes"] == size]
+      if not a:
+        continue
+      n = size / (net(root[0])["link_Bps"] / 10)
+      leaf_cells = (
+        f"{_span(b)} | {_median(b) / n:.2f} | {_median(a) / _median(b):.2f}" if b else "– | – | –"
+      )
+      lines.append(
+        f"| {alg} | {size // 2**20} MiB | {_span(a)} | {_median(a) / n:.2f} | {leaf_cells} |"
+      )
+  return "\n".join(lines)
+
+
 def slow_queue(runs: int = 2, algorithms: str = QUEUE_ALGORITHMS) -> None:
   """``runs`` pairs: ``algorithms`` at 1 and 4 MiB with host 1 at 1/10, queues of
   :data:`SLOW_QUEUE` then of 100 ms."""
@@ -194,14 +239,15 @@ def _slow_bench(
   more: tuple[str, ...] = (),
   idle_restart: bool | None = None,
   cc: str | None = None,
+  host: int = 1,
 ) -> None:
   """One cluster run of ``bench``, its rows appended to ``rows/name`` (``more``: more
-  bench options); host 1 sampled (:func:`_sample_tcp`) when its link is slowed.
+  bench options); ``host``'s link at ``rate``, sampled (:func:`_sample_tcp`) if it is host 1.
   ``idle_restart``: for the ``slow-idle`` pairs, whose rows say which (1: Linux's default;
   False: ``tcp_slow_start_after_idle`` set to 0 in every host first, :data:`NO_IDLE_RESTART`);
   None: Linux's default, unmarked.
   ``cc``: ``cluster --congestion-control``."""
-  faults = ["--fault", f"link:1={rate}@0"] if rate else []
+  faults = ["--fault", f"link:{host}={rate}@0"] if rate else []
   faults += ["--congestion-control", cc] if cc else []  # with the faults: before "--"
   bench = (
     ["sh", "-c", NO_IDLE_RESTART, sys.executable, "-m", "allreduce_jax"]
@@ -222,7 +268,7 @@ def _slow_bench(
       for line in proc.stderr:
         sys.stderr.write(line)
         tag = re.search(r"namespaces (\S+)-\*", line)
-        if tag and rate and network == "switch":
+        if tag and rate and network == "switch" and host == 1:
           threading.Thread(target=_sample_tcp, args=(tag[1], proc, samples), daemon=True).start()
     if proc.returncode:
       raise SystemExit(f"faults.py: the cluster run exited {proc.returncode}: {' '.join(argv)}")
@@ -1174,6 +1220,13 @@ def tables() -> dict[str, str]:
            " the ring ≈ 1.5, the parameter server ≈ 2 at k = 10). fat_tree:2:1: two leaves"
            " of 2 hosts; torus:4: a ring of 4 links, host 1's two links slowed.", "",
            *slow_link_tables(),
+           "## The slow host as the parameter server's root (host 0 at 1/10, in blocks)", "",
+           "The parameter server (`naive`) gathers at participant 0 and sends the sum back from"
+           " it: with host 0's link slowed every one of its 2(p − 1) messages crosses the slow"
+           " link (arithmetic: 2(p − 1) = 6 n·k/B at p = 4, against 2.4 with the slow host a"
+           " leaf); the ring's steps do not depend on where the slow link is (1.5 n·k/B). The"
+           " leaf columns are the *Every algorithm in blocks* cells (host 1 at 1/10).", "",
+           slow_root_table(), "",
            *replay_tables(),
            "## A link down mid-collective (host 1, 1 MiB per host, 4 hosts on a switch)", "",
            "Every call's time (bench -I, process 0); a call slowed: over 3× the median; time"
@@ -1354,6 +1407,7 @@ def main(argv: list[str]) -> None:
       extra,
     ),
     "slow-host": lambda: slow_host(argv[1:], seeds, extra),
+    "slow-root": lambda: slow_root(int(argv[1]) if argv[1:] else 3),
     "torn": torn,
   }
   if what in steps:
