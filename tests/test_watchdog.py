@@ -251,3 +251,17 @@ def test_a_stopped_host_is_named_within_the_bound_on_a_cluster(privileged, tmp_p
   assert events["stopped"]["unix"] - fault["unix_time"] < named + 1.5
   tag = "arj-" + res.stderr.split("namespaces arj-")[1].split("-")[0]
   assert netns.leftovers(tag) == []
+
+
+def test_a_place_that_says_a_process_cannot_progress_trips_it_after_the_floor(tmp_path):
+  said = {"why": None}
+  dog = watchdog.Watchdog([tmp_path / "p"], [os.getpid()],
+                          watchdog.Settings(floor=0.3, explain=lambda rank: said["why"]))  # fmt: skip
+  assert dog.check() is None  # in a phase (starting), no step bound: only the place's word
+  said["why"] = "has its link down"
+  assert dog.check() is None  # asked at most every EXPLAIN_EVERY_S
+  time.sleep(watchdog.EXPLAIN_EVERY_S + 0.35)
+  assert dog.check() is None  # down since this ask: not for the floor yet
+  time.sleep(watchdog.EXPLAIN_EVERY_S)
+  stall = dog.check()
+  assert stall is not None and stall.how == "its link down for the floor"

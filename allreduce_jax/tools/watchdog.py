@@ -12,7 +12,9 @@ A process whose last report is a ``step`` gets a bound: the larger of ``floor`` 
 time measured in this run, saves and evaluations included). In a ``phase`` (starting,
 compiling, finishing) the bound is ``phase_s`` (a restart: ``factor`` × the previous
 attempt's time to its first step), or none. A process in the kernel's stopped state
-(``T``) for ``floor`` seconds trips the watchdog whatever it last reported. When one
+(``T``) for ``floor`` seconds, or whose place says it cannot progress (a cluster: its
+link is down) for as long, trips the watchdog whatever it last reported; the first step
+after a phase is bounded by ``factor`` × the phase's length. When one
 passes its bound, the watchdog names the host that is not progressing and why
 (:func:`name`): stopped (``/proc`` state ``T``), its link down (its interfaces say so),
 stuck outside JAX (its main thread's Python stack is not in a JAX call while the others
@@ -40,6 +42,8 @@ FACTOR = 3.0
 WINDOW = 20
 #: How long the watchdog waits for the stack dumps it asked for.
 DUMP_WAIT_S = 1.0
+#: Seconds between two asks of the place's ``explain`` (a cluster reads its interfaces).
+EXPLAIN_EVERY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -238,7 +242,9 @@ class _Track:
   phase: str | None = "starting"
   intervals: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
   first_step: float | None = None  # seconds from the start to the first step
+  warmup: float | None = None  # the phase that ended with the last step (seconds)
   stopped_since: float | None = None
+  cannot_since: float | None = None
 
   def read(self) -> None:
     try:
@@ -262,8 +268,10 @@ class _Track:
       if kind == "step":
         if self.phase is None:
           self.intervals.append(at - self.last)
-        elif self.first_step is None:
-          self.first_step = at - self.started
+        else:
+          self.warmup = at - self.last
+          if self.first_step is None:
+            self.first_step = at - self.started
         self.steps += 1
         self.phase = None
         self.last = at
@@ -295,6 +303,7 @@ class Watchdog:
     self.settings = settings
     self.pids = list(pids)
     self.tracks = [_Track(Path(p), started=now, last=now) for p in paths]
+    self.explained = 0.0  # when the place was last asked
 
   def bound(self, t: _Track) -> tuple[float | None, str]:
     """The seconds ``t`` may stay silent, and how that was derived."""
@@ -304,8 +313,8 @@ class Watchdog:
       if s.factor * longest > s.floor:
         return s.factor * longest, f"{s.factor:g} × its longest recent step, {longest:.2f} s"
       return s.floor, f"the floor; its longest recent step took {longest:.2f} s"
-    if t.phase is None:  # one step so far: nothing measured yet
-      return (max(s.floor, s.phase_s) if s.phase_s else None), "the phase bound"
+    if t.phase is None:  # one step since the phase: the phase's length sets the scale
+      return max(s.floor, s.factor * t.warmup), f"{s.factor:g} × the phase before its first step"
     if s.phase_s is None:
       return None, f"none while {t.phase}"
     return max(s.floor, s.phase_s), f"the bound while {t.phase}"
@@ -314,6 +323,8 @@ class Watchdog:
     """Reads new reports; the first process (among those ``alive``) past its bound, or
     stopped for the floor, else None."""
     now = time.time()
+    ask = self.settings.explain is not None and now - self.explained >= EXPLAIN_EVERY_S
+    self.explained = now if ask else self.explained
     for rank, t in enumerate(self.tracks):
       if not alive(rank):
         continue
@@ -324,6 +335,10 @@ class Watchdog:
           return Stall(rank, now - t.last, self.settings.floor, "stopped for the floor")
       else:
         t.stopped_since = None
+      if ask:  # e.g. a link down while the run is in a phase, where no step bound holds
+        t.cannot_since = (t.cannot_since or now) if self.settings.explain(rank) else None
+      if t.cannot_since is not None and now - t.cannot_since >= self.settings.floor:
+        return Stall(rank, now - t.last, self.settings.floor, "its link down for the floor")
       bound, how = self.bound(t)
       if bound is not None and now - t.last > bound:
         return Stall(rank, now - t.last, bound, how)
