@@ -40,6 +40,9 @@ from pathlib import Path
 
 import numpy as np
 
+#: The compile events :mod:`.progress` marks that are time spent compiling.
+COMPILE_MARKS = ("jaxpr_trace", "jaxpr_to_mlir_module", "backend_compile")
+
 #: The kinds of failure a schedule draws from: a killed process, a stopped one, a host
 #: whose links go down for good.
 KINDS = ("kill", "stop", "down")
@@ -136,10 +139,15 @@ class Attempt:
       return None
     return max(times) if last else min(times)
 
-  def compile_s(self) -> float:
-    """Seconds the slowest process spent compiling (JAX's compile events it marked)."""
+  def compile_s(self, until: float | None = None) -> float:
+    """Seconds the slowest process spent compiling up to ``until`` (unix; None: the whole
+    attempt): JAX's tracing, lowering and backend compiles (or cache reads) it marked."""
     per = [
-      sum(float(what.split("=")[1]) for kind, what, _ in lines if kind == "mark" and "=" in what)
+      sum(
+        float(what.split("=")[1])
+        for kind, what, t in lines
+        if kind == "mark" and what.split("=")[0] in COMPILE_MARKS and (until is None or t <= until)
+      )
       for lines in self.reports
     ]
     return max(per, default=0.0)
@@ -333,16 +341,16 @@ class Timeline:
       joining, joined = b.phase("joining"), b.phase("joined")
       restored = b.phase("restored") or b.phase("fresh")
       loading = b.phase("loading")
-      first = b.chunks[0] if b.chunks else None
-      new = next((c for c in b.chunks if a.reached is None or c.last > a.reached), None)
+      first = b.chunks[0].end if b.chunks else None
+      new = next((c.end for c in b.chunks if a.reached is None or c.last > a.reached), None)
       diff = lambda x, y: (x - y) if x is not None and y is not None else math.nan  # noqa: E731
       out.append(Recovery(
         fault=fault["fault"] if fault else None, at=at,
         detect=diff(named, at), stop=diff(stopped, named), restart=diff(started, stopped),
         start=diff(joining, started), join=diff(joined, joining),
-        load_restore=diff(restored, loading), first_chunk=diff(first.end if first else None, restored),
-        compile=b.compile_s(), redo=diff(new.end if new else None, first.end if first else None),
-        total=diff(new.end if new else None, at), resumed_from=b.restored, reached=a.reached,
+        load_restore=diff(restored, loading), first_chunk=diff(first, restored),
+        compile=b.compile_s(first), redo=diff(new, first), total=diff(new, at),
+        resumed_from=b.restored, reached=a.reached,
       ))  # fmt: skip
     return out
 
@@ -366,6 +374,28 @@ def read_run(log_dir: str | Path) -> Timeline:
     attempts.append(read_attempt(root / f"restart-{k}", k))
     k += 1
   return Timeline(attempts, _jsonl(root / "faults.jsonl"))
+
+
+def committed(paths: list[Path], t0: float) -> dict:
+  """The steps a peer framework committed, from progress files in :mod:`.progress`'s line
+  format (``step S`` when step S was committed, ``mark dropped=S`` when a step was not):
+  ``kept``, ``[seconds since t0, step]`` each time the highest step rose; ``committed`` and
+  ``dropped``, the reports of each kind over every file (torchft's share of steps
+  committed is ``committed / (committed + dropped)``)."""
+  reports, n_ok, n_dropped = [], 0, 0
+  for path in paths:
+    for kind, what, t in _read_lines(Path(path)):
+      if kind == "step" and what.isdigit():
+        reports.append((t - t0, int(what)))
+        n_ok += 1
+      elif kind == "mark" and what.startswith("dropped="):
+        n_dropped += 1
+  kept, top = [], 0
+  for t, s in sorted(reports):
+    if s > top:
+      kept.append([round(t, 3), s])
+      top = s
+  return {"kept": kept, "committed": n_ok, "dropped": n_dropped}
 
 
 def median_range(xs: list[float]) -> tuple[float, float, float]:

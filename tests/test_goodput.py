@@ -159,3 +159,35 @@ def test_a_restart_takes_spares_hits_the_cache_everywhere_and_resumes_bitwise(tm
     assert "mark compile_time_saved_sec=" in (restart / f"progress-{r}").read_text(), r
   (rec,) = goodput.read_run(logs).recoveries()
   assert rec.resumed_from is not None and rec.resumed_from >= 100 and rec.total > 0
+
+
+# ------------------------------------------------------------------ the parameter server, simulated
+
+
+def test_a_dead_workers_pushes_are_lost_and_the_server_goes_on():
+  from allreduce_jax.training import async_sim
+
+  times = async_sim.ComputeTimes("constant", 4, 0)
+  plan = async_sim.ps_schedule(times, 16, outages=[(1, 2.5, 5.5)])
+  # every worker pushes at t = 1, 2, 3...; worker 1's push of t = 3 (begun at 2) is lost and
+  # it is back at 5.5: pushes at 3, 4 and 5 come from the three others
+  assert plan.time.tolist() == [1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5]
+  assert 1 not in plan.worker[8:].tolist()
+  # overlapping outages: back when the last one ends
+  plan = async_sim.ps_schedule(times, 12, outages=[(0, 0.5, 2.5), (0, 1.5, 4.5)])
+  assert 0 not in plan.worker[: 3 * 4].tolist()
+  with pytest.raises(ValueError, match="staleness_bound"):
+    async_sim.ps_schedule(times, 4, staleness_bound=1, outages=[(0, 1.0, 2.0)])
+
+
+def test_the_sync_clock_rolls_back_to_the_checkpoint_and_waits_out_the_recovery():
+  from allreduce_jax.training import failures
+
+  f = goodput.Failure
+  clock = failures.sync_clock(10, [f(3.5, "kill", 0)], 1.0, 2.0, 2)
+  # steps 1-3 by t = 3, the failure at 3.5 sends it back to step 2, running again at 5.5
+  assert clock.tolist() == [1.0, 2.0, 6.5, 7.5, 8.5, 9.5, 10.5, 11.5, 12.5, 13.5]
+  # a second failure during the recovery starts it again
+  twice = failures.sync_clock(4, [f(3.5, "kill", 0), f(4.5, "stop", 1)], 1.0, 2.0, 2)
+  assert twice.tolist() == [1.0, 2.0, 7.5, 8.5]
+  assert failures.ps_outages([f(3.5, "kill", 5)], 4, 2.0) == [(1, 3.5, 5.5)]

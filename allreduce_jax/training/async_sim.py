@@ -207,6 +207,7 @@ def ps_schedule(
   push_s: float = 0.0,
   pull_s: float = 0.0,
   duplex: bool = True,
+  outages: list[tuple[int, float, float]] | None = None,
 ) -> AsyncSchedule:
   """Event simulation of N workers around a parameter server, with bounded staleness.
 
@@ -223,6 +224,11 @@ def ps_schedule(
   only if ``c - min_j c_j <= staleness_bound``; ``0`` is bulk-synchronous,
   ``None`` (∞) is plain asynchronous SGD. Gradients staler than
   ``max_staleness`` are dropped (not applied; the worker carries on).
+
+  ``outages``: ``(worker, start, end)`` spans in which a worker is dead (killed, stopped
+  or cut off): what it was computing or pushing is lost, the server goes on with the
+  others, and at ``end`` (a replacement) it pulls the parameters and starts again. Not
+  with ``staleness_bound`` (a dead worker would hold every other back).
 
   Closed forms (tested): with zero compute and one full-duplex link the server
   applies ``1 / max(push_s, pull_s)`` updates per second, ``1 / (push_s +
@@ -243,7 +249,9 @@ def ps_schedule(
   if push_s < 0 or pull_s < 0:
     raise ValueError(f"push_s and pull_s must be >= 0, got {push_s}, {pull_s}.")
   n = times.n
-  READY, APPLY, PULL = 0, 1, 2  # stages; a later stage goes first at equal times
+  if outages and staleness_bound is not None:
+    raise ValueError("outages with a staleness_bound: a dead worker would hold the others back.")
+  READY, APPLY, PULL, DOWN, UP = 0, 1, 2, 3, 4  # stages; a later one goes first at equal times
   free = {"in": 0.0, "out": 0.0}
   out_q = "out" if duplex else "in"
   heap: list = []
@@ -257,10 +265,17 @@ def ps_schedule(
   read = np.empty(n_updates, np.int32)
   clock = np.empty(n_updates, np.int32)
 
+  epoch = np.zeros(n, np.int64)  # bumped when a worker dies: its events in flight are void
+  down = np.zeros(n, np.int64)  # outages under way per worker (they may overlap)
+
   def start_pull(i: int, now: float) -> None:
     begin = max(now, free[out_q])
     free[out_q] = begin + pull_s
-    heapq.heappush(heap, (begin, -PULL, i))
+    heapq.heappush(heap, (begin, -PULL, i, int(epoch[i])))
+
+  for i, start, end in outages or ():
+    heapq.heappush(heap, (start, -DOWN, i, -1))
+    heapq.heappush(heap, (end, -UP, i, -1))
 
   def may_start(i: int) -> bool:
     return staleness_bound is None or done_iters[i] - done_iters.min() <= staleness_bound
@@ -268,15 +283,29 @@ def ps_schedule(
   for i in range(n):
     start_pull(i, 0.0)
   while version < n_updates:
-    now, stage, i = heapq.heappop(heap)
+    if not heap:
+      raise ValueError(f"every worker is dead for good after {version} updates.")
+    now, stage, i, ep = heapq.heappop(heap)
     stage = -stage
+    if stage == DOWN:  # what it computes or pushes is lost
+      epoch[i] += 1
+      down[i] += 1
+      continue
+    if stage == UP:  # a replacement: pulls and starts once its last outage is over
+      down[i] -= 1
+      if down[i] == 0:
+        epoch[i] += 1
+        start_pull(i, now)
+      continue
+    if ep != epoch[i]:
+      continue
     if stage == PULL:  # parameters leave the server now: the worker computes on them
       read_v[i] = version
-      heapq.heappush(heap, (now + pull_s + times(i, int(done_iters[i])), -READY, i))
+      heapq.heappush(heap, (now + pull_s + times(i, int(done_iters[i])), -READY, i, ep))
     elif stage == READY:  # gradient done: queue the push
       begin = max(now, free["in"])
       free["in"] = begin + push_s
-      heapq.heappush(heap, (begin + push_s, -APPLY, i))
+      heapq.heappush(heap, (begin + push_s, -APPLY, i, ep))
     else:  # the push has arrived: apply it
       tau = version - int(read_v[i])
       if max_staleness is not None and tau > max_staleness:
