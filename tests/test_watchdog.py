@@ -116,6 +116,19 @@ def test_reports_set_the_bound_from_the_longest_recent_step(tmp_path):
   assert stall is not None and stall.bound_s == 0.5 and "finishing" in stall.how
 
 
+def test_a_phase_starts_a_new_scale_a_longer_call_after_it_does_not_trip(tmp_path):
+  path = tmp_path / "progress-0"
+  dog = watchdog.Watchdog([path], [os.getpid()], watchdog.Settings(floor=0.5, factor=3))
+  t = time.time()
+  # 1 s calls, then another size: its phase (compile and a 4 s warm-up call), then 4 s calls
+  _report(path, f"phase compiling {t - 13:.4f}", *(f"step {i} {t - 12 + i:.4f}" for i in range(4)),
+          f"phase compiling {t - 8.5:.4f}", f"step 4 {t - 4:.4f}")  # fmt: skip
+  assert dog.check() is None  # 4 s silent: within 3 × the 4.5 s phase, not 3 × 1 s
+  assert dog.tracks[0].warmup == pytest.approx(4.5, abs=1e-3) and not dog.tracks[0].intervals
+  _report(path, f"step 5 {time.time():.4f}")
+  assert dog.check() is None and list(dog.tracks[0].intervals) == pytest.approx([4.0], abs=0.1)
+
+
 def test_a_half_written_line_waits_for_its_end(tmp_path):
   path = tmp_path / "progress-0"
   dog = watchdog.Watchdog([path], [os.getpid()], watchdog.Settings())

@@ -153,8 +153,10 @@ def time_round_robin(
     calls = [(k, j >= warmup) for k in range(len(built)) for j in range(warmup + trials * iters)]
   else:
     calls = [(k, j >= warmup) for j in range(warmup + trials * iters) for k in range(len(built))]
-  for k, timed in calls:
+  for i, (k, timed) in enumerate(calls):
     (compiled, *_), args = built[k]
+    if order == "blocks" and i and k != calls[i - 1][0]:
+      progress.phase("warming up")  # another program: its first call sets the watchdog's scale
     if on_call is not None:
       on_call(k)
     t0 = time.perf_counter()

@@ -268,7 +268,8 @@ class _Track:
       if kind == "step":
         if self.phase is None:
           self.intervals.append(at - self.last)
-        else:
+        else:  # a phase starts a new scale (another size, another program): its steps
+          self.intervals.clear()  # are bounded by the phase's length until they are timed
           self.warmup = at - self.last
           if self.first_step is None:
             self.first_step = at - self.started
