@@ -150,7 +150,7 @@ def slow_root(runs: int = 3) -> None:
 def slow_root_table() -> str:
   """Per algorithm and size: host 0 (the root) slowed against host 1 (a leaf) slowed, both
   at 1/10 and timed in blocks (the machine's congestion control, 100 ms queues): median
-  [min–max] seconds over the runs, and in n·k/B (n bytes through the slow link)."""
+  (min–max) seconds over the runs, and in n·k/B (n bytes through the slow link)."""
   root = [r for r in _read("slow_root.jsonl") if r.get("wrong") == 0]
   if not root:
     return "(not measured)"
@@ -171,12 +171,17 @@ def slow_root_table() -> str:
         continue
       n = size / (net(root[0])["link_Bps"] / 10)
       leaf_cells = (
-        f"{_span(b)} | {_median(b) / n:.2f} | {_median(a) / _median(b):.2f}" if b else "– | – | –"
+        f"{_mid(b)} | {_median(b) / n:.2f} | {_median(a) / _median(b):.2f}" if b else "– | – | –"
       )
       lines.append(
-        f"| {alg} | {size // 2**20} MiB | {_span(a)} | {_median(a) / n:.2f} | {leaf_cells} |"
+        f"| {alg} | {size // 2**20} MiB | {_mid(a)} | {_median(a) / n:.2f} | {leaf_cells} |"
       )
   return "\n".join(lines)
+
+
+def _mid(xs: list[float]) -> str:
+  """``median (min–max)`` of ``xs``, two decimals."""
+  return f"{_median(xs):.2f} ({_span(xs)})"
 
 
 def slow_queue(runs: int = 2, algorithms: str = QUEUE_ALGORITHMS) -> None:
