@@ -1067,19 +1067,11 @@ def add_collectives_option(parser: argparse.ArgumentParser, mpi_needs: str) -> N
 
 
 def launch_options(args: argparse.Namespace) -> Options:
-  """The :class:`Options` that :func:`add_launch_options` declared."""
+  """The :class:`Options` that :func:`add_launch_options` declared (each its option's
+  ``dest``; ``watch`` from ``--watchdog``)."""
+  fields = [f.name for f in dataclasses.fields(Options) if f.name != "watch"]
   return Options(
-    timeout=args.timeout,
-    log_dir=args.log_dir,
-    output=args.output,
-    init_timeout=args.init_timeout,
-    shutdown_timeout=args.shutdown_timeout,
-    heartbeat_timeout=args.heartbeat_timeout,
-    watch=watchdog.Settings(floor=args.watchdog),
-    restarts=args.restarts,
-    elastic=args.elastic,
-    spares=args.spares,
-    replace_after=args.replace_after,
+    **{f: getattr(args, f) for f in fields}, watch=watchdog.Settings(floor=args.watchdog)
   )
 
 
