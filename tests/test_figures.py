@@ -42,7 +42,7 @@ import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.image import imread  # noqa: E402
 
-from allreduce_jax import cost_model, devices, gloo_model, names  # noqa: E402
+from allreduce_jax import cluster_rows, cost_model, devices, gloo_model, names  # noqa: E402
 from allreduce_jax.tools import plot  # noqa: E402
 from allreduce_jax.tools.scaling import crossovers  # noqa: E402
 
@@ -214,18 +214,19 @@ def test_the_bench_legend_says_what_a_hollow_marker_is():
 
 
 def test_the_slow_link_figure_draws_the_blocks_runs_each_slowdown_its_own_mark(tmp_path):
-  faults = study_script.load(ROOT / "experiments" / "faults" / "faults.py")
-  fig = faults.figure(tmp_path / "slow_link.png")
+  figures = study_script.load(ROOT / "experiments" / "faults" / "figures.py")
+  fig = figures.figure(tmp_path / "slow_link.png")
   (ax,) = fig.axes
   series = [c for c in ax.containers if hasattr(c, "has_xerr")]
   looks = {(c.lines[0].get_marker(), c.lines[0].get_color()) for c in series}
   assert len(series) == 3 and len(looks) == 3  # 1/2, 1/10, 1/100: told apart
   # The points are the medians of the runs timed in blocks, as the answer's numbers are.
   n, rate = 2**20, 25e6
-  blocks = [r for r in faults._read("slow_link_alone.jsonl") if r["iters"] == 3
+  rows = cluster_rows.bench_rows(ROOT / "experiments" / "faults" / "rows" / "slow_link_alone.jsonl")
+  blocks = [r for r in rows if r["iters"] == 3
             and r["bytes"] == n and json.loads(r["key"])["network"]["hosts"] == 4
             and json.loads(r["key"])["network"]["network"] == "switch"]  # fmt: skip
-  ring10 = sorted(r["time_us"] for r in blocks if r["algorithm"] == "ring" and faults._k(r) == 10)
+  ring10 = sorted(r["time_us"] for r in blocks if r["algorithm"] == "ring" and figures._k(r) == 10)
   want = ring10[len(ring10) // 2] * 1e-6 / (n * 10 / rate)
   ring_y = [t.get_text() for t in ax.get_yticklabels()].index("ring")
   drawn = [x for c in series if "1/10 " in c.get_label()
