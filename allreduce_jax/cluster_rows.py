@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -104,6 +105,39 @@ def seconds(rows: Iterable[dict]) -> dict[tuple[str, int], float]:
     {('ring', 4): 2.5}
   """
   return {(r["algorithm"], r["bytes"]): r["time_us"] * 1e-6 for r in rows}
+
+
+def runs(rows: Iterable[dict], *fields: str) -> list[dict]:
+  """One cell per key (and value of each of ``fields``) over its runs, in the order first
+  seen: the cell's first row with ``times_us`` (each run's ``time_us``, in order), ``runs``
+  (how many) and ``time_us`` (their median).
+
+  Example:
+    >>> rows = [{"key": "a", "time_us": 3.0}, {"key": "b", "time_us": 2.0},
+    ...         {"key": "a", "time_us": 1.0}]
+    >>> [(c["key"], c["times_us"], c["runs"], c["time_us"]) for c in runs(rows)]
+    [('a', [3.0, 1.0], 2, 2.0), ('b', [2.0], 1, 2.0)]
+  """
+  cells: dict[tuple, dict] = {}
+  for r in rows:
+    cell = cells.setdefault((r["key"], *(r.get(f) for f in fields)), {**r, "times_us": []})
+    cell["times_us"].append(r["time_us"])
+  for c in cells.values():
+    c["runs"], c["time_us"] = len(c["times_us"]), statistics.median(c["times_us"])
+  return list(cells.values())
+
+
+def slowdown(row: dict, links: Callable[[dict], Links]) -> int:
+  """k of a row whose faults held links at 1/k of the network's rate from the start (the
+  slowest such link's k, rounded; 1: none slowed), read with ``links``
+  (``tools.faults.row_links``).
+
+  Example:
+    >>> slowdown({}, lambda row: ("switch", 4, 25e6, {1: 2.5e6}))
+    10
+  """
+  _, _, rate, slowed = links(row)
+  return round(rate / min(slowed.values())) if slowed else 1
 
 
 def fit_alpha(

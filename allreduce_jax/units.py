@@ -162,12 +162,14 @@ def spread(
   unit: str = "",
   alone: bool = False,
   empty: str = "—",
+  brackets: str = "[]",
 ) -> str:
   """``median [min–max]`` of ``xs``, the one way a table cell shows repeated
   measurements: each of the three values times ``scale`` and written with the format
   spec ``fmt`` (``"auto"``: two decimals below 10, one below 100, none above, chosen by
   the median), ``unit`` after the median (``"×"``); ``alone``: a single value is written
-  without its range; ``empty`` where ``xs`` holds nothing.
+  without its range; ``empty`` where ``xs`` holds nothing; ``brackets``: the range's
+  (``"()"``: ``median (min–max)``).
 
   Example:
     >>> spread([1.0, 3.0, 2.0]), spread([0.5, 1.5], ".1f", unit="×")
@@ -183,7 +185,22 @@ def spread(
     fmt = ".2f" if mid < 10 else ".1f" if mid < 100 else ".0f"
   if alone and len(xs) == 1:
     return f"{mid:{fmt}}{unit}"
-  return f"{mid:{fmt}}{unit} [{lo:{fmt}}–{hi:{fmt}}]"
+  return f"{mid:{fmt}}{unit} {brackets[0]}{lo:{fmt}}–{hi:{fmt}}{brackets[1]}"
+
+
+def span(xs: Iterable[float], fmt: str = ".2f", empty: str = "–") -> str:
+  """``min–max`` of ``xs``, each written with ``fmt``: one value where they read the same,
+  ``empty`` where ``xs`` holds nothing.
+
+  Example:
+    >>> span([1.0, 3.0, 2.0]), span([2.001, 1.999]), span([], ".0f")
+    ('1.00–3.00', '2.00', '–')
+  """
+  xs = list(xs)
+  if not xs:
+    return empty
+  lo, hi = format(min(xs), fmt), format(max(xs), fmt)
+  return lo if lo == hi else f"{lo}–{hi}"
 
 
 def parse_rate(text: str, name: str = "rate") -> float:

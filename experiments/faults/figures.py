@@ -6,7 +6,6 @@ on the 4-host switch with host 1's link slowed, in units of the bound n·k/B.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -14,17 +13,10 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from allreduce_jax import cluster_rows
+from allreduce_jax.tools import faults
 
 HERE = Path(__file__).resolve().parent
 ROWS = HERE / "rows"
-SLOW = {1: None, 2: "100Mbit", 10: "20Mbit", 100: "2Mbit"}  # k -> host 1's rate (link at 1/k)
-
-
-def _k(row: dict) -> int:
-  """Host 1's slow factor k (its link at 1/k; 1: healthy) from a bench row's key."""
-  faults = json.loads(row["key"]).get("network", {}).get("faults", [])
-  rate = faults[0].split("=")[1].split("@")[0] if faults else None
-  return next(k for k, v in SLOW.items() if v == rate)
 
 
 def figure(path: Path):
@@ -39,7 +31,7 @@ def figure(path: Path):
   rate = cluster_rows.link_rate(rows)
   runs: dict[tuple[str, int], list[float]] = {}
   for r in rows:
-    k = _k(r)
+    k = cluster_rows.slowdown(r, faults.row_links)
     runs.setdefault((r["algorithm"], k), []).append(r["time_us"] * 1e-6 / (n * k / rate))
   ks = sorted({k for _, k in runs})
   by = max(ks[:-1] or ks)  # the order: by the time at 1/10

@@ -10,67 +10,15 @@ from __future__ import annotations
 
 import functools
 import json
+import statistics
 from pathlib import Path
 
-from allreduce_jax import cluster_rows, cost_model, gloo_model, results
+from allreduce_jax import cluster_rows, cost_model, gloo_model, results, units
 from allreduce_jax.tools import faults
 
 HERE = Path(__file__).resolve().parent
 ROWS = HERE / "rows"
 EMULATED = HERE.parent / "emulated_network" / "rows" / "tcp_queue_16k"
-SLOW = {1: None, 2: "100Mbit", 10: "20Mbit", 100: "2Mbit"}  # k -> host 1's rate (link at 1/k)
-
-
-def _read(name: str) -> list[dict]:
-  """The rows of ``rows/name`` (their kind: ``bench``, else the file's stem)."""
-  kind = "bench" if name.startswith(("slow_link.", "slow_link_alone.", "slow_root.")) else None
-  return results.read_rows(ROWS / name, kind or name.removesuffix(".jsonl"))
-
-
-def _slow_rows() -> list[dict]:
-  """One row per cell (network, hosts, queue, ``tcp_slow_start_after_idle``, algorithm,
-  size, slow-link factor k; 1: healthy) over its runs: ``time_us`` their median,
-  ``times_us`` each, ``runs``; ``net``: the network, its hosts and its queue (``switch, 4
-  hosts, queues of 5 ms``; :func:`_idle_label` for the ``slow-idle`` pairs)."""
-  cells: dict[tuple, dict] = {}
-  for r in _read("slow_link.jsonl"):
-    if r.get("wrong") != 0:
-      continue
-    network = json.loads(r["key"]).get("network", {})
-    k = _k(r)
-    idle = r.get("slow_start_after_idle")
-    net = (f"{network['network']}, {network['hosts']} hosts, queues of"
-           f" {network['queue_s'] * 1e3:g} ms{_idle_label(r)}")  # fmt: skip
-    cell = cells.setdefault((r["key"], idle), {**r, "k": k, "net": net, "times_us": []})
-    cell["times_us"].append(r["time_us"])
-  for c in cells.values():
-    c["runs"] = len(c["times_us"])
-    c["time_us"] = _median(c["times_us"])
-  return list(cells.values())
-
-
-def _k(row: dict) -> int:
-  """Host 1's slow factor k (its link at 1/k; 1: healthy) from a bench row's key."""
-  faults = json.loads(row["key"]).get("network", {}).get("faults", [])
-  rate = faults[0].split("=")[1].split("@")[0] if faults else None
-  return next(k for k, v in SLOW.items() if v == rate)
-
-
-def _median(xs: list[float]) -> float:
-  xs = sorted(xs)
-  return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
-
-
-def _ms(times_us: list[float]) -> str:
-  """The median of runs in ms, and their min–max when more than one."""
-  med, lo, hi = (f"{x / 1e3:.0f}" for x in (_median(times_us), min(times_us), max(times_us)))
-  return med if len(times_us) == 1 else f"{med} ({lo}–{hi})"
-
-
-def _span(xs: list[float], fmt: str = ".2f") -> str:
-  """min–max of ``xs`` (one value alone; "–" for none)."""
-  lo, hi = (format(min(xs), fmt), format(max(xs), fmt)) if xs else ("–", "–")
-  return lo if lo == hi else f"{lo}–{hi}"
 
 
 def _cc(row: dict) -> str | None:
@@ -91,6 +39,13 @@ def _idle_label(row: dict) -> str:
   )
 
 
+def _slow_rows() -> list[dict]:
+  """One cell per slow-link measurement (network, queue, ``tcp_slow_start_after_idle``,
+  algorithm, size) over its runs (:func:`cluster_rows.runs`)."""
+  rows = cluster_rows.bench_rows(ROWS / "slow_link.jsonl")
+  return cluster_rows.runs(rows, "slow_start_after_idle")
+
+
 def _traced():
   """``cost_model.use_params`` of the cost parameters the study's bench rows traced with
   (``gloo_model.traced_params``: checked on every row, once)."""
@@ -99,7 +54,7 @@ def _traced():
 
 @functools.cache
 def _traced_params():
-  return gloo_model.traced_params(_read("slow_link.jsonl"))
+  return gloo_model.traced_params(results.read_rows(ROWS / "slow_link.jsonl", "bench"))
 
 
 def _within_20(ratio: float) -> bool:
@@ -152,7 +107,7 @@ def replay_tables() -> list[str]:
   for c in sorted(cells, key=order):
     lines.append(f"| {c['network']}, {c['hosts']} hosts | {c['queue']} | {_link_label(c)} |"
                  f" {c['algorithm']} | {c['bytes'] / 2**20:g} | {len(c['times_s'])} |"
-                 f" {_ms([t * 1e6 for t in c['times_s']])} | {f(c['replay_s'])} |"
+                 f" {units.spread(c['times_s'], '.0f', scale=1e3, alone=True, brackets='()')} | {f(c['replay_s'])} |"
                  f" {r(c['measured_s'], c['replay_s'])} | {f(c['bound_s'])} |"
                  f" {r(c['measured_s'], c['bound_s'])} |")  # fmt: skip
   near = lambda cs: sum(_within_20(c["measured_s"] / c["replay_s"]) for c in cs)  # noqa: E731
@@ -240,7 +195,9 @@ def replay_tables() -> list[str]:
 
 def alone_table() -> str:
   """The ring alone (:func:`slow_alone`): each run against the replay."""
-  rows = [r for r in _read("slow_link_alone.jsonl") if r["iters"] == 6]  # every's: 3 calls
+  rows = [
+    r for r in results.read_rows(ROWS / "slow_link_alone.jsonl", "bench") if r["iters"] == 6
+  ]  # every's: 3 calls
   if not rows:
     return "(not measured)"
   lines = ["| queue ms | algorithm | MiB | calls | measured ms (median; min–max of the calls) |"
@@ -264,7 +221,7 @@ def _blocks_cells() -> list[dict]:
   n), ``measured_s`` their median and ``rr`` the round-robin cell's measured / replay (the
   median of its runs in ``slow_link.jsonl``, same k, congestion control and queue; None if
   none)."""
-  rows = [r for r in _read("slow_link_alone.jsonl") if r.get("wrong") == 0 and r["iters"] != 6]
+  rows = [r for r in cluster_rows.bench_rows(ROWS / "slow_link_alone.jsonl") if r["iters"] != 6]
   cells: dict[str, dict] = {}
   with _traced():
     for r in rows:
@@ -272,7 +229,7 @@ def _blocks_cells() -> list[dict]:
         (c,) = cluster_rows.link_rate_cells(
           [r], faults.row_links, _alpha, buckets=True
         )  # each link's own bucket
-        cells[r["key"]] = {**c, "cc": _cc(r), "k": _k(r), "runs_s": [],
+        cells[r["key"]] = {**c, "cc": _cc(r), "k": cluster_rows.slowdown(r, faults.row_links), "runs_s": [],
                            "queue_ms": json.loads(r["key"])["network"]["queue_s"] * 1e3}  # fmt: skip
       cells[r["key"]]["runs_s"].append(r["time_us"] / 1e6)
     rr = {}
@@ -280,9 +237,17 @@ def _blocks_cells() -> list[dict]:
       if r.get("slow_start_after_idle") is None:
         for c in cluster_rows.link_rate_cells([r], faults.row_links, _alpha):
           q = json.loads(r["key"])["network"]["queue_s"] * 1e3
-          rr[r["k"], _cc(r), q, c["network"], c["hosts"], c["algorithm"], c["bytes"]] = c
+          rr[
+            cluster_rows.slowdown(r, faults.row_links),
+            _cc(r),
+            q,
+            c["network"],
+            c["hosts"],
+            c["algorithm"],
+            c["bytes"],
+          ] = c
   for c in cells.values():
-    c["measured_s"] = _median(c["runs_s"])
+    c["measured_s"] = statistics.median(c["runs_s"])
     o = rr.get(
       (c["k"], c["cc"], c["queue_ms"], c["network"], c["hosts"], c["algorithm"], c["bytes"])
     )
@@ -318,9 +283,9 @@ def blocks_tables() -> list[str]:
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for c in sorted(mine, key=lambda c: c["bytes"]):
       ratios = [t / c["replay_s"] for t in c["runs_s"]] if c["replay_s"] else []
-      span = f" ({_span(ratios)})" if len(ratios) > 1 else ""
+      span = f" ({units.span(ratios)})" if len(ratios) > 1 else ""
       lines.append(f"| {c['algorithm']} | {c['bytes'] / 2**20:g} | {len(c['runs_s'])} |"
-                   f" {_ms([t * 1e6 for t in c['runs_s']])} |"
+                   f" {units.spread(c['runs_s'], '.0f', scale=1e3, alone=True, brackets='()')} |"
                    f" {'–' if not c['replay_s'] else format(c['replay_s'] * 1e3, '.0f')} |"
                    f" {f(c['measured_s'] / c['replay_s']) if c['replay_s'] else '–'}{span} |"
                    f" {f(c['rr'])} |")  # fmt: skip
@@ -341,8 +306,8 @@ def blocks_tables() -> list[str]:
             if a in run:
               each[a].append(run[a] / min(run.values()))
         auto.append(f"| {h['bytes'] / 2**20:g} | {h['pick']} | {h['pick_s'] / h['best_s']:.2f}"
-                    f" ({_span(each[h['pick']])}) | {h['best']} | {h['best_s'] / h['best_candidate_s']:.2f} |"
-                    f" {b} {t[b] / h['best_s']:.2f} ({_span(each[b])}) |")  # fmt: skip
+                    f" ({units.span(each[h['pick']])}) | {h['best']} | {h['best_s'] / h['best_candidate_s']:.2f} |"
+                    f" {b} {t[b] / h['best_s']:.2f} ({units.span(each[b])}) |")  # fmt: skip
     out += [
       f"#### {net}, {p} hosts, host 1 at 1/{k} ({mine[0]['rate'] * 8e-6 / k:g} Mbit/s), queues of {q:g} ms, {f'`{cc}`' if cc else 'no `--congestion-control` (the hosts inherit the machine' + chr(39) + 's)'}", "",
       f"Measured within 20 % of the replay (medians over runs) in"
@@ -356,7 +321,7 @@ def blocks_tables() -> list[str]:
 
 def tcp_table() -> str:
   """Host 1's sending sockets and the slow link's two queues while the runs went on."""
-  rows = _read("slow_link_tcp.jsonl")
+  rows = results.read_rows(ROWS / "slow_link_tcp.jsonl", "slow_link_tcp")
   if not rows:
     return "(not measured)"
   p = lambda d, f=".0f": "–" if not d else "/".join(format(d[q], f) for q in ("10", "50", "90"))  # noqa: E731
