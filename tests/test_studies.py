@@ -126,13 +126,6 @@ def test_every_script_imports_without_doing_work(tmp_path):
   assert list(tmp_path.iterdir()) == []
 
 
-#: Scripts that still parse their own subcommands in a ``main`` and write their rows themselves:
-#: the faults study's trace of every process's calls, run on the cluster's hosts.
-OWN_ENTRY = {
-  "faults/replay_trace.py",
-}
-
-
 def _entry_problems(source: str) -> list[str]:
   """What makes a script more than the study's shape allows: a ``main`` of its own, an
   ``if __name__ == "__main__":`` block of more than two statements (the library's writer,
@@ -184,12 +177,8 @@ def test_the_entry_finder_finds_them():
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_no_script_has_a_main_of_its_own_or_writes_rows_by_hand(script):
-  name = f"{script.parent.name}/{script.name}"
   problems = _entry_problems(script.read_text())
-  if name in OWN_ENTRY:
-    assert problems, f"{name} is in OWN_ENTRY but has the study's shape: take it out"
-  else:
-    assert problems == [], f"{name}: {problems}"
+  assert problems == [], f"{script.parent.name}/{script.name}: {problems}"
 
 
 TABLE_SCRIPTS = [p for p in SCRIPTS if re.search(r"^def tables\(", p.read_text(), re.M)]

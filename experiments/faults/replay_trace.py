@@ -7,7 +7,7 @@ Runs on every host of an emulated cluster (one process and one device per host),
     allreduce-jax cluster --hosts 4 --link 200Mbit --fault link:1=20Mbit@0 \\
       --congestion-control reno -- python experiments/faults/replay_trace.py run \\
       --out experiments/faults/rows/replay_trace.jsonl
-    python experiments/faults/replay_trace.py table   # replay_trace.md from the rows
+    python experiments/faults/replay_trace.py         # replay_trace.md from the rows
 
 Every process stamps the wall clock (one clock: the hosts are network namespaces of one
 machine) as it starts and ends each call, after one warm-up round and a barrier, with no
@@ -22,28 +22,43 @@ end of its previous call):
   own process's part of it does: a sender's once gloo has written its last byte to the socket).
 
 One row per (order, size, calls): every process's start and end of every call, seconds after
-the first process started the first, and the network's key from the cluster.
+the first process started the first, and the network's key from the cluster (process 0 appends
+them through the row store; the ``bench --order blocks`` rows beside them are in
+``rows/replay_trace_bench.jsonl``).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import jax
+import numpy as np
+from jax import lax
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from allreduce_jax import cluster_rows, cost_model, devices, distributed, gloo_model, results
+from allreduce_jax.tools import faults
+from allreduce_jax.tools.bench import programs, verifiable_block
+from allreduce_jax.units import parse_size
 
 HERE = Path(__file__).resolve().parent
 ROWS = HERE / "rows" / "replay_trace.jsonl"
+BENCH = HERE / "rows" / "replay_trace_bench.jsonl"  # bench --order blocks of naive and psum
+IDENT = ("order", "calls", "bytes", "p", "reps")  # a row's key, with its network
 SLOW_LINK = HERE / "rows" / "slow_link.jsonl"  # the study's bench rows: their traced parameters
 EMULATED = HERE.parent / "emulated_network" / "rows" / "tcp_queue_16k"  # healthy runs: α
 
 
 def _alpha(net: str, p: int) -> float:
   """α per step of a healthy run of ``net`` on ``p`` hosts, as the study's tables take it."""
-  from allreduce_jax import cluster_rows
-
   return cluster_rows.healthy_alpha(EMULATED, net, p)
 
 
@@ -57,105 +72,101 @@ def naive_steps(p: int) -> list[tuple[int, int]]:
   return [(k, 0) for k in range(1, p)] + [(0, k) for k in range(1, p)]
 
 
-def run(argv) -> int:
-  ap = argparse.ArgumentParser(prog="replay_trace.py run")
-  ap.add_argument("--sizes", default="1MiB,4MiB", help="bytes per host")
-  ap.add_argument(
-    "--round-robin",
-    default="ring,bidirectional_ring,tree,halving_doubling,naive,psum",
-    help="algorithms called in turn, as bench's default order calls them ('' : none)",
-  )
-  ap.add_argument("--alone", default="naive,psum", help="algorithms called alone, in blocks")
-  ap.add_argument("--reps", type=int, default=3)
-  ap.add_argument("--out", required=True)
-  args = ap.parse_args(argv)
-  from allreduce_jax import distributed
+@dataclass(frozen=True)
+class Trace:
+  """What every traced call shares: the participants' mesh and its one axis's spec, their
+  count ``p``, the rounds ``reps`` after the warm-up, and the run's context (the network's
+  key from the cluster) that every row carries."""
 
-  distributed.initialize_from_env()
-  import jax
-  import numpy as np
-  from jax import lax
-  from jax.experimental import multihost_utils
-  from jax.sharding import Mesh, NamedSharding
-  from jax.sharding import PartitionSpec as P
+  mesh: Mesh
+  spec: P
+  p: int
+  reps: int
+  context: dict
 
-  from allreduce_jax import devices, results
-  from allreduce_jax.tools.bench import programs, verifiable_block
-  from allreduce_jax.units import parse_size
 
-  p = jax.device_count()
-  mesh = Mesh(np.array(jax.devices()), ("i",))
-  spec = P("i")
-  context = results.run_context()
+def put(tr: Trace, count: int, mesh: Mesh | None = None, spec: P | None = None):
+  """A ``(p, count)`` float32 array of verifiable blocks, one row a participant."""
+  mesh, spec = mesh or tr.mesh, spec or tr.spec
+  return devices.put((tr.p, count), "float32", NamedSharding(mesh, spec),
+                     lambda idx: verifiable_block(idx, tr.p, count))  # fmt: skip
 
-  def put(count: int, mesh=mesh, spec=spec):
-    return devices.put(
-      (p, count), "float32", NamedSharding(mesh, spec), lambda idx: verifiable_block(idx, p, count)
-    )
 
-  def stamps(calls, tag: str):
-    """Calls ``calls`` (``(fn, x)``) in turn ``--reps`` times after one warm-up round and
-    a barrier; every process's (start, end) of each call: ``[process][rep][call][2]``."""
+def stamps(tr: Trace, calls, tag: str):
+  """Calls ``calls`` (``(fn, x)``) in turn ``reps`` times after one warm-up round and a
+  barrier; every process's (start, end) of each call: ``[process][rep][call][2]``."""
+  for fn, x in calls:
+    jax.block_until_ready(fn(x))
+  multihost_utils.sync_global_devices(tag)
+  out = []
+  for _ in range(tr.reps):
     for fn, x in calls:
+      t0 = time.time()
       jax.block_until_ready(fn(x))
-    multihost_utils.sync_global_devices(tag)
-    out = []
-    for _ in range(args.reps):
-      for fn, x in calls:
-        t0 = time.time()
-        jax.block_until_ready(fn(x))
-        out.append((t0, time.time()))
-    # float64 seconds travel as int32 pairs: JAX would narrow them to float32
-    bits = np.asarray(out, np.float64).view(np.int32)
-    every = np.asarray(multihost_utils.process_allgather(bits)).view(np.float64)
-    return every.reshape(p, args.reps, len(calls), 2)
+      out.append((t0, time.time()))
+  # float64 seconds travel as int32 pairs: JAX would narrow them to float32
+  bits = np.asarray(out, np.float64).view(np.int32)
+  every = np.asarray(multihost_utils.process_allgather(bits)).view(np.float64)
+  return every.reshape(jax.process_count(), tr.reps, len(calls), 2)  # one host a process
 
-  def step(pair):
-    body = lambda b: lax.ppermute(b, "i", [pair])  # noqa: E731
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec))
 
-  def whole(alg: str, n: int):
-    alg_mesh, alg_spec, fn, _ = programs(alg, p, "sum")
-    return fn, put(n // 4, alg_mesh, alg_spec)
+def step(tr: Trace, pair: tuple[int, int]):
+  """One ``ppermute`` of the parameter server's, its own jitted program."""
+  body = functools.partial(lax.ppermute, axis_name="i", perm=[pair])
+  return jax.jit(jax.shard_map(body, mesh=tr.mesh, in_specs=tr.spec, out_specs=tr.spec))
 
+
+def whole(tr: Trace, alg: str, n: int):
+  """``alg``'s all-reduce of ``n`` bytes a participant, and its input."""
+  alg_mesh, alg_spec, fn, _ = programs(alg, tr.p, "sum")
+  return fn, put(tr, n // 4, alg_mesh, alg_spec)
+
+
+def record(tr: Trace, order: str, names: list[str], n: int, t) -> dict:
+  """The row of one traced sequence (stamps from the first process's first start), and on
+  process 0 each call's slowest median printed."""
+  if jax.process_index() == 0:
+    own = np.median(t[..., 1] - t[..., 0], axis=1)  # [process][call]: each one's median
+    for k, name in enumerate(names):
+      print(f"{order:11s} {name:20s} {n:>8d} B  slowest process's median"
+            f" {own[:, k].max() * 1e3:8.1f} ms  (each: {np.round(own[:, k] * 1e3)})",
+            flush=True)  # fmt: skip
+  return {"kind": "replay_trace", "order": order, "calls": names, "bytes": n, "p": tr.p,
+          "reps": tr.reps, "stamps": np.round(t - float(t.min()), 5).tolist(), **tr.context}  # fmt: skip
+
+
+def run(args) -> None:
+  """On every host: the traced sequences of ``args`` (see the module's docstring); process 0
+  appends their rows to ``args.out`` through the row store."""
+  distributed.initialize_from_env()
+  tr = Trace(Mesh(np.array(jax.devices()), ("i",)), P("i"), jax.device_count(), args.reps,
+             results.run_context())  # fmt: skip
   rows = []
-
-  def record(order: str, names: list[str], n: int, t) -> None:
-    t0 = float(t.min())
-    rows.append({
-      "kind": "replay_trace", "order": order, "calls": names, "bytes": n, "p": p,
-      "reps": args.reps, "stamps": np.round(t - t0, 5).tolist(), **context,
-    })  # fmt: skip
-    if jax.process_index() == 0:
-      own = np.median(t[..., 1] - t[..., 0], axis=1)  # [process][call]: each one's median
-      for k, name in enumerate(names):
-        print(f"{order:11s} {name:20s} {n:>8d} B  slowest process's median"
-              f" {own[:, k].max() * 1e3:8.1f} ms  (each: {np.round(own[:, k] * 1e3)})",
-              flush=True)  # fmt: skip
-
   for n in (parse_size(s) for s in args.sizes.split(",")):
     order = [a for a in args.round_robin.split(",") if a]
     if order:
-      record("round-robin", order, n, stamps([whole(a, n) for a in order], f"rr-{n}"))
+      calls = [whole(tr, a, n) for a in order]
+      rows.append(record(tr, "round-robin", order, n, stamps(tr, calls, f"rr-{n}")))
     for alg in (a for a in args.alone.split(",") if a):
-      record("blocks", [alg], n, stamps([whole(alg, n)], f"alone-{alg}-{n}"))
+      rows.append(
+        record(tr, "blocks", [alg], n, stamps(tr, [whole(tr, alg, n)], f"alone-{alg}-{n}"))
+      )
       if alg == "naive":
-        x = put(n // 4)
-        names = [f"{s}->{d}" for s, d in naive_steps(p)]
-        record("steps", names, n, stamps([(step(pr), x) for pr in naive_steps(p)], f"st-{n}"))
+        x = put(tr, n // 4)
+        names = [f"{s}->{d}" for s, d in naive_steps(tr.p)]
+        calls = [(step(tr, pair), x) for pair in naive_steps(tr.p)]
+        rows.append(record(tr, "steps", names, n, stamps(tr, calls, f"st-{n}")))
   if jax.process_index() == 0:
-    with open(args.out, "a") as f:
-      for r in rows:
-        f.write(json.dumps(r) + "\n")
-  return 0
+    store = results.RowStore(args.out, "replay_trace", context={})
+    store.extend(
+      rows, [store.key({k: r[k] for k in IDENT}, network=r.get("network")) for r in rows]
+    )
 
 
 def _cells(rows: list[dict]) -> dict:
   """``{(order, bytes, calls, call): [run, ...]}``, a run: ``(each process's median time of
   that call, its entry spread)``: the median over the run's reps of how much later the last
   process started the call than the first, and which process was last most often."""
-  import numpy as np
-
   out: dict = {}
   for r in rows:
     t = np.asarray(r["stamps"])  # [process][rep][call][start, end]
@@ -187,9 +198,6 @@ def _span(xs, scale: float = 1e3) -> str:
 def table(rows: list[dict]) -> str:
   """The calls' table: per order, size and algorithm, each process's median time (the
   median over runs), the slowest process's against the replay, and the entry spread."""
-  from allreduce_jax import cost_model, gloo_model, results
-  from allreduce_jax.tools import faults
-
   lines = [
     "| host 1's link, TCP | order | MiB | call | runs |"
     " each process's median ms (host 0, 1, 2, 3) |"
@@ -222,9 +230,6 @@ def table(rows: list[dict]) -> str:
 def bench_table(rows: list[dict]) -> str:
   """``bench --order blocks`` rows (every call of one algorithm back to back) against the
   replay: the slowest process's median of the calls."""
-  from allreduce_jax import cluster_rows, cost_model, gloo_model, results
-  from allreduce_jax.tools import faults
-
   lines = [
     "| algorithm | MiB | calls | measured ms (median; min–max of the calls) | replay ms |"
     " measured / replay |",
@@ -241,15 +246,13 @@ def bench_table(rows: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(traced: list[dict], bench: list[dict]) -> str:
   """``replay_trace.md``: the traced calls, then the bench rows in blocks."""
-  traced = [r for r in rows if r.get("kind") == "replay_trace"]
-  bench = [r for r in rows if r.get("kind") == "bench"]
   return "\n".join(
     [
       "# The parameter server and `psum` traced: every process's time of each call",
       "",
-      "Generated by `python experiments/faults/replay_trace.py table` from"
+      "Generated by `python experiments/faults/replay_trace.py` from"
       " `rows/replay_trace.jsonl`. 4-host switch, 200 Mbit/s links (host 1's at 20 Mbit/s"
       " where the table says so: `cluster --fault link:1=20Mbit@0`), queues of 100 ms, the"
       " hosts' TCP congestion control as the table says (`cluster --congestion-control`);"
@@ -281,16 +284,30 @@ def markdown(rows: list[dict]) -> str:
   )
 
 
-def main(argv: list[str]) -> int:
-  if argv[:1] == ["table"]:
-    rows = [json.loads(x) for x in ROWS.read_text().splitlines() if x.strip()]
-    (HERE / "replay_trace.md").write_text(markdown(rows))
-    print(f"# wrote {HERE / 'replay_trace.md'}")
-    return 0
-  if argv[:1] == ["run"]:
-    return run(argv[1:])
-  raise SystemExit("replay_trace.py: expected 'run' (on a cluster's hosts) or 'table'.")
+def tables() -> dict[str, str]:
+  """``{"replay_trace.md": text}`` from the committed rows."""
+  traced = results.read_rows(ROWS, "replay_trace")
+  return {"replay_trace.md": markdown(traced, results.read_rows(BENCH, "bench"))}
+
+
+def parser() -> argparse.ArgumentParser:
+  """``run`` (on every host of a cluster); nothing: ``replay_trace.md``."""
+  p = argparse.ArgumentParser(prog="replay_trace.py", description=__doc__.split("\n\n")[0])
+  p.set_defaults(run=lambda args: results.write_tables(tables(), HERE))
+  s = p.add_subparsers(dest="command").add_parser("run", help="on every host: trace the calls")
+  s.add_argument("--sizes", default="1MiB,4MiB", help="bytes per host")
+  s.add_argument(
+    "--round-robin",
+    default="ring,bidirectional_ring,tree,halving_doubling,naive,psum",
+    help="algorithms called in turn, as bench's default order calls them ('' : none)",
+  )
+  s.add_argument("--alone", default="naive,psum", help="algorithms called alone, in blocks")
+  s.add_argument("--reps", type=int, default=3)
+  s.add_argument("--out", required=True)
+  s.set_defaults(run=run)
+  return p
 
 
 if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))
+  args = parser().parse_args()
+  args.run(args)
