@@ -11,7 +11,7 @@ import re
 import statistics
 from pathlib import Path
 
-from allreduce_jax import results
+from allreduce_jax import results, units
 
 HERE = Path(__file__).resolve().parent
 ROWS = HERE / "rows"
@@ -92,7 +92,7 @@ def kill_table() -> str:
     who = _named(f"process {r['named_rank']} {r['named_status']}" for r in rs if r["named_status"])
     ats = ", ".join(f"{float(r['fault'].split('@')[1]):g}" for r in rs)
     lines.append(f"| {kind} | {size} | {opts or '–'} | {alg} | {len(rs)} | {len(right)} | {who} |"
-                 f" {ats} | {_span(named)} | {_span(stopped)} |")  # fmt: skip
+                 f" {ats} | {units.span(named)} | {units.span(stopped)} |")  # fmt: skip
   return "\n".join(lines)
 
 
@@ -112,9 +112,9 @@ def link_down_table() -> str:
     join = lambda xs: ", ".join(dict.fromkeys(str(x) for x in xs)) or "–"  # noqa: E731
     slowest = [x / 1e3 for x in col("slowest_ms")]
     lines.append(f"| {alg} | {d:g} | {opts or '–'} | {len(rs)} | {join(col('returncode'))} |"
-                 f" {join(col('wrong'))} | {_span(col('median_ms'), '.0f')} | {_span(slowest)} |"
-                 f" {join(col('calls_slowed'))} | {_span(col('extra_s'))} |"
-                 f" {next_retry(d):.1f} | {_span(col('named_after_down_s'))} |"
+                 f" {join(col('wrong'))} | {units.span(col('median_ms'), '.0f')} | {units.span(slowest)} |"
+                 f" {join(col('calls_slowed'))} | {units.span(col('extra_s'))} |"
+                 f" {next_retry(d):.1f} | {units.span(col('named_after_down_s'))} |"
                  f" {_named(r['named'] for r in rs)} | {_named(_unhealthy(r) for r in rs)} |")  # fmt: skip
   return "\n".join(lines)
 
@@ -186,7 +186,7 @@ def seed_spread(rows: list[dict], key: str, per_seed: bool = True) -> str:
     v = [x for _, x in by[name].values()]
     sd = statistics.stdev(v) if len(v) > 1 else 0.0
     inside = sum(lo <= x <= hi for x in v)
-    lines.append(f"| {name} | {', '.join(map(str, seeds))} | {len(v)} | {_span(v, '.4f')} |"
+    lines.append(f"| {name} | {', '.join(map(str, seeds))} | {len(v)} | {units.span(v, '.4f')} |"
                  f" {statistics.mean(v):.4f} ± {sd:.4f} | {inside} of {len(v)} |")  # fmt: skip
   return "\n".join(lines)
 
@@ -219,9 +219,9 @@ def slow_host_table() -> str:
     col = lambda k, rs=rs: [x[k] for x in rs if x[k] is not None]  # noqa: E731
     steps = ", ".join(dict.fromkeys(str(x["steps_to_target"]) for x in rs))
     lines.append(f"| {name} | {r['hosts']} | {opts or '–'} | {len(rs)} |"
-                 f" {_span(col('final_test_acc'), '.4f')} | {steps} | {_span(col('train_s'), '.1f')} |"
-                 f" {_span([x['train_s'] / x['steps'] for x in rs], '.3f')} |"
-                 f" {_span(col('time_to_target_s'), '.1f')} | {_span(col('cluster_wall_s'), '.1f')} |")  # fmt: skip
+                 f" {units.span(col('final_test_acc'), '.4f')} | {steps} | {units.span(col('train_s'), '.1f')} |"
+                 f" {units.span([x['train_s'] / x['steps'] for x in rs], '.3f')} |"
+                 f" {units.span(col('time_to_target_s'), '.1f')} | {units.span(col('cluster_wall_s'), '.1f')} |")  # fmt: skip
   return "\n".join(lines)
 
 
@@ -232,12 +232,6 @@ def next_retry(down_s: float) -> float:
   while RTO_S * (2**k - 1) < down_s:
     k += 1
   return RTO_S * (2**k - 1)
-
-
-def _span(xs: list[float], fmt: str = ".2f") -> str:
-  """min–max of ``xs`` (one value alone; "–" for none)."""
-  lo, hi = (format(min(xs), fmt), format(max(xs), fmt)) if xs else ("–", "–")
-  return lo if lo == hi else f"{lo}–{hi}"
 
 
 def tables() -> dict[str, str]:

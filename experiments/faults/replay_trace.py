@@ -44,7 +44,15 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import cluster_rows, cost_model, devices, distributed, gloo_model, results
+from allreduce_jax import (
+  cluster_rows,
+  cost_model,
+  devices,
+  distributed,
+  gloo_model,
+  results,
+  units,
+)
 from allreduce_jax.tools import faults
 from allreduce_jax.tools.bench import programs, verifiable_block
 from allreduce_jax.units import parse_size
@@ -189,10 +197,8 @@ def _links(net: dict) -> str:
   return f"{links}, {net.get('congestion_control') or 'the default (bbr)'}"
 
 
-def _span(xs, scale: float = 1e3) -> str:
-  xs = sorted(xs)
-  mid = statistics.median(xs) * scale
-  return f"{mid:.0f}" if len(xs) == 1 else f"{mid:.0f} ({xs[0] * scale:.0f}–{xs[-1] * scale:.0f})"
+#: Seconds as ``median (min–max)`` in ms, a single value alone.
+_ms = functools.partial(units.spread, fmt=".0f", scale=1e3, alone=True, brackets="()")
 
 
 def table(rows: list[dict]) -> str:
@@ -220,9 +226,9 @@ def table(rows: list[dict]) -> str:
       last = statistics.mode(run[2] for run in runs)
       lines.append(
         f"| {_links(r['network'])} | {order} | {n / 2**20:g} | {name} | {len(runs)} |"
-        f" {', '.join(f'{e * 1e3:.0f}' for e in each)} | {_span(slowest)} |"
+        f" {', '.join(f'{e * 1e3:.0f}' for e in each)} | {_ms(slowest)} |"
         f" {'–' if replay is None else f'{replay * 1e3:.0f}'} | {ratio} | host {last} |"
-        f" {_span([run[1] for run in runs])} |"
+        f" {_ms([run[1] for run in runs])} |"
       )
   return "\n".join(lines)
 

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from allreduce_jax import cluster_rows, results
+from allreduce_jax import cluster_rows, results, units
 
 HERE = Path(__file__).resolve().parent
 ROWS = HERE / "rows" / "slow_leaf.jsonl"
@@ -169,18 +168,13 @@ def table() -> str:
     ts = [r["time_s"] for r in rs]
     ratio = [r["time_s"] / r["bound_s"] for r in rs]
     rep = [r["time_s"] / r["replay_s"] for r in rs if r["replay_s"]]
+    mid = functools.partial(units.spread, alone=True, brackets="()")
     lines.append(
       f"| {'healthy' if slow == 1 else f'1/{slow}'} | {nb >> 20} | {name} | {len(rs)} |"
-      f" {_mid(ts, '.3f')} | {_mid(ratio, '.2f')} | {_mid(rep, '.2f') if rep else '–'} |"
+      f" {mid(ts, '.3f')} | {mid(ratio, '.2f')} | {mid(rep, '.2f') if rep else '–'} |"
       f" {sum(r['wrong'] for r in rs)} |"
     )
   return "\n".join(lines)
-
-
-def _mid(xs: list[float], fmt: str) -> str:
-  """median (min–max)."""
-  m = format(statistics.median(xs), fmt)
-  return m if len(xs) == 1 else f"{m} ({format(min(xs), fmt)}–{format(max(xs), fmt)})"
 
 
 def tables() -> dict[str, str]:
