@@ -161,17 +161,34 @@ def all_reduce_tree(
       )
   out: list[jax.Array | None] = [None] * len(leaves)
   for bucket in plan_buckets(leaves, bucket_bytes):
-    floating = jnp.issubdtype(leaves[bucket[0]].dtype, jnp.floating)
-    kw = dict(op=op, algorithm=algorithm, wire=wire if floating else None)
-    if len(bucket) == 1:
-      (k,) = bucket
-      out[k] = all_reduce(leaves[k], axis_name, **kw)
-      continue
-    flat = jnp.concatenate([leaves[k].reshape(-1) for k in bucket])  # T[sum of sizes]
-    reduced = all_reduce(flat, axis_name, **kw)
-    offset = 0
-    for k in bucket:
-      size = leaves[k].size
-      out[k] = reduced[offset : offset + size].reshape(leaves[k].shape)
-      offset += size
+    reduced = reduce_bucket(
+      [leaves[k] for k in bucket], axis_name, op=op, algorithm=algorithm, wire=wire
+    )
+    for k, leaf in zip(bucket, reduced):
+      out[k] = leaf
   return jax.tree.unflatten(treedef, out)
+
+
+def reduce_bucket(
+  leaves: Sequence[jax.Array], axis_name: AxisName, *, op: str, algorithm: str, wire: str | None
+) -> list[jax.Array]:
+  """All-reduces one bucket of :func:`plan_buckets` (leaves of one dtype, in order):
+  packed into one flat buffer, reduced, and cut back into the leaves.
+
+  This is the whole of a bucket's arithmetic: the element at each offset of the flat
+  buffer, and the buffer's length (hence each algorithm's chunks and padding), decide
+  the bits of the result, so every caller (:func:`all_reduce_tree`, the overlapped
+  gradient of :mod:`allreduce_jax.overlap`) packs a bucket here and nowhere else.
+  Integer buckets always travel exact (``wire`` applies to floating ones).
+  """
+  floating = jnp.issubdtype(leaves[0].dtype, jnp.floating)
+  kw = dict(op=op, algorithm=algorithm, wire=wire if floating else None)
+  if len(leaves) == 1:
+    return [all_reduce(leaves[0], axis_name, **kw)]
+  flat = jnp.concatenate([leaf.reshape(-1) for leaf in leaves])  # T[sum of sizes]
+  reduced = all_reduce(flat, axis_name, **kw)
+  out, offset = [], 0
+  for leaf in leaves:
+    out.append(reduced[offset : offset + leaf.size].reshape(leaf.shape))
+    offset += leaf.size
+  return out
