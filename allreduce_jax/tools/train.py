@@ -177,6 +177,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
       p.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs")
     if name == "sync":
       _add_checkpoint_arguments(p)
+      p.add_argument(
+        "--overlap",
+        action="store_true",
+        help="overlap each step's all-reduce with its backward pass, bucket by bucket"
+        " (needs --bucket-bytes N > 0); the same parameters, bit for bit",
+      )
     add_config_arguments(p, cls)
 
 
@@ -203,7 +209,7 @@ def _run_sync(cfg, args, out: Path, store) -> bool:
   done = store.done()
   rows = []
   for seed in cfg.seeds:
-    key = store.key(config=config, seed=seed)
+    key = store.key(config=config, seed=seed, **({"overlap": True} if args.overlap else {}))
     if key in done:
       rows.append(done[key])
       continue
@@ -213,6 +219,7 @@ def _run_sync(cfg, args, out: Path, store) -> bool:
       checkpoint_dir=args.checkpoint_dir,
       checkpoint_every=args.checkpoint_every or cfg.eval_every,
       elastic=_elastic(),
+      overlap=args.overlap,
     )
     rows.append(row)
     if jax.process_index() == 0:  # under `launch` every process holds the same rows
@@ -338,6 +345,7 @@ def run(args: argparse.Namespace) -> int:
     workers = getattr(cfg, "workers", 0)
     if args.mode == "sync":
       cfg = _checked_checkpointing(cfg, args)
+      _check_overlap(cfg, args)
       workers = cfg.workers
     if workers > jax.device_count():
       raise ValueError(
@@ -362,6 +370,14 @@ def _elastic() -> bool:
   """Whether ``launch|cluster --elastic`` started this process (it may run on fewer
   processes than the run was configured for)."""
   return os.environ.get(ENV_ELASTIC, "") not in ("", "0")
+
+
+def _check_overlap(cfg, args) -> None:
+  if args.overlap and not cfg.bucket_bytes:
+    raise ValueError(
+      "--overlap needs --bucket-bytes N > 0: the buckets are what is sent while the"
+      " backward pass goes on (one bucket for everything is sent after it)."
+    )
 
 
 def _checked_checkpointing(cfg, args):

@@ -92,8 +92,13 @@ def run_sync(
   checkpoint_dir: str | Path | None = None,
   checkpoint_every: int = 1,
   elastic: bool = False,
+  overlap: bool = False,
 ) -> dict[str, Any]:
   """Trains once synchronously; returns a result row (accuracy, losses, timing).
+
+  ``overlap``: each step's all-reduce overlapped with its backward pass
+  (:func:`.sync.make_overlapped_chunk`; needs ``cfg.bucket_bytes`` > 0), the same
+  parameters bit for bit.
 
   With ``checkpoint_dir`` the run is saved every ``checkpoint_every`` steps
   (:mod:`.checkpoint`) and resumes from the newest complete checkpoint there, with
@@ -147,6 +152,7 @@ def run_sync(
     bucket_bytes=cfg.bucket_bytes,
     start=start,
     checkpoints=ckpt,
+    overlap=overlap,
   )
   wall = time.perf_counter() - t0
   segments = [{"from_step": 0, "to_step": cfg.steps, "workers": cfg.workers,
@@ -159,6 +165,7 @@ def run_sync(
     "seed": seed,
     **({"restarts": ckpt.restarts} if ckpt is not None else {}),
     "segments": segments,
+    **({"overlap": True} if overlap else {}),
     "params_sha256": checkpoint.digest(res.params),
     "final_test_acc": res.final_test_acc,
     "final_train_acc": res.final_train_acc,

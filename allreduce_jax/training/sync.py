@@ -115,6 +115,9 @@ def make_sync_chunk(
           {"g": g, "loss": loss}, axis, op="mean", algorithm=algorithm, bucket_bytes=bucket_bytes
         )
         g, loss = avg["g"], avg["loss"]
+      # A fusion boundary between the gradient and the update: the update rounds as it does
+      # compiled on its own, as the overlapped step (make_overlapped_chunk) runs it.
+      g = lax.optimization_barrier(g)
       updates, s = tx.update(g, s, w)
       w = optax.apply_updates(w, updates)
       return (w, s), loss
@@ -130,6 +133,70 @@ def make_sync_chunk(
     out_specs=(P(axis), P(axis), P(axis)),
   )
   return jax.jit(fn)
+
+
+def make_overlapped_chunk(
+  graphdef: Any,
+  rest: Any,
+  tx: optax.GradientTransformation,
+  mesh: jax.sharding.Mesh,
+  algorithm: str = "ring",
+  axis: str | tuple[str, ...] = "data",
+  bucket_bytes: int | None = None,
+  mechanism: str = "auto",
+) -> Callable:
+  """:func:`make_sync_chunk`'s chunk with each step's all-reduce overlapped with its
+  backward pass (:func:`allreduce_jax.overlap.value_and_grad`), the same bits.
+
+  A step is the overlapped gradient of ``{"g": grads, "loss": loss}`` packed as
+  :func:`make_sync_chunk` packs it (the loss in the last bucket), then the optimizer
+  update as one more program; steps run from Python, one after the other, instead of
+  inside one ``lax.scan`` (the overlap needs several programs per step). Same call and
+  result as :func:`make_sync_chunk`'s (no mask).
+  """
+  from allreduce_jax import overlap
+
+  if not bucket_bytes:
+    raise ValueError(
+      f"bucket_bytes={bucket_bytes!r}: an overlapped step needs buckets of a positive"
+      " size (--bucket-bytes N), or the whole gradient is one bucket sent at the end."
+    )
+
+  def loss_fn(w, x_all, y_all, ib):  # w leaves: T[1, ...]; ib: i32[B]
+    w = jax.tree.map(lambda a: a[0], w)
+    return models.loss_fn(graphdef, w, rest, x_all[ib], y_all[ib])
+
+  grad = overlap.value_and_grad(
+    loss_fn,
+    axis,
+    op="mean",
+    algorithm=algorithm,
+    bucket_bytes=bucket_bytes,
+    reduce_loss=True,
+    mechanism=mechanism,
+  )
+
+  def apply(w, s, g):  # leaves T[1, ...]: this participant's copy
+    one = lambda t: jax.tree.map(lambda a: a[0], t)  # noqa: E731
+    updates, s = tx.update(one(g), one(s), one(w))
+    w = optax.apply_updates(one(w), updates)
+    return jax.tree.map(lambda a: a[None], (w, s))
+
+  update = jax.jit(
+    jax.shard_map(apply, mesh=mesh, in_specs=(P(axis), P(axis), P(axis)), out_specs=P(axis))
+  )
+  row = jax.jit(lambda ib, t: ib[t], out_shardings=NamedSharding(mesh, P(axis)))
+
+  def chunk(params, opt_state, x_all, y_all, idx, mask):
+    del mask  # every worker's gradient is kept (no backup workers here)
+    losses = []
+    for t in range(idx.shape[0]):
+      loss, g = grad(params, x_all, y_all, row(idx, t))
+      params, opt_state = update(params, opt_state, g)
+      losses.append(loss)
+    return params, opt_state, jnp.stack(losses)[None]
+
+  return chunk
 
 
 def participants(mesh: jax.sharding.Mesh, axis: str | tuple[str, ...] = "data") -> int:
@@ -214,6 +281,7 @@ def train_sync(
   evaluate: Callable[..., float] | None = None,
   start: Any = None,
   checkpoints: Any = None,
+  overlap: bool = False,
 ) -> SyncResult:
   """Trains synchronously over ``mesh`` on the batches ``idx``.
 
@@ -238,6 +306,9 @@ def train_sync(
     checkpoints: a :class:`~allreduce_jax.training.checkpoint.Checkpoints`: the run is
       saved after every ``checkpoints.every``-th step (chunks also end there) and after
       its last step, or None.
+    overlap: each step's all-reduce overlapped with its backward pass
+      (:func:`make_overlapped_chunk`; ``bucket_bytes`` > 0, no ``mask``): the same
+      parameters, bit for bit.
 
   Returns:
     A :class:`SyncResult`.
@@ -262,9 +333,14 @@ def train_sync(
       raise ValueError("mask must keep at least one participant per step.")
   else:
     mask = np.ones((steps, p), np.float32)
-  chunk = chunk_fn or make_sync_chunk(
-    graphdef, rest, tx, mesh, algorithm, axis, bucket_bytes, masked
-  )
+  if overlap and masked:
+    raise ValueError("overlap=True with a mask: backup workers are not overlapped here.")
+  if chunk_fn is not None:
+    chunk = chunk_fn
+  elif overlap:
+    chunk = make_overlapped_chunk(graphdef, rest, tx, mesh, algorithm, axis, bucket_bytes)
+  else:
+    chunk = make_sync_chunk(graphdef, rest, tx, mesh, algorithm, axis, bucket_bytes, masked)
   col = NamedSharding(mesh, P(None, axis))
   x_all, y_all = put_train_set(data, mesh)
   evaluate = evaluate or make_evaluator(graphdef, rest)
