@@ -184,6 +184,47 @@ def test_train_with_it_block_matches_pmean(algorithm, tmp_path):
   assert loss < 1.0  # it trained (about 2.3 at the start)
 
 
+OVERLAPPED_START, OVERLAPPED_END = (
+  "<!-- train-overlapped:start -->",
+  "<!-- train-overlapped:end -->",
+)
+NNX_OVERLAPPED = "<!-- nnx-overlapped:start -->", "<!-- nnx-overlapped:end -->"
+SAME_BUCKETS = 'all_reduce_gradients("data", algorithm="ring", bucket_bytes=1024)'
+
+
+def _one_step(src: str) -> str:
+  assert src.count("range(25)") == 1
+  return src.replace("range(25)", "range(1)")
+
+
+def test_overlapped_block_gives_the_bits_of_the_step_with_the_same_buckets(tmp_path):
+  """The README's overlapped training (overlap.value_and_grad, then Adam in its own jit) and
+  the first block with all_reduce_gradients(..., bucket_bytes=1024): after one step the same
+  parameters, bit for bit (Adam's first step follows the gradient's bits). Later steps may
+  differ in the last bit: Adam compiled apart rounds differently from Adam fused into the
+  step (XLA:CPU contracts multiply-adds); test_docs_blocks checks the printed losses."""
+  overlapped = _readme_block(OVERLAPPED_START, OVERLAPPED_END)
+  assert overlapped and "bucket_bytes=1024" in overlapped
+  first = (_readme_block() or TRAIN_WITH_IT).replace(TRANSFORM, SAME_BUCKETS)
+  got, got_loss = _run_script(_one_step(overlapped), tmp_path)
+  want, want_loss = _run_script(_one_step(first), tmp_path)
+  assert len(got) == len(want) > 0 and got_loss == want_loss
+  for got_leaf, want_leaf in zip(got, want):
+    np.testing.assert_array_equal(got_leaf, want_leaf)
+
+
+def test_nnx_overlapped_block_gives_the_bits_of_the_nnx_step():
+  """docs/training.md's nnx.Optimizer training with overlap.value_and_grad against its NNX
+  step with all_reduce_gradients(..., bucket_bytes=1024): one step, the same bits."""
+  overlapped = _readme_block(*NNX_OVERLAPPED)
+  assert overlapped
+  got = nnx.state(_run(_one_step(overlapped))["model"], nnx.Param)
+  step = (_readme_block(NNX_START, NNX_END) or NNX_STEP).replace(TRANSFORM, SAME_BUCKETS)
+  want = nnx.state(_run(_one_step(step))["model"], nnx.Param)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_readme_holds_the_tested_block():
   assert _readme_block() == TRAIN_WITH_IT
   assert _readme_block(NNX_START, NNX_END) == NNX_STEP
