@@ -38,6 +38,7 @@ API_MODULES: tuple[str, ...] = (
   "allreduce_jax.units",
   "allreduce_jax.results",
   "allreduce_jax.fusion",
+  "allreduce_jax.overlap",
   "allreduce_jax.gradients",
   "allreduce_jax.compression",
   "allreduce_jax.slow_leaf",
