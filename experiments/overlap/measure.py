@@ -181,7 +181,8 @@ def measure(fns: dict, trials: int, warmup: int, barrier) -> tuple[np.ndarray, d
   return times, events
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+  """The command line of one cell."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--algorithm", default="ring")
   parser.add_argument("--wire", default=None)
@@ -194,7 +195,11 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--variants", default=",".join(VARIANTS))
   parser.add_argument("--run", type=int, default=0, help="which repetition this is (row key)")
   parser.add_argument("--out", default="experiments/overlap/rows/cells.jsonl")
-  args = parser.parse_args(argv)
+  return parser
+
+
+def measure_cell(args: argparse.Namespace) -> None:
+  """Every bucket size of ``--bucket-layers``: the variants timed, one row each (process 0)."""
   initialize_from_env()
   names = tuple(args.variants.split(","))
   mesh, params, x = setup(args.layers, args.width, args.batch)
@@ -228,7 +233,6 @@ def main(argv: list[str] | None = None) -> int:
         "timeline": timelines[name], "env": environment(),
       }  # fmt: skip
       store.append(row, store.key(cell, variant=name))
-  return 0
 
 
 def _shapes(programs, bucket: int) -> list:
@@ -258,4 +262,4 @@ def _gather_events(events: dict) -> dict:
 
 
 if __name__ == "__main__":
-  raise SystemExit(main())
+  measure_cell(parser().parse_args())

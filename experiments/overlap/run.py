@@ -65,7 +65,8 @@ def sweep(args) -> list[list[str]]:
   return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+  """The subcommands ``cells`` and ``sweep``."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   sub = parser.add_subparsers(dest="command", required=True)
   for name, fn, layers, rows in (
@@ -82,13 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--out", default=str(HERE / "rows" / rows))
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
-  args = parser.parse_args(argv)
+  return parser
+
+
+def run(args: argparse.Namespace) -> None:
+  """Runs (or with ``--dry-run`` prints) the clusters of the subcommand, one after the other."""
   for command in args.make(args):
     print("#", " ".join(command), flush=True)
     if not args.dry_run:
       subprocess.run(command, check=True)
-  return 0
 
 
 if __name__ == "__main__":
-  raise SystemExit(main())
+  run(parser().parse_args())

@@ -24,13 +24,12 @@ then shown as the median [min–max] over the runs:
 from __future__ import annotations
 
 import statistics
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from allreduce_jax import ALGORITHMS, gloo_model
+from allreduce_jax import ALGORITHMS, gloo_model, results
 from allreduce_jax.overlap import Schedule
 from allreduce_jax.results import read_rows
 
@@ -248,12 +247,5 @@ def tables(root: Path = HERE / "rows") -> dict[str, str]:
   return {"tables.md": text}
 
 
-def main(argv: list[str]) -> int:
-  for name, text in tables().items():
-    (HERE / name).write_text(text)
-    print(text)
-  return 0
-
-
 if __name__ == "__main__":
-  sys.exit(main(sys.argv[1:]))
+  results.write_tables(tables(), HERE)
