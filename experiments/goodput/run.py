@@ -278,7 +278,7 @@ def torchft(args) -> None:
     row = {"arm": "torchft", "system": "torchft", "mtbf_s": mtbf, "seed": seed, "hosts": args.hosts,
            "steps": steps, "schedule": [f.spec for f in schedule], "returncode": res.returncode,
            "kept_steps": kept[-1][1] if kept else 0, "wall_s": wall,
-           "goodput": (kept[-1][1] / steps) if kept else 0.0, "committed": got["committed"],
+           "goodput": None, "committed": got["committed"],
            "dropped": got["dropped"], "final_test_acc": max(accs) if accs else None,
            "kept": kept, "supervisor": events,
            "faults": [{"fault": f.spec, "event": f.kind, "host": f.host, "at": f.at} for f in schedule

@@ -152,8 +152,9 @@ def goodput_table() -> str:
   if not rows:
     return "(not measured)"
   lines = ["| hosts | arm | MTBF (s) | runs | failures | goodput | steps vs uninterrupted,"
-           " same wall time | ideal | lost per failure (s) | final test acc | within the"
-           " uninterrupted spread | nothing lost |", "|---" * 12 + "|"]  # fmt: skip
+           " same wall time | ideal | steps committed of those tried | lost per failure (s) |"
+           " final test acc | within the uninterrupted spread | nothing lost |",
+           "|---" * 13 + "|"]  # fmt: skip
   for hosts in sorted({r["hosts"] for r in rows}):
     mine = [r for r in rows if r["hosts"] == hosts]
     for system in ("ours", "torchft"):
@@ -173,20 +174,23 @@ def goodput_table() -> str:
 
 
 def _goodput_line(hosts, arm, mtbf, rs, rate, accs) -> str:
-  fails = [len([f for f in r["faults"] if f["event"] != "up"]) for r in rs]
+  fails = [len([f for f in r["faults"] if f["event"] in FAULTS]) for r in rs]  # applied ones
   ratio = [r["kept_steps"] / (rate * r["wall_s"]) for r in rs if rate and r["wall_s"]]
-  lost = [x["total"] for r in rs for x in r.get("recoveries", []) if x["total"] is not None]
+  lost = [x["total"] for r in rs for x in r.get("recoveries", []) if x["total"] == x["total"]]
   within = [lo <= r["final_test_acc"] <= hi for r in rs if r["final_test_acc"]
             for lo, hi in [(min(accs), max(accs))] if accs]  # fmt: skip
   ok = [not (r["lost"]["rows"] or r["lost"]["steps"] or r["lost"]["torn_folders_left"])
         for r in rs if "lost" in r]  # fmt: skip
   ideal = "100 %" if mtbf is not None else "–"
+  share = [r["committed"] / (r["committed"] + r["dropped"]) for r in rs
+           if r.get("committed") is not None and r["committed"] + r["dropped"]]  # fmt: skip
+  pct = lambda xs: spread([100 * x for x in xs], ".1f", unit=" %", alone=True) if xs else "–"  # noqa: E731
   return (
     f"| {hosts} | {arm} | {'–' if mtbf is None else f'{mtbf:g}'} | {len(rs)} | {_cell(fails, '.0f')} |"
-    f" {spread([100 * r['goodput'] for r in rs], '.1f', unit=' %', alone=True)} |"
-    f" {spread([100 * x for x in ratio], '.1f', unit=' %', alone=True)} | {ideal} |"
-    f" {_cell(lost, '.1f')} | {_cell([r['final_test_acc'] for r in rs if r['final_test_acc']], '.4f')} |"
-    f" {sum(within)}/{len(within)} | {sum(ok)}/{len(ok)} |"
+    f" {pct([r['goodput'] for r in rs if r['goodput'] is not None])} | {pct(ratio)} | {ideal} |"
+    f" {pct(share)} | {_cell(lost, '.1f') if lost else '–'} |"
+    f" {_cell([r['final_test_acc'] for r in rs if r['final_test_acc']], '.4f')} |"
+    f" {sum(within)}/{len(within)} | {f'{sum(ok)}/{len(ok)}' if ok else '–'} |"
   )
 
 
