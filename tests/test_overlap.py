@@ -25,11 +25,10 @@ from allreduce_jax.devices import submesh
 MESH_1D = ((4,), ("data",)), "data"
 MESH_2D = ((2, 2), ("outer", "inner")), ("outer", "inner")
 #: Every (algorithm, wire) pair with ALLREDUCE_JAX_OVERLAP_ALL=1; by default every algorithm
-#: over the exact wire and each lossy wire over two algorithms (a compile of six programs per
+#: over the exact wire and each lossy wire over one algorithm (a compile of six programs per
 #: check: every pair is about 15 minutes of CPU).
 EVERY = os.environ.get("ALLREDUCE_JAX_OVERLAP_ALL", "") not in ("", "0")
-LOSSY = {("ring", "int8"), ("ring", "fp8"), ("ring", "bf16"), ("halving_doubling", "int8")}
-LOSSY |= {("two_shot", "fp8"), ("hierarchical", "bf16")}
+LOSSY = {("ring", "int8"), ("two_shot", "fp8"), ("hierarchical", "bf16")}
 PAIRS = [c for c in cases() if EVERY or c[1] is None or c[:2] in LOSSY]
 
 
@@ -38,17 +37,17 @@ def _mesh(axes):
   return submesh(shape, names), axis
 
 
-def _typings(k: int, algorithm: str) -> list[tuple[bool, str]]:
-  """(check_vma, op) to check pair k with: the ring under both typings, the others one each,
-  alternating (check_vma on with mean, off with sum)."""
+def _typings(k: int, algorithm: str, wire) -> list[tuple[bool, str]]:
+  """(check_vma, op) to check pair k with: the exact ring under both typings, the others one
+  each, alternating (check_vma on with mean, off with sum)."""
   both = [(True, "mean"), (False, "sum")]
-  return both if algorithm == "ring" or EVERY else [both[k % 2]]
+  return both if (algorithm, wire) == ("ring", None) or EVERY else [both[k % 2]]
 
 
 @pytest.mark.parametrize("algorithm, wire, axes", PAIRS)
 def test_streams_equal_the_non_overlapped_step_bit_for_bit(algorithm, wire, axes):
   mesh, axis = _mesh(axes)
-  for check_vma, op in _typings(PAIRS.index((algorithm, wire, axes)), algorithm):
+  for check_vma, op in _typings(PAIRS.index((algorithm, wire, axes)), algorithm, wire):
     assert check(mesh, axis, algorithm, wire, op, check_vma, "streams"), (check_vma, op)
 
 

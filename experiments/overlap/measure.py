@@ -113,7 +113,8 @@ def variants(mesh, params, x, options: dict, names: tuple[str, ...]):
 
   fused, forward = sharded(grads, P("data")), sharded(lambda p, x: loss_fn(p, x)[None], P("data"))
   today = sharded(after, P())
-  made = {m: overlap.value_and_grad(loss_fn, "data", mechanism=m, **options) for m in VARIANTS}
+  mechanisms = ("streams", "thread", "one_program")
+  made = {m: overlap.value_and_grad(loss_fn, "data", mechanism=m, **options) for m in mechanisms}
   programs = made["streams"].programs(params, x)
   buckets = _bucket_inputs(programs, params, x)
   table = {
@@ -123,7 +124,7 @@ def variants(mesh, params, x, options: dict, names: tuple[str, ...]):
     "comm": lambda record: _comm(programs, buckets, record),
     "stages": lambda record: _stages(programs, params, x, record),
   }
-  for m in ("streams", "thread", "one_program"):
+  for m in mechanisms:
     table[m] = lambda record, m=m: made[m].programs(params, x).run(params, x, on_dispatch=record)
   return {name: table[name] for name in names}, programs
 
@@ -246,6 +247,9 @@ def _gather_events(events: dict) -> dict:
   kinds = {"forward": 0, "stage": 1, "reduce": 2, "step": 3}
   out = {}
   for name, per_trial in events.items():
+    if not any(per_trial):  # a one-program variant: nothing recorded on any host
+      out[name] = [[[] for _ in per_trial] for _ in range(jax.process_count())]
+      continue
     rows = [[(kinds[k], i, s, r, t0) for k, i, s, r, t0 in trial] for trial in per_trial]
     arr = (
       np.zeros((len(rows), len(rows[0]), 5)) if rows and rows[0] else np.zeros((len(rows), 0, 5))

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from allreduce_jax import ALGORITHMS, gloo_model, results
+from allreduce_jax import ALGORITHMS, gloo_model, results, units
 from allreduce_jax.overlap import Schedule
 from allreduce_jax.results import read_rows
 
@@ -142,11 +142,8 @@ def derived(v: dict[str, dict], alpha: float) -> dict[str, float]:
   return out
 
 
-def _fmt(values: list[float], digits: int = 2) -> str:
-  med = statistics.median(values)
-  if len(values) == 1:
-    return f"{med:.{digits}f}"
-  return f"{med:.{digits}f} [{min(values):.{digits}f}–{max(values):.{digits}f}]"
+def _fmt(values: list[float]) -> str:
+  return units.spread(values, ".2f", alone=True)
 
 
 def summary(rows: list[dict]) -> dict[tuple, dict[str, list[float]]]:
@@ -162,6 +159,9 @@ def summary(rows: list[dict]) -> dict[tuple, dict[str, list[float]]]:
     if full:
       figures = [derived(r, alphas[cell[:2]]) for r in full]
       out[cell] = {k: [f[k] for f in figures] for k in figures[0]}
+      for name in ("compute", "comm", "after", "streams", "thread", "one_program"):
+        if name in full[0]:  # every trial of every run: the spread a reader sees
+          out[cell][f"{name}_trials"] = [t for r in full for t in r[name]["times_s"]]
   return out
 
 
@@ -187,7 +187,8 @@ def cells_table(rows: list[dict]) -> str:
   lines = [
     "## The grid: each cell at its best bucket size",
     "",
-    "Seconds, then ratios; median [min–max] over the runs. comm/compute: `T_comm / T_compute`;"
+    "Seconds: median [min–max] over every trial (a trial: the slowest host's time); ratios:"
+    " from each run's medians, median [min–max] over the runs. comm/compute: `T_comm / T_compute`;"
     " fraction: the overlap fraction; hidden: the hidden communication over the hideable;"
     " /floor and /ideal: `T_step` over the schedule's floor and over `max(T_compute, T_comm)`;"
     " model: the replay-priced schedule over `T_step`.",
@@ -198,8 +199,8 @@ def cells_table(rows: list[dict]) -> str:
   for cell in sorted(best(table).values()):
     f = table[cell]
     lines.append(
-      f"| {_label(cell)} | {len(f['step'])} | {_fmt(f['ratio'])} | {_fmt(f['compute'])} | {_fmt(f['comm'])}"
-      f" | {_fmt(f['after'])} | {_fmt(f['step'])} | {_fmt(f['fraction'])} | {_fmt(f['hidden'])}"
+      f"| {_label(cell)} | {len(f['step'])} | {_fmt(f['ratio'])} | {_fmt(f['compute_trials'])}"
+      f" | {_fmt(f['comm_trials'])} | {_fmt(f['after_trials'])} | {_fmt(f['streams_trials'])} | {_fmt(f['fraction'])} | {_fmt(f['hidden'])}"
       f" | {_fmt(f['floor'])} | {_fmt(f['ideal'])} | {_fmt(f['exposed'])} | {_fmt(f['model'])} |"
     )
   return "\n".join(lines) + "\n"
@@ -208,7 +209,7 @@ def cells_table(rows: list[dict]) -> str:
 def mechanisms_table(rows: list[dict]) -> str:
   table = summary(rows)
   lines = [
-    "## The mechanism against its alternatives (seconds, median [min–max] over the runs)",
+    "## The mechanism against its alternatives (seconds, median [min–max] over every trial)",
     "",
     "| hosts | link | algorithm | bucket (layers) | after | streams | thread | one program | staged, no all-reduce | T_compute |",
     "|---|---|---|---|---|---|---|---|---|---|",
@@ -216,8 +217,9 @@ def mechanisms_table(rows: list[dict]) -> str:
   for cell, f in sorted(table.items()):
     if "thread" in f:
       lines.append(
-        f"| {_label(cell)} | {_fmt(f['after'])} | {_fmt(f['step'])} | {_fmt(f['thread'])}"
-        f" | {_fmt(f['one_program'])} | {_fmt(f['staged'])} | {_fmt(f['compute'])} |"
+        f"| {_label(cell)} | {_fmt(f['after_trials'])} | {_fmt(f['streams_trials'])}"
+        f" | {_fmt(f['thread_trials'])} | {_fmt(f['one_program_trials'])} | {_fmt(f['staged'])}"
+        f" | {_fmt(f['compute_trials'])} |"
       )
   return "\n".join(lines) + "\n"
 
@@ -247,5 +249,54 @@ def tables(root: Path = HERE / "rows") -> dict[str, str]:
   return {"tables.md": text}
 
 
+def timeline(rows: list[dict], path: Path) -> Path | None:
+  """The overlapped step's programs per host, from the timestamps the hosts recorded: the
+  forward pass and each backward stage on one line, each bucket's all-reduce on the line
+  below (its trial: the median one of the first cell with a ``streams`` row)."""
+  found = [r for r in rows if r["variant"] == "streams"]
+  if not found:
+    return None
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  row = sorted(found, key=lambda r: (r["hosts"], r["bucket_layers"], r["run"]))[0]
+  trial = int(np.argsort(row["times_s"])[len(row["times_s"]) // 2])
+  hosts = row["timeline"]
+  fig, ax = plt.subplots(figsize=(9, 0.9 + 0.8 * len(hosts)))
+  colors = {"forward": "#999999", "stage": "#4477aa", "reduce": "#ee6677"}
+  for h, events in enumerate(hosts):
+    ends = {"compute": 0.0, "reduce": 0.0}
+    stage_end = {}
+    for kind, i, sent, ready, _ in sorted(events[trial], key=lambda e: e[3]):
+      lane = "reduce" if kind == "reduce" else "compute"
+      start = max(sent, ends[lane], stage_end.get(i, 0.0) if kind == "reduce" else 0.0)
+      y = 2 * h + (1 if kind == "reduce" else 0)
+      ax.barh(y, ready - start, left=start, color=colors[kind], edgecolor="white", height=0.8)
+      if kind != "forward":
+        ax.text((start + ready) / 2, y, str(i), ha="center", va="center", fontsize=7, color="w")
+      ends[lane] = ready
+      if kind == "stage":
+        stage_end[i] = ready
+  labels = [f"host {h} {lane}" for h in range(len(hosts)) for lane in ("backward", "all-reduce")]
+  ax.set_yticks(range(2 * len(hosts)), labels, fontsize=8)
+  ax.invert_yaxis()
+  ax.set_xlabel("seconds from the step's start")
+  handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+  ax.legend(handles, ["forward", "backward stage k", "bucket k's all-reduce"], fontsize=8,
+            loc="lower right")  # fmt: skip
+  link = row["network"]["link_Bps"] * 8 / 1e6
+  ax.set_title(
+    f"The overlapped step, {row['hosts']} hosts, {link:.0f} Mbit/s switch, {row['algorithm']},"
+    f" {row['buckets']} buckets (the median trial)", fontsize=10,
+  )  # fmt: skip
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
 if __name__ == "__main__":
   results.write_tables(tables(), HERE)
+  timeline(read_rows(HERE / "rows" / "cells.jsonl", "overlap"), HERE / "timeline.png")
