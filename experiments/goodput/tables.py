@@ -148,7 +148,9 @@ def _rate(rows: list[dict]) -> float | None:
 def goodput_table() -> str:
   """Per host count, arm and MTBF: failures, goodput, steps against the uninterrupted runs
   in the same wall time, the ideal, seconds lost per failure, accuracy, nothing lost."""
-  rows = _rows("goodput", "goodput-run") + _rows("torchft", "goodput-torchft")
+  rows = _rows("goodput", "goodput-run") + [
+    r for r in _rows("torchft", "goodput-torchft") if "stopped_by_hand_after_s" not in r
+  ]
   if not rows:
     return "(not measured)"
   lines = ["| hosts | arm | MTBF (s) | runs | failures | goodput | steps vs uninterrupted,"
@@ -192,6 +194,23 @@ def _goodput_line(hosts, arm, mtbf, rs, rate, accs) -> str:
     f" {_cell([r['final_test_acc'] for r in rs if r['final_test_acc']], '.4f')} |"
     f" {sum(within)}/{len(within)} | {f'{sum(ok)}/{len(ok)}' if ok else '–'} |"
   )
+
+
+def torchft_attempts() -> str:
+  """torchft runs stopped before their end: what they committed and why they did not go on."""
+  rows = [r for r in _rows("torchft", "goodput-torchft") if "stopped_by_hand_after_s" in r]
+  if not rows:
+    return "(none)"
+  lines = ["| hosts | MTBF (s) | stopped after (s) | highest step | of | step reports committed |"
+           " dropped | replicas replaced (no step for 10 s) | Gloo store timeouts (5 s) |",
+           "|---" * 9 + "|"]  # fmt: skip
+  for r in rows:
+    lines.append(
+      f"| {r['hosts']} | {'–' if r['mtbf_s'] is None else format(r['mtbf_s'], 'g')} |"
+      f" {r['stopped_by_hand_after_s']:.0f} | {r['kept_steps']} | {r['steps']} | {r['committed']} |"
+      f" {r['dropped']} | {r['replaced_no_progress']} | {r['gloo_store_timeouts']} |"
+    )
+  return "\n".join(lines)
 
 
 def simulated_table() -> str:
@@ -256,6 +275,10 @@ def tables() -> dict[str, str]:
     "Goodput: the share of the wall time spent computing steps that were kept. Steps vs"
     " uninterrupted: the steps kept over what the same system's uninterrupted runs do in the"
     " same wall time. Ideal: what a recovery of no cost keeps.", "", goodput_table(), "",
+    "torchft's runs that did not finish (no failure injected; stopped by hand): each replica"
+    " group's process was replaced by its supervisor whenever no step came for 10 s from its"
+    " start, and each replacement asked the others for a new quorum, whose Gloo set-up waited"
+    " on its store past torchft's 5 s:", "", torchft_attempts(), "",
     "One run's failures (4 hosts, `--restarts`, one failure a minute, seed 0):", "",
     timeline_table(), "",
     "## Synchronous all-reduce against the asynchronous parameter server, workers dying", "",

@@ -10,8 +10,10 @@ SGD with momentum 0.9 and learning rate 0.05, wrapped in torchft's ``Manager``, 
 on its host (:func:`host`): the schedule's failures for that host are applied to it at
 ``t0`` + their time (``kill``: SIGKILL; ``stop``: SIGSTOP; ``down``: the host's link down
 for good; the times count from the host's first committed step, as ``cluster --fault``
-counts from the hosts joining), and the supervisor replaces a process that died, or that made no progress for
-:data:`FLOOR_S` (the launcher's watchdog floor), by a new one (the link up again: a
+counts from the hosts joining), and the supervisor replaces a process that died, or whose
+committed steps stopped for :data:`FLOOR_S` (counted from its first step: counted from its
+start, a replica still importing torch or waiting for its first quorum was replaced, and
+each replacement asked for a new quorum), by a new one (the link up again: a
 replacement host) that joins the quorum and takes the weights from a peer. torchft runs
 with its own example's settings (Gloo's timeout 5 s, the lighthouse's heartbeat timeout
 5 s, quorum ticks of 100 ms); on these 2 shared cores a quorum's process group takes more
@@ -80,7 +82,7 @@ def host(args) -> int:
                               "--seed", str(args.seed), "--groups", str(n), "--incarnation",
                               str(k), *(["--stock-ddp"] if args.stock_ddp else [])], env=env)  # fmt: skip
     note("started", f"pid={child.pid}")
-    last, seen, done = time.time(), 0, False
+    last, seen, done, stepped = time.time(), 0, False, False
     while child.poll() is None:
       now = time.time()
       if t0 is not None and faults and now >= t0 + faults[0][1]:
@@ -96,7 +98,7 @@ def host(args) -> int:
       new = _read_from(progress, seen)
       seen += len(new)
       if b"step " in new:
-        last = now
+        last, stepped = now, True
         if t0 is None:
           t0 = now
           note("clock")
@@ -106,7 +108,7 @@ def host(args) -> int:
         child.wait()
         note("ended", "run-over")
         return 0
-      if now - last > FLOOR_S and seen > 0 and not done:  # no step committed for the floor
+      if now - last > FLOOR_S and stepped and not done:  # its steps stopped for the floor
         child.kill()
         child.wait()
         note("replaced", "no-progress")
