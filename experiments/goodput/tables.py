@@ -46,7 +46,7 @@ def detection_table(defaults: bool = False) -> str:
   rows = [r for r in _rows("detect", "goodput-detect") if r["defaults"] == defaults]
   if not rows:
     return "(not measured)"
-  faults = [f for f in FAULTS if any(r["fault"] == f for r in rows)]
+  faults = [f for f in FAULTS if defaults or any(r["fault"] == f for r in rows)]
   head = "| algorithm | " + " | ".join(faults) + " |"
   lines = [head, "|---" * (len(faults) + 1) + "|"]
   for alg in registry.names():
