@@ -232,7 +232,7 @@ def simulated_table() -> str:
     lines.append(
       f"| {mtbf:g} | {step:g} | {len(rs)} | {_cell(sync_s)} | {_cell([r['sync_failures'] for r in rs if r['sync_failures'] is not None], '.0f')} |"
       f" {_cell(ps_s)} | {_cell([r['ps_failures'] for r in rs if r['ps_failures'] is not None], '.0f')} |"
-      f" {spread(ratio, '.2f', unit='×', alone=True)} | {rs[0]['sync_healthy_s']:.2f}, {rs[0]['ps_healthy_s']:.2f} |"
+      f" {spread(ratio, '.2f', unit='×', alone=True)} | {_cell([r['sync_healthy_s'] for r in rs])}, {_cell([r['ps_healthy_s'] for r in rs])} |"
     )  # fmt: skip
   return "\n".join(lines)
 
