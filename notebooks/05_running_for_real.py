@@ -7,18 +7,20 @@
 # ICI/DCN on TPU pods. The hand-written algorithms are the same `shard_map` code either
 # way. Here we write a short program that all-reduces across processes, start it as
 # real processes on this machine with `allreduce-jax launch`, verify every algorithm
-# across process boundaries, kill a participant on purpose, and finally time the ring on
-# an emulated network of hosts with links shaped to a known rate (`allreduce-jax
-# cluster`).
+# across process boundaries, kill a participant on purpose, time the ring on an emulated
+# network of hosts with links shaped to a known rate (`allreduce-jax cluster`), and then
+# **inject a fault of your own** into that network and measure what it costs. Two cells
+# ask you for a number first.
 #
-# **Run time.** Full mode takes about 3½ minutes on 2 CPU cores. Small mode
+# **Run time.** Full mode 143 s on 2 CPU cores; small mode
 # (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
-# JupyterLab) takes about 2 minutes, most of it starting processes: it verifies two ops on one shape instead of every
-# op and shape, and times the network at 1 MiB per host instead of 4 MiB, where a
-# step's fixed costs weigh more and the measurement means less. The emulated network needs Linux
-# network namespaces: as root they are made on the machine, as any other user inside a
-# user namespace of your own (rootless); where neither is allowed (some containers and CI
-# machines turn user namespaces off) that section says why and is skipped.
+# JupyterLab) 65–145 s: most of it starting processes; it verifies two ops on one
+# shape instead of every op and shape, and times the network at 1 MiB per host instead of
+# 4 MiB, where a step's fixed costs weigh more (the closing cell says what that changes).
+# The emulated network needs Linux network namespaces: as root they are made on the
+# machine, as any other user inside a user namespace of your own (rootless); where
+# neither is allowed (some containers and CI machines turn user namespaces off) those
+# sections say why and are skipped.
 
 # %% tags=["parameters"]
 import os
@@ -32,6 +34,7 @@ SIZE = "1MiB" if SMALL else "4MiB"  # bytes per host in the network benchmark
 
 # %%
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -40,7 +43,7 @@ from pathlib import Path
 import pandas as pd
 from IPython.display import display
 
-from allreduce_jax import gloo_model, netns, units
+from allreduce_jax import gloo_model, netns, teach, units
 
 WORK = tempfile.TemporaryDirectory(prefix="allreduce-jax-nb05-")  # removed when the kernel ends
 work = Path(WORK.name)
@@ -116,6 +119,14 @@ across
 # The processes' devices form one mesh. Drawn as the ring runs on it: each device sends to
 # the next; a hop between devices of different processes crosses a process boundary over
 # gloo's TCP, the others stay inside a process, and the program never had to say which.
+#
+# ### Predict before you run
+#
+# 2 processes with 2 devices each make a ring of 4. **How many of its 4 hops cross from
+# one process to the other?**
+
+# %% tags=["predict"]
+guess = None  # hops of the ring between two processes
 
 # %%
 import matplotlib.pyplot as plt
@@ -145,7 +156,7 @@ ax.set_aspect("equal")
 ax.axis("off")
 plt.show()
 hops = sum(owner[i] != owner[(i + 1) % p] for i in range(p))
-print(f"{hops} of the ring's {p} hops cross a process boundary")
+teach.reveal(guess, hops, what=f"hops of the ring on {p} devices that cross a process boundary")
 
 # %% [markdown]
 # ## 2 · Every algorithm across processes
@@ -244,7 +255,86 @@ else:
 # The counters add up every algorithm's iterations; host 0, the parameter server's root,
 # sends and receives more than the others.
 #
-# ## 5 · The same commands on a GPU cluster or a TPU pod
+# ## 5 · Your turn: inject a fault
+#
+# `cluster --fault KIND:HOST...@T` changes the network while the run goes on, T seconds
+# after the hosts joined: `link:H=RATE@T` sets host H's link to RATE (both directions),
+# `down:H@T+D` cuts it for D seconds, `kill:H@T` and `stop:H@T` kill or freeze its
+# process, `cpu:H=FRACTION@T` caps its CPU (`docs/faults.md`).
+#
+# ### Try this: a slow link
+#
+# Write the fault that slows **host 1's link to a tenth of `LINK`** from the start (rates
+# are written like `LINK`: a number and `Mbit`, `Gbit`, ...). The next cells run the
+# same benchmark of the ring with it.
+
+# %% tags=["exercise"]
+FAULT = None  # your --fault, as a string
+
+
+# %% tags=["check"]
+def fault_is_right():
+  m = re.fullmatch(r"link:(\d+)=([0-9.]+\w+)@([0-9.]+)", str(FAULT))
+  if m is None:
+    return False, f"{FAULT!r} is not link:HOST=RATE@SECONDS"
+  host, slow, at = int(m[1]), units.parse_rate(m[2]), float(m[3])
+  if host != 1 or at != 0 or not np.isclose(slow, rate / 10, rtol=0.01):
+    return False, f"it slows host {host} to {slow * 8 / 1e6:g} Mbit/s after {at:g} s"
+  return True
+
+
+teach.check(
+  fault_is_right,
+  right=f"host 1's link at {rate * 8 / 10 / 1e6:g} Mbit/s, a tenth of {LINK}, from the moment the hosts joined.",
+  wrong=f"a link fault on host 1, at a tenth of {LINK}, at 0 seconds",
+)
+
+# %% [markdown] tags=["solution"]
+# <details><summary>Solution</summary>
+#
+# ```python
+# FAULT = "link:1=20Mbit@0"  # a tenth of 200Mbit, from the start
+# ```
+# </details>
+
+# %% [markdown]
+# ### Predict before you run
+#
+# Every step of the ring moves n/p from each host to the next, all at once, and ends when
+# the last message has arrived. **With host 1's link at a tenth of the rate, how many
+# times its healthy time will the ring take?**
+
+# %% tags=["predict"]
+guess = None  # the ring's time with your fault / its healthy time above
+
+# %%
+slowed = None
+if why:
+  print(f"skipped: the emulated cluster cannot be built here: {why}")
+elif FAULT is None:
+  print("no fault yet: write FAULT in the exercise above, then run this cell again")
+else:
+  fault_rows = work / "cluster_fault.jsonl"
+  rc, out, err = allreduce_jax(
+    "cluster", "--hosts", HOSTS, "--link", LINK, "--fault", FAULT, "--timeout", 900,
+    "--log-dir", work / "fault_logs", *(["--concurrent"] if SMALL else []),
+    "--", "bench", "--algorithms", "ring", "-b", SIZE, "-e", SIZE,
+    "-n", 3 if SMALL else 5, "-w", 1, "--no-uneven", "--out", fault_rows,
+  )  # fmt: skip
+  print("\n".join(line for line in err.splitlines() if line.startswith("# cluster: fault")))
+  assert rc == 0, err[-2000:]
+  slowed = pd.read_json(fault_rows, lines=True).set_index("algorithm").loc["ring", "time_us"] * 1e-6
+  teach.reveal(
+    guess, slowed / bench.loc["ring", "time_s"], what="the ring's time with the fault / healthy"
+  )
+  print(f"healthy {bench.loc['ring', 'time_s']:.3f} s, with host 1 at a tenth: {slowed:.3f} s")
+
+# %% [markdown]
+# Every step waits for the slow link, so the whole ring slows by nearly the same factor:
+# an all-reduce is as fast as its slowest link (notebook 9 measures every algorithm
+# against that bound, and restarts a run whose host is killed).
+#
+# ## 6 · The same commands on a GPU cluster or a TPU pod
 #
 # Nothing in the library knows where it runs. On a SLURM GPU cluster, one process per GPU
 # and `allreduce-jax` initializes from SLURM's variables:
@@ -276,6 +366,11 @@ CONCLUSION = {
   "cases": len(cases),
   "algorithms": cases["algorithm"].nunique(),
   "crash_named": named,
+  "lesson": {
+    "one_mesh_across_processes": bool(across["ring_equals_psum"] and across["ring_equals_numpy"]),
+    "every_case_passed": bool(cases["passed"].all()),
+    "a_dead_participant_is_named": bool(named),
+  },
 }
 c = CONCLUSION
 print(
@@ -286,12 +381,13 @@ print(
   f"A killed participant ended the run and was named ({c['crash_named']}) instead of a hang."
 )
 if why:
-  print(
-    "The emulated network could not be built on this machine (the cell above says why), "
-    "so this run measured no link."
-  )
+  reason = "the emulated network could not be built on this machine"
+  CONCLUSION["too_short"] = {k: reason for k in ("ring_ahead_of_the_server", "ring_near_the_ceiling", "the_fault_slows_the_ring")}  # fmt: skip
+  print(f"This run measured no link: {reason} (the cells above say why).")
 else:
   ring = bench.loc["ring"]
+  step_s = ring["time_s"] / (2 * (HOSTS - 1))  # one of the ring's 2(p-1) steps
+  wire_s = ring["bytes"] / HOSTS / (rate * share)  # its n/p bytes at the payload rate
   CONCLUSION |= {
     "hosts": HOSTS,
     "size": ring["bytes"],
@@ -300,16 +396,45 @@ else:
     "line_fraction": ring["busbw / line rate"],
     "ceiling": share,
     "naive_fraction": bench.loc["naive", "busbw / line rate"],
+    "step_ms": 1e3 * step_s,
+    "wire_ms": 1e3 * wire_s,
+  }
+  CONCLUSION["near"] = 0.8  # of the ceiling: "near" it
+  CONCLUSION["fixed_share"] = 1 - wire_s / step_s
+  claims = {
+    "ring_ahead_of_the_server": bool(c["line_fraction"] > c["naive_fraction"]),
+    "ring_near_the_ceiling": bool(c["line_fraction"] >= c["near"] * share),
   }
   print(
     f"On {c['hosts']} emulated hosts linked at {c['link_MBps']:g} MB/s each way, the ring "
     f"all-reduced {c['size'] / 2**20:g} MiB per host in {c['ring_s']:.3f} s: busbw "
     f"{c['line_fraction']:.2f} of line rate (the payload ceiling is {c['ceiling']:.3f}); "
-    f"the parameter server reached {c['naive_fraction']:.2f} on the same scale."
+    f"the parameter server reached {c['naive_fraction']:.2f} on the same scale. Each of the "
+    f"ring's steps took {c['step_ms']:.1f} ms, {c['wire_ms']:.1f} ms of it its bytes on the "
+    f"wire: {c['fixed_share']:.0%} of a step was fixed cost (TCP's and gloo's round trips, the "
+    f"CPU the hosts share). Near the ceiling would be {c['near']:g} of it or more."
   )
-  if SMALL:
+  for claim, holds in claims.items():
+    if holds or not SMALL:
+      CONCLUSION["lesson"][claim] = holds
+    else:  # a small buffer: the fixed costs, alike for every algorithm, hide the bytes
+      CONCLUSION.setdefault("too_short", {})[claim] = "at this size fixed costs dominate a step"
+  if CONCLUSION.get("too_short"):
+    what = {"ring_ahead_of_the_server": "the ring ahead of the parameter server",
+            "ring_near_the_ceiling": "the ring near the ceiling"}  # fmt: skip
     print(
-      "Small mode times one small buffer beside whatever else runs, so its fraction of line "
-      "rate is a smoke check; the full mode on an idle machine and the study are the "
-      "measurements."
+      f"This small run does not show {' or '.join(what[k] for k in CONCLUSION['too_short'])}: "
+      f"{next(iter(CONCLUSION['too_short'].values()))}; the full mode's larger buffer is the "
+      "measurement."
     )
+  if slowed is not None:
+    CONCLUSION |= {"fault": FAULT, "slowdown": slowed / ring["time_s"]}
+    # the fault's own numbers (host, rate, time), as the text prints them inside it
+    CONCLUSION["fault_numbers"] = [float(x) for x in re.findall(r"[0-9.]+", FAULT)]
+    CONCLUSION["lesson"]["the_fault_slows_the_ring"] = bool(CONCLUSION["slowdown"] > 3)
+    print(
+      f"With your fault ({c['fault']}) the ring took {c['slowdown']:.1f} times its healthy time."
+    )
+  else:
+    CONCLUSION.setdefault("too_short", {})["the_fault_slows_the_ring"] = "no fault was written"
+    print(f"No fault was measured: {CONCLUSION['too_short']['the_fault_slows_the_ring']}.")

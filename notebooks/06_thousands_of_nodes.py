@@ -15,14 +15,14 @@
 # routing: TPU pods), `fat_tree(k, r)` (k hosts per leaf, uplinks oversubscribed r:1,
 # ideal ECMP) and `islands(group, intra, inter)` (NVLink islands joined by InfiniBand).
 # Here we route one step by hand, check it against the library, then sweep every
-# replayable algorithm to thousands of participants.
+# replayable algorithm to thousands of participants. Two cells ask you for a number
+# first; one asks you to write Swing's choice of partners.
 #
-# **Run time.** Full mode (to p = 16384) takes about 2½ minutes on 2 CPU cores; the
-# schedules at the largest p have millions of messages. Small mode
-# (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
-# JupyterLab) stops at p = 256 and prices three sizes instead of four, in 10–20
-# seconds; the published comparisons at the end then run at p = 256 and 1536 instead of
-# 4096 and 24576, so their factors are smaller.
+# **Run time.** Full mode 40 s on 2 CPU cores; small mode (`ALLREDUCE_JAX_SMALL=1` in
+# the environment, or the kernel "allreduce-jax small" in JupyterLab) 6–20 s: full
+# mode goes to p = 16384, where the schedules have millions of messages; small mode stops
+# at p = 256 and prices three sizes instead of four; the published comparisons at the end
+# then run at p = 256 and 1536 instead of 4096 and 24576, so their factors are smaller.
 
 # %% tags=["parameters"]
 import os
@@ -44,7 +44,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from allreduce_jax import ALGORITHMS, cost_model, names, topology
+from allreduce_jax import ALGORITHMS, cost_model, names, teach, topology
 from allreduce_jax.palette import style
 
 
@@ -138,7 +138,16 @@ plt.show()
 
 # %% [markdown]
 # The whole reduce-scatter half (the sum over its steps of the busiest link's load, in
-# units of n·β), on 64 nodes, as `topology.bandwidth_term` computes it:
+# units of n·β), on 64 nodes, as `topology.bandwidth_term` computes it.
+#
+# ### Predict before you run
+#
+# On a ring of 64 nodes the ring's reduce-scatter costs 63/64 ≈ 0.98 n·β (one neighbour
+# hop per step). Far-first halving-doubling starts with n/2 sent 32 hops away. **What is
+# its reduce-scatter's bandwidth term, in units of n·β?**
+
+# %% tags=["predict"]
+guess = None  # far-first halving-doubling, reduce-scatter on a ring of 64, in n·β
 
 # %%
 nets64 = {
@@ -159,12 +168,57 @@ table = pd.DataFrame(
     for label, net in nets64.items()
   }
 ).T
+teach.reveal(guess, table.loc["ring of 64 (1-D torus)", "halving_doubling"],
+             what="far-first halving-doubling's reduce-scatter on a ring of 64, in n·β")  # fmt: skip
 table.round(3)
 
 # %% [markdown]
 # The flat model gives all four the ring's cost; on a ring of nodes far-first
 # halving-doubling pays for every hop its big halves travel (the tests check the closed
 # forms: near-first (lg p)/2, far-first (p/3)(1 − 1/p²)).
+#
+# ### Try this: Swing's partners
+#
+# Swing (De Sensi et al., NSDI 2024) keeps halving-doubling's halves but picks closer
+# partners: in step s an even rank r pairs with r + ρ(s), an odd rank with r − ρ(s)
+# (mod p), where ρ(s) = 1 − 2 + 4 − 8 + … (s + 1 terms) = 1, −1, 3, −5, 11, … Write
+# the partner of rank r in step s; the check compares every pair with the library's
+# schedule at p = 16 and 64.
+
+
+# %% tags=["exercise"]
+def swing_partner(r, s, p):  # rank r's partner in step s = 0, 1, ..., lg p − 1
+  raise NotImplementedError("your turn: r ± ρ(s) mod p")
+
+
+# %% tags=["check"]
+def swing_is_right():
+  for p in (16, 64):
+    steps = ALGORITHMS["swing"].messages((p,))
+    for s in range(int(np.log2(p))):
+      want = sorted(m[:2] for m in steps[s])
+      got = sorted((r, swing_partner(r, s, p)) for r in range(p))
+      if got != want:
+        wrong = next(g for g, w in zip(got, want) if g != w)
+        return False, f"p={p}, step {s}: you pair {wrong[0]} with {wrong[1]}"
+  return True
+
+
+teach.check(
+  swing_is_right,
+  right="every pair of every reduce-scatter step at p = 16 and 64 is Swing's: distances 1, 1, 3, 5, 11, ..., about 2/3 of halving-doubling's.",
+  wrong="rank r's partner is r + ρ(s) for an even r and r − ρ(s) for an odd r, mod p",
+)
+
+# %% [markdown] tags=["solution"]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def swing_partner(r, s, p):  # rank r's partner in step s = 0, 1, ..., lg p − 1
+#   rho = (1 - (-2) ** (s + 1)) // 3  # 1, -1, 3, -5, 11, ...
+#   return (r + rho) % p if r % 2 == 0 else (r - rho) % p
+# ```
+# </details>
 #
 # ## Flat vs torus vs tapered fat tree, up to thousands of participants
 #
@@ -192,25 +246,33 @@ net_names = list(dict.fromkeys(rows["network"]))
 print(f"{len(rows)} replays: {len(net_names)} networks × {len(PS)} values of p × "
       f"{len(SIZES)} sizes × {len(ALGS)} algorithms")  # fmt: skip
 
+# %% [markdown]
+# Drawn as each algorithm's time **over the ring's** (below 1: faster than the ring), one
+# row per network, the smallest size on the left and the largest on the right:
+
 # %%
 shown = [SIZES[0], SIZES[-1]]
-fig, axes = plt.subplots(len(shown), len(net_names), figsize=(13, 6.5), sharex=True)
-for i, n in enumerate(shown):
-  for j, net in enumerate(net_names):
+ring_us = rows[rows["algorithm"] == "ring"].set_index(["network", "p", "bytes"])["us"]
+rows["over_ring"] = rows["us"] / ring_us.loc[list(zip(rows["network"], rows["p"], rows["bytes"]))].to_numpy()  # fmt: skip
+fig, axes = plt.subplots(len(net_names), len(shown), figsize=(9, 2.6 * len(net_names) + 1), sharex=True)  # fmt: skip
+for i, net in enumerate(net_names):
+  for j, n in enumerate(shown):
     ax = axes[i, j]
     for a in ALGS:
       r = rows[(rows["network"] == net) & (rows["bytes"] == n) & (rows["algorithm"] == a)]
-      ax.plot(r["p"], r["us"], ms=4, label=a, **style(a))
+      ax.plot(r["p"], r["over_ring"], ms=3, lw=1.2, label=a, **style(a))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    ax.axhline(1, color="k", lw=0.6)
     ax.set_title(f"{net}, {fmt_bytes(n)}", fontsize=9)
+    ax.tick_params(labelsize=8)
     ax.grid(True, alpha=0.3)
     if j == 0:
-      ax.set_ylabel("replayed time (µs)")
-    if i == len(shown) - 1:
-      ax.set_xlabel("participants p")
-fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=5, fontsize=8)
-fig.tight_layout(rect=(0, 0.08, 1, 1))
+      ax.set_ylabel("time / ring's", fontsize=9)
+    if i == len(net_names) - 1:
+      ax.set_xlabel("participants p", fontsize=9)
+fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8)
+fig.tight_layout(rect=(0, 0.1, 1, 1))
 plt.show()
 
 # %% [markdown]
@@ -261,7 +323,15 @@ paper.round(2)
 
 # %% [markdown]
 # **The double binary tree's latency advantage over the ring** (NCCL 2.4 on Summit: "up to
-# 180x" lower latency at 24,576 GPUs). An 8-byte message, pure latency, every α counted:
+# 180x" lower latency at 24,576 GPUs). An 8-byte message, pure latency, every α counted.
+#
+# ### Predict before you run
+#
+# The ring takes 2(p − 1) steps; the double binary tree about 2 lg p rounds. **At
+# p = `BIG_P`, how many times faster is the tree for an 8-byte message in this model?**
+
+# %% tags=["predict"]
+guess = None  # ring time / double binary tree time, 8 bytes, p = BIG_P, flat switch
 
 # %%
 dbt = {}
@@ -271,6 +341,9 @@ for label, net in (("flat switch", topology.switch()), ("fat tree 8/leaf, 7:1", 
   dbt[label] = {"ring µs": t_ring * 1e6, "double binary tree µs": t_dbt * 1e6,
                 "ring / tree": t_ring / t_dbt}  # fmt: skip
 print(f"p = {BIG_P}")
+teach.reveal(
+  guess, dbt["flat switch"]["ring / tree"], what=f"ring / double binary tree at p={BIG_P}, 8 bytes"
+)
 pd.DataFrame(dbt).T.round(1)
 
 # %% [markdown]
@@ -335,6 +408,25 @@ CONCLUSION = {
   "latency_bytes": 8,
   "dbt_factor": dbt["flat switch"]["ring / tree"],
 }
+CONCLUSION["lesson"] = {
+  "far_first_pays_on_a_ring": bool(t64["halving_doubling"] > 2 * t64["ring"]),
+  "near_first_and_swing_cheaper": bool(
+    max(t64["halving_doubling_near"], t64["swing"]) < t64["halving_doubling"]
+  ),
+  "ring_as_priced_flat": bool(
+    max(abs(CONCLUSION["ring_torus"] - 1), abs(CONCLUSION["ring_tree"] - 1)) < 0.1
+  ),
+  "far_first_slower_than_flat": bool(min(CONCLUSION["hd_torus"], CONCLUSION["hd_tree"]) > 1.1),
+  "tree_beats_ring_on_latency": bool(CONCLUSION["dbt_factor"] > 1),
+  "torus_large": CONCLUSION["torus_large"],
+  "tree_large": CONCLUSION["tree_large"],
+}
+if SMALL:  # at p = 256 the largest size's winners are not those at 16384
+  for claim in ("torus_large", "tree_large"):
+    del CONCLUSION["lesson"][claim]
+  CONCLUSION["too_short"] = dict.fromkeys(
+    ("torus_large", "tree_large"), "small mode stops at p = 256, where other algorithms win"
+  )
 c = CONCLUSION
 print(
   f"On a ring of nodes the reduce-scatter's bandwidth term was {c['ring_rs']:.2f} n·β for "
@@ -356,3 +448,8 @@ print(
   f"At p = {c['big_p']}, for a message of {c['latency_bytes']} bytes, the double binary tree "
   f"was {c['dbt_factor']:.0f}× faster than the ring in this model."
 )
+if SMALL:
+  print(
+    "The largest size's winners are not compared with the full run's: "
+    f"{CONCLUSION['too_short']['torus_large']}."
+  )

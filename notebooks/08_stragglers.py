@@ -8,14 +8,15 @@
 # gradients), **batches proportional to speed**, **isolating** a slow node, and
 # **asynchronous SGD** through a parameter server (never wait, but every gradient is
 # stale and crosses the server's one link) — and ends with a phase diagram: which of them
-# reaches the target accuracy first, by straggler heaviness and link bandwidth.
+# reaches the target accuracy first, by straggler heaviness and link bandwidth. Two
+# cells ask you for a number first; one asks you to write the backup workers' wait.
 #
-# **Run time.** Full mode takes about 2 minutes on 2 CPU cores. Small mode
+# **Run time.** Full mode 72 s on 2 CPU cores; small mode
 # (`ALLREDUCE_JAX_SMALL=1` in the environment, or the kernel "allreduce-jax small" in
-# JupyterLab) takes 20–40 seconds: fewer simulated steps, 4 workers instead of 8, a
-# shorter training budget, one seed, and a smaller phase grid (the run prints it). Every
+# JupyterLab) 20–50 s: fewer simulated steps, a shorter training budget, one
+# seed, and a smaller phase grid (the run prints it). Every
 # sentence below is computed from the run; where small mode is too small to support one,
-# the text says so.
+# the text says so and why.
 
 # %% tags=["parameters"]
 import os
@@ -23,7 +24,7 @@ import os
 SMALL = os.environ.get("ALLREDUCE_JAX_SMALL", "0") == "1"  # CI runs the small mode
 SIM_STEPS = 2_000 if SMALL else 20_000  # simulated sync steps per point (section 1)
 NS = [2, 4, 8, 16, 32, 64]  # workers, for the wait of section 1
-WORKERS = 4 if SMALL else 8  # workers of the training runs (sections 2 and 4)
+WORKERS = 8  # workers of the training runs (sections 2 and 4)
 GRADIENTS = 160 if SMALL else 1600  # per-worker gradients each arm computes, in all
 SEEDS = (0,) if SMALL else (0, 1, 2)
 ARMS = ["sync", "sync_b1", "sync_balanced", "sync_isolate", "async", "ssp4"]
@@ -40,8 +41,16 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from allreduce_jax import cost_model
-from allreduce_jax.training import Setup, get_arm, get_workload, harmonic, run_arm, sync_schedule
+from allreduce_jax import cost_model, teach
+from allreduce_jax.training import (
+  ComputeTimes,
+  Setup,
+  get_arm,
+  get_workload,
+  harmonic,
+  run_arm,
+  sync_schedule,
+)
 
 print(jax.__version__, jax.default_backend(), len(jax.devices()), "devices")
 
@@ -58,6 +67,14 @@ print("allreduce-jax at commit", source_commit() or "(not a git checkout)")
 # With b **backup workers** the step keeps the fastest N − b gradients and waits for
 # the (N − b)-th: E = H_N − H_b. Log-normal times with spread σ (mean 1 too) grow more
 # slowly with N when σ is small and faster when it is large.
+#
+# ### Predict before you run
+#
+# Eight workers, each gradient taking an exponential time of mean 1. **How long does a
+# synchronous step wait, on average, in mean gradient times?**
+
+# %% tags=["predict"]
+guess = None  # the mean wait of a sync step, 8 workers, exponential times
 
 # %%
 rng = np.random.default_rng(0)
@@ -78,6 +95,7 @@ wait = pd.DataFrame(
   },
   index=pd.Index(NS, name="N"),
 )
+teach.reveal(guess, wait.loc[8, "exponential"], what="a sync step's mean wait, 8 workers")
 wait.round(3)
 
 # %%
@@ -106,6 +124,58 @@ print(
   f"{gap_backup:.1%} (1 backup); library sync_schedule at N=8: {lib:.3f} vs H_8 = "
   f"{harmonic(8):.3f}"
 )
+
+# %% [markdown]
+# ### Predict before you run
+#
+# With one backup worker the step keeps the fastest 7 of 8 gradients. **How long does it
+# wait now?**
+
+# %% tags=["predict"]
+guess = None  # the mean wait with one backup worker, 8 workers
+
+# %%
+teach.reveal(guess, wait.loc[8, "exponential, 1 backup"], what="the wait with one backup worker")
+
+# %% [markdown]
+# ### Try this: the backup workers' wait
+#
+# Given compute times `t` (f64[S, N]: row k holds the N workers' times of step k), write
+# the mean wait of a step that keeps the fastest N − b gradients. The check compares it
+# with the library's `sync_schedule(..., backups=b)` for b = 0, 1, 2.
+
+
+# %% tags=["exercise"]
+def backup_wait(t, b):  # t: f64[S, N]; b backup workers -> the mean step time
+  raise NotImplementedError("your turn: each step waits for its (N − b)-th fastest worker")
+
+
+# %% tags=["check"]
+def backup_is_right():
+  times = ComputeTimes("exponential", 8, seed=3)
+  for b in (0, 1, 2):
+    want = sync_schedule("exponential", 8, 500, seed=3, backups=b, times=times).step_time.mean()
+    got = backup_wait(times.rows(500), b)
+    if not np.isclose(got, want):
+      return False, f"with b={b} you get {got:.3f}, the library {want:.3f}"
+  return True
+
+
+teach.check(
+  backup_is_right,
+  right="the (N − b)-th fastest time of each step, averaged: what backup workers buy.",
+  wrong="sort each step's times; the step ends at the (N − b)-th smallest",
+)
+
+# %% [markdown] tags=["solution"]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def backup_wait(t, b):  # t: f64[S, N]; b backup workers -> the mean step time
+#   n = t.shape[1]
+#   return np.sort(t, axis=1)[:, n - b - 1].mean()
+# ```
+# </details>
 
 # %% [markdown]
 # Synchronous SGD turns 1/E[step] of its machines' time into gradients. An
@@ -285,6 +355,15 @@ CONCLUSION = {
   "cells": len(SIGMAS) * len(BANDWIDTHS),
   "ps_where": [[float(s), float(b)] for s, b in zip(ps_cells["σ"], ps_cells["GB/s"])],
   "cells_unreached": len(SIGMAS) * len(BANDWIDTHS) - len(best),
+}
+no_stragglers = best[best["σ"] == 0]["arm"].map(lambda a: get_arm(a).family)
+CONCLUSION["lesson"] = {
+  "the_wait_is_h_n": bool(abs(wait.loc[n8, "exponential"] / harmonic(n8) - 1) < 0.05),
+  "a_backup_worker_cuts_the_wait": bool(
+    wait.loc[n8, "exponential, 1 backup"] < wait.loc[n8, "exponential"] - 0.5
+  ),
+  "sync_first_without_stragglers": bool(len(no_stragglers) and (no_stragglers == "sync").all()),
+  "the_server_first_only_with_stragglers": bool((ps_cells["σ"] > 0).all()),
 }
 if reached_all:
   CONCLUSION |= {

@@ -44,9 +44,10 @@ ASYNC_METHODS = ("async", "async_eta_tau", "dcasgd")
 #: element, MS_t = m·MS_{t-1} + (1 - m)·g_t² a running mean square of the gradients, so
 #: the correction λ_t·g⊙g⊙Δw ≈ λ0·|g|⊙Δw follows the gradient's own scale. λ0 = 2 and
 #: m = 0.95 are the defaults of an open implementation; ε is Multiverso's. (A constant
-#: λ must be tuned to the gradient's scale: MXNet's 0.04 left the digits MLP's runs
-#: unchanged, λ = 16 (its batch) helped at τ = 8 and diverged at τ = 16; DC-ASGD-a
-#: helped at both, ``notebooks/07_sync_vs_async.py``.)
+#: λ must be tuned to the gradient's scale and the staleness: on the digits MLP at τ = 8
+#: MXNet's 0.04 changed nothing (Table C's dcasgd rows equalled plain async's), λ = 16
+#: (its batch) helped at τ = 8 and diverged at τ = 16; DC-ASGD-a helped at both,
+#: ``notebooks/07_sync_vs_async.py``.)
 DC_LAMBDA0 = 2.0
 DC_DECAY = 0.95
 DC_EPS = 1e-7
