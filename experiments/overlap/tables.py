@@ -285,7 +285,7 @@ def timeline(rows: list[dict], path: Path) -> Path | None:
   ax.set_xlabel("seconds from the step's start")
   handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
   ax.legend(handles, ["forward", "backward stage k", "bucket k's all-reduce"], fontsize=8,
-            loc="lower right")  # fmt: skip
+            loc="upper left", bbox_to_anchor=(1.0, 1.0))  # fmt: skip
   link = row["network"]["link_Bps"] * 8 / 1e6
   ax.set_title(
     f"The overlapped step, {row['hosts']} hosts, {link:.0f} Mbit/s switch, {row['algorithm']},"
