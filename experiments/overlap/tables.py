@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from allreduce_jax import ALGORITHMS, gloo_model, results, units
-from allreduce_jax.overlap import Schedule
+from allreduce_jax.overlap import Schedule, even_schedule
 from allreduce_jax.results import read_rows
 
 HERE = Path(__file__).resolve().parent
@@ -135,6 +135,7 @@ def derived(v: dict[str, dict], alpha: float) -> dict[str, float]:
     "step": step, "fraction": hidden / min(compute, comm), "hidden": hidden / hideable,
     "floor": step / floor, "ideal": step / max(compute, comm), "exposed": exposed(v["streams"]),
     "model": model / step, "parts": parts / step, "staged": staged_forward + sum(stages),
+    "buckets": len(buckets),
   }  # fmt: skip
   for m in ("thread", "one_program"):
     if m in v:
@@ -240,12 +241,53 @@ def sweep_table(rows: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+#: sync_vs_async's boundary: sync (priced compute + all-reduce) wins only where one all-reduce
+#: costs at most this share of a gradient computation.
+SYNC_BOUNDARY = 0.3
+
+
+def boundary(hidden: float, buckets: int, backward: float = 2 / 3) -> float:
+  """The all-reduce (as a share of the compute) whose overlapped step pays
+  :data:`SYNC_BOUNDARY` of exposed communication, when ``hidden`` of the hideable part hides
+  (:func:`allreduce_jax.overlap.even_schedule`'s equal stages and buckets; bisection)."""
+  lo, hi = 0.0, 100.0
+  for _ in range(60):
+    r = (lo + hi) / 2
+    s = even_schedule(1.0, r, buckets, backward)
+    (lo, hi) = (r, hi) if r - hidden * s.hideable_s <= SYNC_BOUNDARY else (lo, r)
+  return lo
+
+
+def boundary_table(rows: list[dict]) -> str:
+  table = summary(rows)
+  lines = [
+    "## The sync-vs-async boundary re-priced (model)",
+    "",
+    f"Sync priced as compute + all-reduce wins only where one all-reduce costs at most"
+    f" {SYNC_BOUNDARY} of a gradient computation. Priced as compute + the exposed"
+    " communication, with the hidden share measured here and the cell's buckets as equal"
+    " stages (the backward 2/3 of the compute), the all-reduce that leaves the same"
+    f" {SYNC_BOUNDARY} exposed:",
+    "",
+    "| hosts | link | algorithm | bucket (layers) | buckets | hidden/hideable | boundary | perfect overlap |",
+    "|---|---|---|---|---|---|---|---|",
+  ]
+  for cell in sorted(best(table).values()):
+    f, k = table[cell], table[cell]["buckets"][0]
+    h = statistics.median(f["hidden"])
+    lines.append(
+      f"| {_label(cell)} | {k} | {h:.2f} | {boundary(h, k):.2f} | {boundary(1.0, k):.2f} |"
+    )
+  return "\n".join(lines) + "\n"
+
+
 def tables(root: Path = HERE / "rows") -> dict[str, str]:
   """``{path relative to the study folder: text}``."""
   cells = read_rows(root / "cells.jsonl", "overlap")
   sweep = read_rows(root / "sweep.jsonl", "overlap")
   text = "# Hiding the wire (tables from the committed rows)\n\n"
   text += cells_table(cells) + "\n" + mechanisms_table(cells) + "\n" + sweep_table(sweep)
+  text += "\n" + boundary_table(cells)
   return {"tables.md": text}
 
 
