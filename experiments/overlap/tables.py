@@ -228,15 +228,15 @@ def mechanisms_table(rows: list[dict]) -> str:
 def sweep_table(rows: list[dict]) -> str:
   table = summary(rows)
   lines = [
-    "## Bucket sizes (the ring; seconds, median [min–max] over the runs)",
+    "## Bucket sizes (the ring; seconds, median [min–max] over every trial; ratios from the medians)",
     "",
     "| hosts | link | algorithm | bucket (layers) | T_step | after | T_comm | exposed | /floor | model |",
     "|---|---|---|---|---|---|---|---|---|---|",
   ]
   for cell, f in sorted(table.items()):
     lines.append(
-      f"| {_label(cell)} | {_fmt(f['step'])} | {_fmt(f['after'])} | {_fmt(f['comm'])}"
-      f" | {_fmt(f['exposed'])} | {_fmt(f['floor'])} | {_fmt(f['model'])} |"
+      f"| {_label(cell)} | {_fmt(f['streams_trials'])} | {_fmt(f['after_trials'])}"
+      f" | {_fmt(f['comm_trials'])} | {_fmt(f['exposed'])} | {_fmt(f['floor'])} | {_fmt(f['model'])} |"
     )
   return "\n".join(lines) + "\n"
 
