@@ -252,7 +252,11 @@ plt.show()
 # host's median of 5 calls; at 16 MiB three repeats). Its rows are committed:
 
 # %%
-study = os.path.join("..", "experiments", "compression", "rows")
+import allreduce_jax  # the checkout's committed rows, whatever folder this notebook runs in
+
+study = os.path.join(
+  os.path.dirname(allreduce_jax.__file__), "..", "experiments", "compression", "rows"
+)
 switch = pd.read_json(os.path.join(study, "cluster_switch4_200Mbit.jsonl"), lines=True)
 switch["wire"] = switch["wire"].fillna("float32")
 table = switch[switch["algorithm"] == "ring"].pivot(index="bytes", columns="wire", values="time_us")
