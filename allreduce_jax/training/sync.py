@@ -31,7 +31,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import ALGORITHMS, all_reduce_tree, devices, progress
+from allreduce_jax import ALGORITHMS, all_reduce_tree, devices, overlap, progress
 from allreduce_jax.training import models
 from allreduce_jax.training.checkpoint import State
 
@@ -154,7 +154,6 @@ def make_overlapped_chunk(
   inside one ``lax.scan`` (the overlap needs several programs per step). Same call and
   result as :func:`make_sync_chunk`'s (no mask).
   """
-  from allreduce_jax import overlap
 
   if not bucket_bytes:
     raise ValueError(
