@@ -279,11 +279,12 @@ teach.reveal(guess, measured[4]["hidden"], what="hidden / hideable on 4 hosts")
 print(f"on 2 hosts: {measured[2]['hidden']:.2f}")
 
 # %% [markdown]
-# Today's step is already well below compute + comm: XLA:CPU runs one compiled program
-# as a dependency graph, so the buckets' all-reduces start beside what is left of the
-# fused gradient. The overlapped step makes the schedule explicit and lands near its
-# floor; what remains exposed on 4 hosts is the wire waiting for cores it shares with
-# the compute.
+# Today's step is already below compute + comm: XLA:CPU runs one compiled program as a
+# dependency graph, so the buckets' all-reduces start beside what is left of the fused
+# gradient. The overlapped step makes the schedule explicit and lands near its floor. On
+# 4 hosts four processes share two cores and more of the communication stays exposed
+# after the backward; whether the transfers wait there for a core the study did not
+# measure.
 #
 # ## 4 · Try this: the bucket size
 #
