@@ -8,8 +8,9 @@
 # link slowed (`allreduce-jax cluster --fault link:H=RATE@T`), and finally kills a host in
 # the middle of a training run and lets the launcher restart it from its newest
 # checkpoint (`--fault kill:H@T --restarts 1`, `train sync --checkpoint-dir`): the
-# parameters it ends with are compared, bit for bit, with an uninterrupted run's. Two
-# cells ask you for a number first; one asks you for the parameter server's time when the
+# parameters it ends with are compared, bit for bit, with an uninterrupted run's. Last,
+# the goodput study's committed rows show a whole schedule of failures: the steps kept
+# against the wall time, and what each failure cost. Two cells ask you for a number first; one asks you for the parameter server's time when the
 # slow link is its root's.
 #
 # **Run time.** Full mode 113 s on 2 CPU cores; small mode (`ALLREDUCE_JAX_SMALL=1`
@@ -352,6 +353,74 @@ else:
 # and ends on the same bits. (`--elastic` would instead restart on the three survivors;
 # `experiments/faults/` measures that too.)
 #
+# ## A failure schedule, from the goodput study
+#
+# One kill is a single restart. `experiments/goodput` ran the same kind of training
+# (the digits MLP, 12,000 steps, 4 hosts on the 200 Mbit/s switch) under a Poisson
+# schedule of faults, one a minute on average (`stop`: a host frozen, `down`: its link
+# cut, `kill`: its process ended), with `--restarts`: each failure stops every host and
+# restarts them all from the newest checkpoint (every 100 steps). Its committed rows keep,
+# for that run and the uninterrupted one, the highest kept step against the wall time,
+# each attempt (the step it restored and the step it reached) and each recovery's parts.
+# Both modes read the same rows; no cluster runs here.
+
+# %%
+import itertools
+
+import allreduce_jax  # the checkout's committed rows, whatever folder this notebook runs in
+from allreduce_jax import results
+
+MTBF_S = 60.0  # the schedule shown: one failure a minute on average, seed 0
+FAULT_KINDS = ("stop", "down", "spin", "kill")
+goodput_runs = results.read_rows(
+  os.path.join(os.path.dirname(allreduce_jax.__file__), "..", "experiments", "goodput", "rows",
+               "goodput.jsonl"), "goodput-run")  # fmt: skip
+mine = [r for r in goodput_runs if r["hosts"] == HOSTS and r["seed"] == 0]
+failing = next(r for r in mine if r["arm"] == "restarts" and r["mtbf_s"] == MTBF_S)
+steady = next(r for r in mine if r["arm"] == "uninterrupted")
+failures = [f for f in failing["faults"] if f["event"] in FAULT_KINDS]  # applied before the end
+kept = np.array(failing["kept"])  # (wall s, highest kept step)
+
+fig, ax = plt.subplots(figsize=(9, 4))
+ax.plot(*np.array(steady["kept"]).T, color="0.6", label="uninterrupted")
+ax.plot(*kept.T, color="C0", label=f"one failure every {MTBF_S:g} s on average (seed 0)")
+tried = [a for a in failing["attempts"] if a["start"] is not None]
+redone = [  # from a restart until the highest step lost is reached again
+  (after["start"], kept[kept[:, 1] >= before["reached"], 0][0])
+  for before, after in itertools.pairwise(tried)
+  if after["restored"] is not None and before["reached"] > after["restored"]
+]
+for k, (start, end) in enumerate(redone):
+  ax.axvspan(start, end, color="C1", alpha=0.4, label=None if k else "steps redone")
+for k, f in enumerate(failures):  # labels at two heights: two failures can come close
+  ax.axvline(f["at"], color="C3", lw=0.8, ls="--")
+  ax.text(f["at"], failing["steps"] * (1 - 0.3 * (k % 2)), f"{f['event']} host {f['host']} ",
+          rotation=90, va="top", ha="right", fontsize=8, color="C3")  # fmt: skip
+ax.set(xlabel="wall time (s)", ylabel="highest kept step",
+       title=f"{HOSTS} hosts, --restarts: the steps kept against the wall time")  # fmt: skip
+ax.legend(loc="lower right")
+plt.show()
+
+recoveries = {x["fault"]: x for x in failing["recoveries"]}
+print("per failure, the seconds from the fault to the first new step:")
+for f in failures:
+  x = recoveries.get(f["fault"])
+  if x is None:
+    print(f"  {f['event']} host {f['host']} at {f['at']:5.1f} s: no restart of its own "
+          "(the next failure's restart covered it)")  # fmt: skip
+  else:
+    print(f"  {f['event']} host {f['host']} at {f['at']:5.1f} s: {x['total']:.2f} s (detected in"
+          f" {x['detect']:.2f} s; restored step {x['resumed_from']}, compiled in"
+          f" {x['compile']:.2f} s, redid {x['reached'] - x['resumed_from']} steps in"
+          f" {x['redo']:.2f} s)")  # fmt: skip
+
+# %% [markdown]
+# A failure costs the seconds to notice it (a killed process at once, a frozen host or a
+# cut link only when the watchdog sees no progress), a fresh start of every host, and the
+# steps since the newest checkpoint, done again: the flat stretch after each dashed line
+# and the shaded one after it. A failure that comes while the last one is still being
+# noticed needs no restart of its own.
+#
 # ## What this run showed
 
 # %%
@@ -458,3 +527,26 @@ else:
       f"(the parameters were bitwise equal: {c['bitwise']}); the machine ran faster than the "
       "uninterrupted run that timed the kill."
     )
+recovered = [x["total"] for x in failing["recoveries"] if np.isfinite(x["total"])]
+CONCLUSION["schedule"] = {
+  "mtbf_s": MTBF_S,
+  "failures": len(failures),
+  "restarts": len(failing["recoveries"]),
+  "goodput": failing["goodput"],
+  "uninterrupted_goodput": steady["goodput"],
+  "steps": failing["kept_steps"],
+  "kept_vs_uninterrupted": failing["kept_steps"]
+  / (steady["kept_steps"] / steady["wall_s"] * failing["wall_s"]),
+  "lost_per_failure_s": (failing["wall_s"] - steady["wall_s"]) / len(failures),
+  "to_first_step_s": float(np.median(recovered)),
+}
+g = CONCLUSION["schedule"]
+print(
+  f"From the goodput study's rows, one failure every {g['mtbf_s']:g} s on average: "
+  f"{g['failures']} failures ({g['restarts']} restarts) before the run's {g['steps']:,} steps were kept; "
+  f"{100 * g['goodput']:.1f} % of its wall time computed steps that were kept (uninterrupted: "
+  f"{100 * g['uninterrupted_goodput']:.1f} %), and it kept "
+  f"{100 * g['kept_vs_uninterrupted']:.1f} % of the steps the uninterrupted run keeps in the "
+  f"same wall time: {g['lost_per_failure_s']:.1f} s lost per failure, a median "
+  f"{g['to_first_step_s']:.2f} s from a fault to the first new step."
+)
