@@ -15,11 +15,13 @@ Example:
   bytes sent / n: 1.75; you guessed 2: 14% too high.
   >>> check(lambda: 1 + 1 == 2, "1 + 1 is 2.", "1 + 1 is not 2.")
   ✓ Right: 1 + 1 is 2.
+  >>> check(lambda: agree([("at p=4", 1.5, 1.5), ("at p=8", 2.0, 1.75)]), "right.", "not yet")
+  ✗ Not yet: not yet (at p=8: 2, expected 1.75)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 #: The first character of a check's sentence: right, or not yet.
@@ -98,4 +100,17 @@ def check(claim: bool | Callable[[], Any], right: str, wrong: str) -> None:
     print(f"{NOT_YET} Not yet: {wrong}" + (f" ({detail})" if detail else ""))
 
 
-__all__ = ["NOT_YET", "RIGHT", "check", "reveal"]
+def agree(
+  cases: Iterable[tuple[str, Any, Any]], *, rtol: float = 1e-5, digits: int = 4
+) -> bool | tuple[bool, str]:
+  """A claim for :func:`check`: ``True`` when each ``(where, got, want)`` of ``cases`` has
+  ``got`` within ``rtol`` of ``want`` (NumPy's ``isclose``), else ``(False, "where: got,
+  expected want")`` for the first that is not. ``cases`` may be a generator: the learner's
+  code then runs, and may raise, inside the check."""
+  for where, got, want in cases:
+    if not abs(got - want) <= 1e-8 + rtol * abs(want):
+      return False, f"{where}: {_fmt(got, digits)}, expected {_fmt(want, digits)}"
+  return True
+
+
+__all__ = ["NOT_YET", "RIGHT", "agree", "check", "reveal"]

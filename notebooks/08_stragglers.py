@@ -153,12 +153,11 @@ def backup_wait(t, b):  # t: f64[S, N]; b backup workers -> the mean step time
 # %% tags=["check"]
 def backup_is_right():
   times = ComputeTimes("exponential", 8, seed=3)
-  for b in (0, 1, 2):
-    want = sync_schedule("exponential", 8, 500, seed=3, backups=b, times=times).step_time.mean()
-    got = backup_wait(times.rows(500), b)
-    if not np.isclose(got, want):
-      return False, f"with b={b} you get {got:.3f}, the library {want:.3f}"
-  return True
+  return teach.agree(
+    (f"with b={b}", backup_wait(times.rows(500), b),
+     sync_schedule("exponential", 8, 500, seed=3, backups=b, times=times).step_time.mean())
+    for b in (0, 1, 2)
+  )  # fmt: skip
 
 
 teach.check(

@@ -164,13 +164,13 @@ def ps_slow_root_s(n, p, B, k):  # seconds; the root's link at B/k
 
 # %% tags=["check"]
 def slow_root_is_right():
-  for q, k in ((4, 10), (8, 2)):
+  def replayed(q, k):  # seconds of the parameter server, the root's link at 1/k
     net = networks.with_link_rates(networks.switch(1), {0: 1 / k}, q)
-    want = replay.predict_seconds("naive", q, n, Params(0.0, 1 / rate), net)
-    got = ps_slow_root_s(n, q, rate, k)
-    if not np.isclose(got, want):
-      return False, f"at p={q}, k={k}: {got:.3g} s, the replay {want:.3g} s"
-  return True
+    return replay.predict_seconds("naive", q, n, Params(0.0, 1 / rate), net)
+
+  cases = ((4, 10), (8, 2))
+  return teach.agree((f"at p={q}, k={k}", ps_slow_root_s(n, q, rate, k), replayed(q, k))
+                     for q, k in cases)  # fmt: skip
 
 
 teach.check(

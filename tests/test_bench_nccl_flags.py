@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import launched
 import numpy as np
 import pytest
 
@@ -65,7 +64,7 @@ def test_timeout_in_one_process_says_where_and_exits_124(tmp_path):
   assert "during ring at 1 KiB float32 sum; stopping." in res.stderr
 
 
-def _stop_one_while_timing(tmp_path, victim_rank: str, seconds: int = 12):
+def _stop_one_while_timing(tmp_path, victim_rank: int, seconds: int = 12):
   """``launch -n 2 -- bench -T seconds``, process ``victim_rank`` stopped (SIGSTOP)
   once timing started: ``(returncode, stdout + stderr, seconds from the stop to the end)``.
   The launcher's own no-progress watchdog is off (``--watchdog 0``): bench's ``-T`` is tested."""
@@ -74,26 +73,17 @@ def _stop_one_while_timing(tmp_path, victim_rank: str, seconds: int = 12):
           "--output", "all", "--watchdog", "0", "--", "bench", "--algorithms", "ring", "--smoke", "-n", "1000000",
           "-T", str(seconds), "--out", str(tmp_path / "b.jsonl")]  # fmt: skip
   proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  try:
-    deadline = time.monotonic() + 120
-    log0 = logs / "process-0.log"
-    while not (log0.exists() and "size(B)" in log0.read_text(errors="replace")):
-      assert time.monotonic() < deadline and proc.poll() is None, "bench never started timing"
-      time.sleep(0.2)
-    time.sleep(1)
-    os.kill(json.loads((logs / "pids.json").read_text())[victim_rank], signal.SIGSTOP)
-    stopped = time.monotonic()
-    out, err = proc.communicate(timeout=60)  # JAX's own heartbeat check: 100 s
-    return proc.returncode, out + err, time.monotonic() - stopped
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.communicate()
+  timing = lambda: launched.says(logs / "process-0.log", "size(B)")  # noqa: E731
+  # wait=60: below JAX's own heartbeat check (100 s)
+  out, err, took = launched.signal_when(
+    proc, timing, logs, victim_rank, signal.SIGSTOP, within=120, settle=1, wait=60
+  )
+  return proc.returncode, out + err, took
 
 
 @pytest.mark.timeout(180)
 def test_timeout_fires_when_process_0_is_the_stopped_one(tmp_path):
-  rc, text, took = _stop_one_while_timing(tmp_path, "0")
+  rc, text, took = _stop_one_while_timing(tmp_path, 0)
   assert rc == 124, text[-3000:]
   assert "bench: -T 12 s reached: process 0 did not answer (stopped or dead); process 1 made" in (
     text
@@ -103,27 +93,9 @@ def test_timeout_fires_when_process_0_is_the_stopped_one(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_timeout_names_a_stopped_participant(tmp_path):
-  logs = tmp_path / "logs"
-  argv = [sys.executable, "-m", "allreduce_jax", "launch", "-n", "2", "--log-dir", str(logs),
-          "--watchdog", "0", "--", "bench", "--algorithms", "ring", "--smoke", "-n", "1000000",
-          "-T", "12", "--out", str(tmp_path / "b.jsonl")]  # fmt: skip
-  proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  try:
-    deadline = time.monotonic() + 120
-    log0 = logs / "process-0.log"
-    while not (log0.exists() and "size(B)" in log0.read_text(errors="replace")):
-      assert time.monotonic() < deadline and proc.poll() is None, "bench never started timing"
-      time.sleep(0.2)
-    time.sleep(1)
-    victim = json.loads((logs / "pids.json").read_text())["1"]
-    os.kill(victim, signal.SIGSTOP)
-    out, err = proc.communicate(timeout=60)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.communicate()
-  assert proc.returncode == 124, err[-2000:]
-  assert "bench: -T 12 s reached: process 1 did not answer (stopped or dead)" in out + err
+  rc, text, _ = _stop_one_while_timing(tmp_path, 1)
+  assert rc == 124, text[-2000:]
+  assert "bench: -T 12 s reached: process 1 did not answer (stopped or dead)" in text
 
 
 def test_json_never_writes_over_rows_or_another_options_file(tmp_path, capsys):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from launched import says, signal_when
 
 from allreduce_jax import distributed, netns, topology, units
 from allreduce_jax.tools import cluster
@@ -371,17 +372,8 @@ def test_a_host_killed_mid_run_is_named_within_10_s(privileged, tmp_path):
     [*CLUSTER, "--hosts", "2", "--log-dir", str(logs), "--", sys.executable, str(script)],
     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
   )  # fmt: skip
-  try:
-    _wait_for(logs / "process-1.log", "ready 1 host1", 90)
-    pid = json.loads((logs / "pids.json").read_text())["1"]
-    t0 = time.monotonic()
-    os.kill(pid, signal.SIGKILL)
-    _, err = proc.communicate(timeout=30)
-    elapsed = time.monotonic() - t0
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
+  ready = lambda: says(logs / "process-1.log", "ready 1 host1")  # noqa: E731
+  _, err, elapsed = signal_when(proc, ready, logs, 1, signal.SIGKILL, within=90, wait=30)
   assert proc.returncode == 128 + signal.SIGKILL, err
   assert "cluster: process 1 of 2" in err and "was killed by SIGKILL" in err
   assert elapsed < 10, f"took {elapsed:.1f} s"

@@ -10,7 +10,6 @@ compilation cache in every process, and resumes bitwise.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from launched import signal_when
 
 from allreduce_jax import goodput
 from allreduce_jax.tools import launch
@@ -137,17 +137,8 @@ def test_a_restart_takes_spares_hits_the_cache_everywhere_and_resumes_bitwise(tm
           "--checkpoint-dir", str(ck), "--checkpoint-every", "20", "--out", str(tmp_path / "out")]  # fmt: skip
   proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)  # fmt: skip
-  try:
-    deadline = time.monotonic() + 300
-    while not (ck / "seed-0" / "100").exists():  # spares are started after the first step
-      assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-      time.sleep(0.05)
-    os.kill(json.loads((logs / "pids.json").read_text())["0"], signal.SIGKILL)
-    out, err = proc.communicate(timeout=300)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.communicate()
+  saved = (ck / "seed-0" / "100").exists  # spares are started after the first step
+  out, err, _ = signal_when(proc, saved, logs, 0, signal.SIGKILL)
   assert proc.returncode == 0, err[-3000:]
   assert "restart 1 of 1 after process 0 failed" in err
   plain = ex.run_sync(configs.SyncConfig(workers=2, steps=300, eval_every=10), 0)

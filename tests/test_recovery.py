@@ -10,7 +10,6 @@ applied and logged, and nothing is left behind (namespaces, cgroups, temp folder
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from launched import signal_when
 
 from allreduce_jax import netns
 from allreduce_jax.tools import faults
@@ -106,17 +106,7 @@ def test_launch_restarts_a_killed_run_and_it_ends_bitwise_equal(tmp_path):
           "--checkpoint-dir", str(ck), "--checkpoint-every", "5", "--out", str(tmp_path / "out")]  # fmt: skip
   proc = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)  # fmt: skip
-  try:
-    deadline = time.monotonic() + 300
-    while not (ck / "seed-0" / "10").exists():
-      assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-      time.sleep(0.05)
-    os.kill(json.loads((logs / "pids.json").read_text())["1"], signal.SIGKILL)
-    out, err = proc.communicate(timeout=300)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.wait()
+  out, err, _ = signal_when(proc, (ck / "seed-0" / "10").exists, logs, 1, signal.SIGKILL)
   assert proc.returncode == 0, err[-3000:]
   assert "process 1 of 2" in err and "was killed by SIGKILL" in err
   assert "restart 1 of 1 after process 1 failed" in err

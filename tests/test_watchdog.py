@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from launched import says, signal_when
 
 from allreduce_jax import netns, progress
 from allreduce_jax.tools import watchdog
@@ -214,18 +215,9 @@ def test_a_process_spinning_in_python_is_named_with_its_frame(tmp_path, monkeypa
           str(logs), "--", sys.executable, str(script), "80"]  # fmt: skip
   proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True)  # fmt: skip
-  try:
-    deadline = time.monotonic() + 60
-    while not (logs / "progress-1").exists() or "step 5 " not in (logs / "progress-1").read_text():
-      assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-      time.sleep(0.05)
-    os.kill(json.loads((logs / "pids.json").read_text())["1"], signal.SIGUSR2)
-    spun = time.time()
-    _, err = proc.communicate(timeout=60)
-  finally:
-    if proc.poll() is None:
-      proc.kill()
-      proc.communicate()
+  stepping = lambda: says(logs / "progress-1", "step 5 ")  # noqa: E731
+  _, err, took = signal_when(proc, stepping, logs, 1, signal.SIGUSR2, within=60, wait=60)
+  spun = time.time() - took
   assert proc.returncode == 124, err[-2000:]
   assert re.search(r"launch: process 1 \(pid \d+\) of 2 is stuck outside JAX at File \".*"
                    r"progress\.py\", line \d+ in _spin", err), err[-2000:]  # fmt: skip
