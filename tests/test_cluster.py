@@ -30,26 +30,20 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = [sys.executable, "-m", "allreduce_jax", "cluster"]
 
 
-@pytest.fixture(scope="module")
-def _problem():
-  return netns.root_problem()
+def _needs(problem, what: str):
+  """A fixture that skips a test where ``problem()`` (asked once a module) says why ``what``
+  cannot be built here."""
+
+  @pytest.fixture(scope="module")
+  def fixture():
+    if why := problem():
+      pytest.skip(f"{what}: {why}")
+
+  return fixture
 
 
-@pytest.fixture
-def privileged(_problem):
-  if _problem:
-    pytest.skip(f"cluster as root: {_problem}")
-
-
-@pytest.fixture(scope="module")
-def _rootless_problem():
-  return netns.rootless_problem()
-
-
-@pytest.fixture
-def rootless(_rootless_problem):
-  if _rootless_problem:
-    pytest.skip(f"rootless cluster: {_rootless_problem}")
+privileged = _needs(netns.root_problem, "cluster as root")
+rootless = _needs(netns.rootless_problem, "rootless cluster")
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ import pytest
 
 from allreduce_jax import ALGORITHMS, distributed
 from allreduce_jax.tools import launch
+from allreduce_jax.tools.faults import alive
 
 ROOT = Path(__file__).resolve().parents[1]
 LAUNCH = [sys.executable, "-m", "allreduce_jax", "launch"]
@@ -31,15 +32,6 @@ QUICK = ["--dtypes", "float32,int32", "--kinds", "verifiable,special"]
 
 def _launch(args: list[str], timeout: float) -> subprocess.CompletedProcess:
   return subprocess.run([*LAUNCH, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-
-def _alive(pid: int) -> bool:
-  """True if ``pid`` exists and is not a zombie."""
-  try:
-    state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-  except (FileNotFoundError, ProcessLookupError):
-    return False
-  return state != "Z"
 
 
 def _pids(log_dir: Path, n: int, wait_s: float = 30.0) -> list[int]:
@@ -166,34 +158,34 @@ def test_killed_participant_stops_the_run(tmp_path):
   assert launcher.returncode == 128 + signal.SIGKILL, err
   assert "process 1 of 2" in err and "SIGKILL" in err, err
   assert elapsed < 20, f"the launcher took {elapsed:.1f} s to stop the run"
-  assert not any(_alive(p) for p in pids)
+  assert not any(alive(p) for p in pids)
 
 
-# Child script prelude: join the run, then one psum over every device.
-FIRST_ALL_REDUCE = """
-  import jax, jax.numpy as jnp
-  from jax.sharding import PartitionSpec as P
-  mesh = jax.make_mesh((jax.device_count(),), ("i",))
-  f = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh, in_specs=P("i"),
-                            out_specs=P()))
-  x = jax.make_array_from_callback((jax.device_count(),), jax.NamedSharding(mesh, P("i")),
-                                   lambda idx: jnp.ones(1))
-  print("first all-reduce:", f(x).addressable_data(0), flush=True)
-"""
+def _child(process_1: str) -> str:
+  """A child script: join the run, one psum over every device; then process 1 runs
+  ``process_1`` (statements) before every process's second psum."""
+  head = textwrap.dedent("""
+    import os, signal, sys, time
+    from allreduce_jax import distributed
+    distributed.initialize_from_env()
+    import jax, jax.numpy as jnp
+    from jax.sharding import PartitionSpec as P
+    mesh = jax.make_mesh((jax.device_count(),), ("i",))
+    f = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, "i"), mesh=mesh, in_specs=P("i"),
+                              out_specs=P()))
+    x = jax.make_array_from_callback((jax.device_count(),), jax.NamedSharding(mesh, P("i")),
+                                     lambda idx: jnp.ones(1))
+    print("first all-reduce:", f(x).addressable_data(0), flush=True)
+    if jax.process_index() == 1:
+  """)
+  second = 'print("second all-reduce:", f(x).addressable_data(0), flush=True)\n'
+  return head + textwrap.indent(textwrap.dedent(process_1).strip(), "  ") + "\n" + second
 
-HANG = textwrap.dedent(
-  """
-  import time
-  from allreduce_jax import distributed
-  from allreduce_jax.tools import launch
-  distributed.initialize_from_env()"""
-  + FIRST_ALL_REDUCE
-  + """  if jax.process_index() == 1:
-    print("process 1 is stuck", flush=True)
-    time.sleep(1000)  # alive, but never joins the next collective
-  print("second all-reduce:", f(x).addressable_data(0), flush=True)
-  """
-)
+
+HANG = _child("""
+  print("process 1 is stuck", flush=True)
+  time.sleep(1000)  # alive, but never joins the next collective
+""")
 
 
 @pytest.mark.timeout(120)
@@ -212,7 +204,7 @@ def test_stuck_participant_ends_at_timeout(tmp_path):
   assert "last output: process 1 is stuck" in res.stderr
   assert "first all-reduce: [2.]" in res.stdout  # the run really started across processes
   assert time.monotonic() - t0 < 60
-  assert not any(_alive(p) for p in _pids(logs, 2))
+  assert not any(alive(p) for p in _pids(logs, 2))
 
 
 def test_coordinator_port_in_use(tmp_path):
@@ -255,9 +247,9 @@ def test_no_orphans_when_the_launcher_is_interrupted_or_killed(tmp_path, how):
     assert launcher.returncode == 130
     assert b"interrupted" in err
   deadline = time.monotonic() + 10
-  while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+  while any(alive(p) for p in pids) and time.monotonic() < deadline:
     time.sleep(0.05)
-  assert not any(_alive(p) for p in pids)
+  assert not any(alive(p) for p in pids)
 
 
 def test_a_second_ctrl_c_while_stopping_exits_quietly(tmp_path):
@@ -287,7 +279,7 @@ def test_a_second_ctrl_c_while_stopping_exits_quietly(tmp_path):
   assert launcher.returncode == 130, err
   assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err
   assert time.monotonic() - t < 2.5  # did not sit out the grace period
-  assert not any(_alive(p) for p in pids)
+  assert not any(alive(p) for p in pids)
 
 
 RAISE = textwrap.dedent(
@@ -321,20 +313,10 @@ def test_an_uncaught_error_after_initialize_names_that_process_at_once(tmp_path,
   assert f"launch: process {rank} of 2" in res.stderr and "exited with status 1" in res.stderr
   assert f"RuntimeError: boom in process {rank}" in res.stdout + res.stderr
   assert elapsed < 60, f"{elapsed:.0f} s"  # seconds of start-up on a busy machine, not 300
-  assert not any(_alive(p) for p in _pids(logs, 2))
+  assert not any(alive(p) for p in _pids(logs, 2))
 
 
-STOP = textwrap.dedent(
-  """
-  import os, signal
-  from allreduce_jax import distributed
-  distributed.initialize_from_env()"""
-  + FIRST_ALL_REDUCE
-  + """  if jax.process_index() == 1:
-    os.kill(os.getpid(), signal.SIGSTOP)
-  print("second all-reduce:", f(x).addressable_data(0), flush=True)
-  """
-)
+STOP = _child("os.kill(os.getpid(), signal.SIGSTOP)")
 
 
 @pytest.mark.timeout(120)
@@ -346,7 +328,7 @@ def test_a_stopped_process_is_blamed_not_the_peer_that_gave_up(tmp_path):
   res = _launch([*args, "--", sys.executable, str(script)], timeout=110)
   assert res.returncode != 0
   assert re.search(r"launch: process 1 \(pid \d+\) of 2 is stopped", res.stderr), res.stderr
-  assert not any(_alive(p) for p in _pids(logs, 2))
+  assert not any(alive(p) for p in _pids(logs, 2))
 
 
 def test_blame_prefers_a_kill_then_an_error_exit_then_sigabrt(tmp_path):
@@ -368,24 +350,16 @@ def test_blame_prefers_a_kill_then_an_error_exit_then_sigabrt(tmp_path):
 
 # Child script: after the first all-reduce, process 1 dies one way while 0 and 2 wait
 # for it in the second; the launcher must name process 1, within seconds.
-DIE = textwrap.dedent(
-  """
-  import os, signal, sys, time
-  from allreduce_jax import distributed
-  distributed.initialize_from_env()"""
-  + FIRST_ALL_REDUCE
-  + """  if jax.process_index() == 1:
-    time.sleep(2)  # the others are inside the second all-reduce by now
-    how = sys.argv[1]
-    if how == "SIGKILL":
-      os.kill(os.getpid(), signal.SIGKILL)
-    elif how == "os._exit":
-      os._exit(7)
-    elif how == "sys.exit":
-      sys.exit(3)
-  print("second all-reduce:", f(x).addressable_data(0), flush=True)
-  """
-)
+DIE = _child("""
+  time.sleep(2)  # the others are inside the second all-reduce by now
+  how = sys.argv[1]
+  if how == "SIGKILL":
+    os.kill(os.getpid(), signal.SIGKILL)
+  elif how == "os._exit":
+    os._exit(7)
+  elif how == "sys.exit":
+    sys.exit(3)
+""")
 
 
 @pytest.mark.timeout(150)
@@ -402,7 +376,7 @@ def test_the_rank_that_died_is_named_not_its_peers(tmp_path, how, status):
   ended = float(re.search(r"after ([\d.]+) s", res.stderr).group(1))
   first = re.search(r"first all-reduce", res.stdout)
   assert first, res.stdout
-  assert not any(_alive(p) for p in _pids(logs, 3))
+  assert not any(alive(p) for p in _pids(logs, 3))
   if how == "sys.exit":  # the fast exit: not JAX's 30 s shutdown barrier
     log = (logs / "process-1.log").read_text()
     assert "exiting at once (status 3)" in log, log

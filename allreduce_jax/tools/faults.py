@@ -119,7 +119,7 @@ def parse(spec: str, hosts: int) -> Fault:
   return Fault(spec.strip(), kind, host, at, number, duration)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
   """Whether ``pid`` runs (a zombie or a process gone does not)."""
   try:
     state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -200,7 +200,7 @@ class Injector:
     while not self.cancel.is_set():
       with self.lock:
         pids = dict(self.pids)
-      live = sorted(h for h, p in pids.items() if _alive(p))
+      live = sorted(h for h, p in pids.items() if alive(p))
       host = f.host if f.host in pids else (live[f.host % len(live)] if live else None)
       if host is not None and not needs_pid:
         return host, None
@@ -412,7 +412,7 @@ def stale_cgroup_tags() -> list[str]:
   tags = {"-".join(g.name.split("-")[:2]) for g in cgroups()}
   with contextlib.suppress(OSError):
     tags |= {n.name for n in CPU_NOTES.iterdir()}
-  return sorted(t for t in tags if t.split("-")[1].isdigit() and not _alive(int(t.split("-")[1])))
+  return sorted(t for t in tags if t.split("-")[1].isdigit() and not alive(int(t.split("-")[1])))
 
 
 # ---- a row's faults, read back ----------------------------------------------------
