@@ -169,17 +169,7 @@ def test_what_a_lossy_wire_cannot_carry_is_non_finite_on_every_participant(algor
       for wire in LOSSY
     }
 
-  mesh = submesh((NP,), ("r",))
-  f = jax.jit(
-    jax.shard_map(
-      lambda bs: jax.tree.map(lambda y: y[None], body(jax.tree.map(lambda b: b[0], bs))),
-      mesh=mesh,
-      in_specs=P("r"),
-      out_specs=P("r"),
-    )
-  )
-  got = jax.tree.map(np.asarray, f(jax.device_put(inputs, NamedSharding(mesh, P("r")))))
-  for (dtype, name, wire), y in got.items():
+  for (dtype, name, wire), y in _run(body, inputs).items():
     x = inputs[dtype, name]
     assert _same_bits(y), (dtype, name, wire)
     y = y[0].astype(np.float64)
