@@ -195,6 +195,13 @@ def verifiable_block(index, p: int, count: int, seed: int = 0) -> np.ndarray:
   return compare.rank_coded(rows, cols, seed)
 
 
+def verifiable_input(mesh, spec: P, p: int, count: int, dtype: str = "float32") -> jax.Array:
+  """The verifiable input of :func:`verifiable_block`, ``dtype[p, count]``, laid out by
+  ``spec`` over ``mesh`` (one row a participant); each process builds its own shards."""
+  sharding = NamedSharding(mesh, spec)
+  return devices.put((p, count), dtype, sharding, lambda idx: verifiable_block(idx, p, count))
+
+
 def programs(algorithm: str, p: int, op: str, wire: str | None = None):
   """``(mesh, spec, timed_fn, check_fn)`` for one algorithm on ``p`` devices.
 
@@ -291,9 +298,7 @@ def measure_size(
       mesh, spec, timed, checker = programs(alg, p, op, wire)
       key = (mesh.axis_names, mesh.devices.shape)
       if key not in inputs:
-        inputs[key] = devices.put(
-          (p, count), dtype, NamedSharding(mesh, spec), lambda idx: verifiable_block(idx, p, count)
-        )
+        inputs[key] = verifiable_input(mesh, spec, p, count, dtype)
       built.append((alg, wire, timed, inputs[key], checker))
   params = params or cost_model.current_params()  # auto traces with these (never a file)
   if deadline is not None:

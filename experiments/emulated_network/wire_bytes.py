@@ -22,10 +22,9 @@ import argparse
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding
 
 from allreduce_jax import ALGORITHMS, devices, distributed, gloo_model, results
-from allreduce_jax.tools.bench import programs, verifiable_block, wire_bytes
+from allreduce_jax.tools.bench import programs, verifiable_input, wire_bytes
 from allreduce_jax.units import parse_size
 
 
@@ -33,9 +32,7 @@ def sent_per_call(algorithm: str, p: int, count: int, reps: int, idle: float) ->
   """Every host's bytes sent per call of ``algorithm`` (``f64[p]``), the idle interval's
   subtracted."""
   mesh, spec, timed, _ = programs(algorithm, p, "sum")
-  x = devices.put(
-    (p, count), "float32", NamedSharding(mesh, spec), lambda idx: verifiable_block(idx, p, count)
-  )
+  x = verifiable_input(mesh, spec, p, count)
   timed(x).block_until_ready()  # compile, connect
   sent = (wire_bytes(lambda: timed(x).block_until_ready(), reps)[0] - idle) / reps
   return np.asarray(multihost_utils.process_allgather(np.array([sent], np.float64))).reshape(-1)

@@ -41,20 +41,19 @@ import jax
 import numpy as np
 from jax import lax
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 from allreduce_jax import (
   cluster_rows,
   cost_model,
-  devices,
   distributed,
   gloo_model,
   results,
   units,
 )
 from allreduce_jax.tools import faults
-from allreduce_jax.tools.bench import programs, verifiable_block
+from allreduce_jax.tools.bench import programs, verifiable_input
 from allreduce_jax.units import parse_size
 
 HERE = Path(__file__).resolve().parent
@@ -95,9 +94,7 @@ class Trace:
 
 def put(tr: Trace, count: int, mesh: Mesh | None = None, spec: P | None = None):
   """A ``(p, count)`` float32 array of verifiable blocks, one row a participant."""
-  mesh, spec = mesh or tr.mesh, spec or tr.spec
-  return devices.put((tr.p, count), "float32", NamedSharding(mesh, spec),
-                     lambda idx: verifiable_block(idx, tr.p, count))  # fmt: skip
+  return verifiable_input(mesh or tr.mesh, spec or tr.spec, tr.p, count)
 
 
 def stamps(tr: Trace, calls, tag: str):

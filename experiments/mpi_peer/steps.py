@@ -35,11 +35,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import multihost_utils
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import devices, distributed, results
-from allreduce_jax.tools.bench import programs, verifiable_block
+from allreduce_jax import distributed, results
+from allreduce_jax.tools.bench import programs, verifiable_input
 from allreduce_jax.units import parse_size
 
 PATTERNS = ("one_way", "exchange", "exchange_add", "shift")
@@ -100,13 +100,7 @@ class Context:
 
 def put(ctx: Context, count: int, mesh: Mesh | None = None, spec: P | None = None) -> jax.Array:
   """``f32[p, count]``, bench's verifiable input, one row on each device."""
-  mesh, spec = mesh or ctx.mesh, spec or ctx.spec
-  return devices.put(
-    (ctx.p, count),
-    "float32",
-    NamedSharding(mesh, spec),
-    lambda idx: verifiable_block(idx, ctx.p, count),
-  )
+  return verifiable_input(mesh or ctx.mesh, spec or ctx.spec, ctx.p, count)
 
 
 def slowest(ctx: Context, times: list[float]) -> list[float]:

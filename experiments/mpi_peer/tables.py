@@ -89,12 +89,8 @@ def _runs(data: list[dict]) -> str:
   sizes were repeated more."""
   per = {n: len({r["run"] for r in data if r["bytes"] == n}) for n in {r["bytes"] for r in data}}
   base = min(per.values())
-  more = [f"{k} at {_size(n)}" for n, k in sorted(per.items()) if k != base]
+  more = [f"{k} at {format_bytes(n)}" for n, k in sorted(per.items()) if k != base]
   return f"{base} run{'s' * (base != 1)}" + (f" ({', '.join(more)})" if more else "")
-
-
-def _size(n: int) -> str:
-  return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n >> 10} KiB"
 
 
 def best_ratio(data: list[dict], n: int, per=None) -> tuple[str, str, list[float]] | None:
@@ -137,7 +133,7 @@ def _order(data: list[dict]) -> str:
     elif rr == set(at):
       blocks.append(f"{alg} (in other launches also round robin)")
     else:
-      blocks.append(f"{alg} (at {_size(at[0])}–{_size(at[-1])})")
+      blocks.append(f"{alg} (at {format_bytes(at[0])}–{format_bytes(at[-1])})")
   if not blocks:
     return "; every launch timed round robin"
   return (
@@ -180,7 +176,7 @@ def network_table(pattern: str, heading: str | None, what: str, root: Path = HER
     best = best_ratio(data, n, per)
     tail = f"`{best[0]}` | `{best[1]}` | {spread(best[2])}×" if best else "— | — | —"
     sizes = " | ".join(spread(cells.get((k, n), {}).values(), "auto", scale=1e3) for k in names)
-    lines.append(f"| {_size(n)} | {sizes} | {tail} |")
+    lines.append(f"| {format_bytes(n)} | {sizes} | {tail} |")
   return NETWORK.format(
     head=f"\n## {heading}\n\n" if heading else "", what=what, runs=_runs(data),
     iters="/".join(map(str, sorted({r["iters"] for r in data}))), order=_order(data),
@@ -242,7 +238,7 @@ def settings_table(root: Path = HERE / "rows") -> str:
     for k in (k for k in PATHS if (k, n) in s0 and (k, n) in s1):
       moved = statistics.median(s1[(k, n)]) / statistics.median(s0[(k, n)])
       ratios = ("—", "—") if k == "ring" else (spread(r0[(k, n)]), spread(r1[(k, n)]))
-      lines.append(f"| {_size(n)} | `{k}` | {spread(s0[(k, n)])} | {spread(s1[(k, n)])} |"
+      lines.append(f"| {format_bytes(n)} | `{k}` | {spread(s0[(k, n)])} | {spread(s1[(k, n)])} |"
                    f" {moved:.2f} | {ratios[0]} | {ratios[1]} |")  # fmt: skip
   return SETTINGS.format(tuned=_runs(tuned), linux=_runs(linux), lines="\n".join(lines))
 
@@ -316,7 +312,8 @@ def wire_table(root: Path = HERE / "rows", pattern: str = "wire_run*.jsonl") -> 
     sent = [r["sent"] for r in rs]
     ratio = [s / schedule for s in sent]
     lines.append(
-      f"| `{name}` | {formula} | {schedule / 1e6:.3f} | {_mb(sent)} | {_mb(r['received'] for r in rs)}"
+      f"| `{name}` | {formula} | {schedule / 1e6:.3f} | {spread(sent, '.3f', scale=1e-6)}"
+      f" | {spread((r['received'] for r in rs), '.3f', scale=1e-6)}"
       f" | {spread(ratio, '.4f')} | {statistics.median(ratio) * share:.3f} |"
       f" {sum(r['wrong'] for r in rs)} |"
     )
@@ -326,11 +323,6 @@ def wire_table(root: Path = HERE / "rows", pattern: str = "wire_run*.jsonl") -> 
     heading=heading, network=network, p=first["p"], mib=first["bytes"] >> 20, reps=first["reps"], runs=len({r["run"] for r in data}),
     share=share, lines="\n".join(lines),
   )  # fmt: skip
-
-
-def _mb(xs) -> str:
-  """Bytes as MB: ``median [min–max]``."""
-  return spread([x / 1e6 for x in xs], ".3f")
 
 
 #: Open MPI's algorithm beside the hand-written one it runs (the same colour, dashed).

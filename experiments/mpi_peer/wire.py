@@ -25,11 +25,10 @@ import argparse
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import NamedSharding
 
-from allreduce_jax import devices, distributed, gloo_model, results
+from allreduce_jax import distributed, gloo_model, results
 from allreduce_jax.tools import mpi_peer
-from allreduce_jax.tools.bench import programs, verifiable_block, wire_bytes
+from allreduce_jax.tools.bench import programs, verifiable_input, wire_bytes
 from allreduce_jax.units import parse_size
 
 
@@ -79,8 +78,7 @@ def program(algorithm: str, p: int, count: int):
       check(out),
     )
   mesh, spec, timed, checker = programs(algorithm, p, "sum")
-  x = devices.put((p, count), "float32", NamedSharding(mesh, spec),
-                  lambda idx: verifiable_block(idx, p, count))  # fmt: skip
+  x = verifiable_input(mesh, spec, p, count)
   out = timed(x)  # compile, connect
   wrong = int(np.sum(np.asarray(checker(x, out)[0].addressable_data(0))))
   return algorithm, lambda: jax.block_until_ready(timed(x)), wrong
