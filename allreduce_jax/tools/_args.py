@@ -123,11 +123,16 @@ def size(text: str) -> int:
     raise argparse.ArgumentTypeError(str(e).lstrip()) from None
 
 
-def _int_at_least(text: str, low: int, expected: str) -> int:
+def _number(kind, text: str, expected: str):
+  """``kind(text)`` (``int``, ``float``), or the error that says what was ``expected``."""
   try:
-    value = int(text)
+    return kind(text)
   except ValueError:
     raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+
+
+def _int_at_least(text: str, low: int, expected: str) -> int:
+  value = _number(int, text, expected)
   if value < low:
     raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
   return value
@@ -155,10 +160,7 @@ def nonnegative_float(text: str) -> float:
     >>> nonnegative_float("0.5")
     0.5
   """
-  try:
-    value = float(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected a number ≥ 0, got {text!r}") from None
+  value = _number(float, text, "a number ≥ 0")
   if not math.isfinite(value) or value < 0:
     raise argparse.ArgumentTypeError(f"expected a finite number ≥ 0, got {text!r}")
   return value
@@ -172,10 +174,7 @@ def positive_seconds(text: str) -> float:
     >>> positive_seconds("12.5")
     12.5
   """
-  try:
-    value = float(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+  value = _number(float, text, "seconds")
   problem = seconds_problem(value)
   if problem:
     raise argparse.ArgumentTypeError(problem)
