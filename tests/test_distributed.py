@@ -7,6 +7,7 @@ algorithm, so each crosses process boundaries in both 2 × 2 and 4 × 1 layouts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -51,6 +52,25 @@ def _wait_for(path: Path, text: str, wait_s: float) -> None:
   while not (path.exists() and text in path.read_text(errors="replace")):
     assert time.monotonic() < deadline, f"{text!r} never appeared in {path}"
     time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def _launched(log_dir: Path, n: int, command: list[str], *, options=(), says="up", ranks=None,
+              wait_s=30.0):  # fmt: skip
+  """``launch -n N --log-dir LOG_DIR [options] -- command``, running: yields the launcher and
+  its processes' pids once each of ``ranks`` (default all) has printed ``says``; on the way
+  out the launcher is killed and reaped if it still runs."""
+  argv = [*LAUNCH, "-n", str(n), *options, "--log-dir", str(log_dir), "--", *command]
+  launcher = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+  try:
+    pids = _pids(log_dir, n)
+    for r in range(n) if ranks is None else ranks:
+      _wait_for(log_dir / f"process-{r}.log", says, wait_s=wait_s)
+    yield launcher, pids
+  finally:
+    if launcher.poll() is None:
+      launcher.kill()
+      launcher.communicate()  # reap it, close its pipes: no ResourceWarning in a later test
 
 
 def _check_verify(res: subprocess.CompletedProcess, processes: int, devices: int) -> None:
@@ -140,19 +160,12 @@ def test_backend_oracle_across_processes(tmp_path, local):
 
 @pytest.mark.timeout(180)
 def test_killed_participant_stops_the_run(tmp_path):
-  cmd = [*LAUNCH, "-n", "2", "--timeout", "150", "--log-dir", str(tmp_path)]
-  cmd += ["--", "verify", *QUICK, "--shapes", "13"]
-  launcher = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-  try:
-    pids = _pids(tmp_path, 2)
-    _wait_for(tmp_path / "process-1.log", "# verify:", wait_s=90)  # joined, mid-run
+  verify = ["verify", *QUICK, "--shapes", "13"]
+  joined = {"options": ("--timeout", "150"), "says": "# verify:", "ranks": (1,), "wait_s": 90}
+  with _launched(tmp_path, 2, verify, **joined) as (launcher, pids):  # joined, mid-run
     os.kill(pids[1], signal.SIGKILL)
     t_kill = time.monotonic()
     _, err = launcher.communicate(timeout=60)
-  finally:
-    if launcher.poll() is None:
-      launcher.kill()
-      launcher.communicate()  # reap it, close its pipes: no ResourceWarning in a later test
   elapsed = time.monotonic() - t_kill
   err = err.decode()
   assert launcher.returncode == 128 + signal.SIGKILL, err
@@ -226,23 +239,10 @@ def test_no_orphans_when_the_launcher_is_interrupted_or_killed(tmp_path, how):
   # A wrapper (bash -c) whose own child is the real work: both must go, even when
   # the launcher dies by SIGKILL (PR_SET_PDEATHSIG alone reaches only the wrapper).
   wrapper = f"sleep 300 & echo $! > {tmp_path}/grandchild-$ALLREDUCE_JAX_PROCESS_ID; echo up; wait"
-  launcher = subprocess.Popen(
-    [*LAUNCH, "-n", "3", "--log-dir", str(tmp_path), "--", "bash", "-c", wrapper],
-    cwd=ROOT,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-  )
-  try:
-    pids = _pids(tmp_path, 3)
-    for r in range(3):
-      _wait_for(tmp_path / f"process-{r}.log", "up", wait_s=30)
+  with _launched(tmp_path, 3, ["bash", "-c", wrapper]) as (launcher, pids):
     pids += [int((tmp_path / f"grandchild-{r}").read_text()) for r in range(3)]
     launcher.send_signal(getattr(signal, how))
     _, err = launcher.communicate(timeout=30)
-  finally:
-    if launcher.poll() is None:
-      launcher.kill()
-      launcher.communicate()  # reap it, close its pipes: no ResourceWarning in a later test
   if how == "SIGINT":
     assert launcher.returncode == 130
     assert b"interrupted" in err
@@ -257,25 +257,12 @@ def test_a_second_ctrl_c_while_stopping_exits_quietly(tmp_path):
   # second Ctrl-C must kill them at once, without a traceback.
   stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
   stubborn += " print('up', flush=True); time.sleep(300)"
-  launcher = subprocess.Popen(
-    [*LAUNCH, "-n", "2", "--log-dir", str(tmp_path), "--", sys.executable, "-c", stubborn],
-    cwd=ROOT,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-  )
-  try:
-    pids = _pids(tmp_path, 2)
-    for r in range(2):
-      _wait_for(tmp_path / f"process-{r}.log", "up", wait_s=30)
+  with _launched(tmp_path, 2, [sys.executable, "-c", stubborn]) as (launcher, pids):
     launcher.send_signal(signal.SIGINT)
     time.sleep(0.5)  # now in the grace period
     launcher.send_signal(signal.SIGINT)
     t = time.monotonic()
     _, err = launcher.communicate(timeout=30)
-  finally:
-    if launcher.poll() is None:
-      launcher.kill()
-      launcher.communicate()  # reap it, close its pipes: no ResourceWarning in a later test
   assert launcher.returncode == 130, err
   assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err
   assert time.monotonic() - t < 2.5  # did not sit out the grace period
