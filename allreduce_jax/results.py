@@ -50,7 +50,7 @@ import sys
 import tempfile
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -407,11 +407,16 @@ class RowStore:
     return self.extend([row], None if key is None else [key])[0]
 
   def extend(
-    self, rows: Iterable[Mapping[str, Any]], keys: Iterable[str] | None = None
+    self,
+    rows: Iterable[Mapping[str, Any]],
+    keys: Iterable[str] | None = None,
+    *,
+    by: Sequence[str] | None = None,
   ) -> list[dict[str, Any]]:
     """Appends rows in one write, syncs them to disk, returns them as stored.
 
-    Each row gets ``schema``, ``kind``, ``key`` (from ``keys`` if given, else the
+    Each row gets ``schema``, ``kind``, ``key`` (from ``keys`` if given; else, with
+    ``by``, :meth:`key` of those of the fields ``by`` names that the row has; else the
     row's own ``"key"`` field, which is then required) and ``finished_at``. A
     half-written last line left by an interrupted run is cut off first, so the new
     rows start on a fresh line.
@@ -419,6 +424,8 @@ class RowStore:
     if _interrupted:  # a Ctrl-C that was lost where Python ignores exceptions
       raise KeyboardInterrupt
     rows = list(rows)
+    if keys is None and by is not None:
+      keys = [self.key({f: r[f] for f in by if f in r}) for r in rows]
     keys = [r.get("key") for r in rows] if keys is None else list(keys)
     if len(keys) != len(rows) or any(k is None for k in keys):
       raise ValueError("every row needs a key: pass keys=[store.key(...)] or a 'key' field.")

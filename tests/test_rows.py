@@ -143,6 +143,10 @@ def test_read_rows_and_extend(tmp_path):
   assert read_rows(tmp_path / "none.jsonl", "bench") == []
   with pytest.raises(ValueError, match="key"):
     store.append({"n": 3})
+  # by: each row keyed by those of the named fields it has, as store.key of them would
+  rows = [{"n": 4, "what": "add"}, {"n": 5, "what": "trace", "rep": 1}]
+  stored = store.extend(rows, by=("what", "rep", "absent"))
+  assert [r["key"] for r in stored] == [store.key(what="add"), store.key(what="trace", rep=1)]
 
 
 def test_state_json_is_atomic_and_a_truncated_one_is_ignored(tmp_path, capsys):

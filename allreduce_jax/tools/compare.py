@@ -401,4 +401,4 @@ def write_rows(store, records: list[dict], fields: tuple[str, ...]) -> None:
   if store is None or jax.process_index() != 0:  # every process holds the same rows
     return
   rows = [stored(r) for r in records]
-  store.extend(rows, [store.key({f: r[f] for f in fields}) for r in rows])
+  store.extend(rows, by=fields)

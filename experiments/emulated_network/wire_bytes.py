@@ -64,7 +64,7 @@ def measure(args: argparse.Namespace) -> None:
             flush=True)  # fmt: skip
   if jax.process_index() == 0 and rows:
     store = results.RowStore(args.out, "wire")
-    store.extend(rows, [store.key(bytes=n, algorithm=r["algorithm"], host=r["host"]) for r in rows])
+    store.extend(rows, by=("bytes", "algorithm", "host"))
 
 
 def parser() -> argparse.ArgumentParser:

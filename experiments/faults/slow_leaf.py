@@ -122,7 +122,7 @@ def measure(slow: int, sizes: list[int], out: Path, run: int) -> None:
            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
     rows.append(row)
   store = results.RowStore(out, "slow_leaf", context={})
-  store.extend(rows, [store.key({k: r[k] for k in IDENT}) for r in rows])
+  store.extend(rows, by=IDENT)
 
 
 def _block(index, n: int):

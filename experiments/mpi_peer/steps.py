@@ -46,6 +46,9 @@ PATTERNS = ("one_way", "exchange", "exchange_add", "shift")
 MODES = ("whole", "split", "barriered", "paired", "whole_paired")  # --split's ways to run them
 HERE = Path(__file__).resolve().parent
 TRACE_LIB = HERE.parent.parent / "build" / "mpi_call_trace" / "libmpiwrapper.so"
+#: The fields that tell one row of a launch from another (its key, over the run's context:
+#: the cluster's network), those a row has.
+IDENTITY = ("what", "bytes", "algorithm", "mode", "rep", "process")
 
 
 def pairs(pattern: str, p: int) -> list[tuple[int, int]]:
@@ -373,14 +376,7 @@ def measure(args: argparse.Namespace) -> None:
     if args.mpi_trace:
       rows += mpi_calls(calls, ctx.p)
     store = results.RowStore(args.out, "steps")
-    store.extend(rows, [store.key(identity(r)) for r in rows])
-
-
-def identity(row: dict) -> dict:
-  """The fields that tell one row of a launch from another (its key, over the run's
-  context: the cluster's network)."""
-  names = ("what", "bytes", "algorithm", "mode", "rep", "process")
-  return {k: row[k] for k in names if k in row}
+    store.extend(rows, by=IDENTITY)
 
 
 #: The settings a launch may change, each given as often as needed and recorded in the rows:

@@ -112,7 +112,7 @@ def measure(args: argparse.Namespace) -> None:
       print(f"{name:26s} host0 sent {every[0, 0] / 1e6:8.3f} MB/call  ratio {ratio}", flush=True)
   if jax.process_index() == 0 and rows:
     store = results.RowStore(args.out, "wire")
-    store.extend(rows, [store.key(bytes=n, algorithm=r["algorithm"], host=r["host"]) for r in rows])
+    store.extend(rows, by=("bytes", "algorithm", "host"))
 
 
 def parser() -> argparse.ArgumentParser:
