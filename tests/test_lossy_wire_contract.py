@@ -32,9 +32,9 @@ LOSSY = ("bf16", "int8", "fp8")
 HAND_WRITTEN = names(axes=1, hand_written=True)
 
 
-def _run(body, x, p=NP, check_vma=True):
-  """``body`` on participant blocks ``x: T[p, ...]`` (each sees ``x[i]``); every
-  participant's outputs, ``T[p, ...]``, as NumPy."""
+def _runner(body, p=NP, check_vma=True):
+  """``body`` on participant blocks, jitted once: called on ``x: T[p, ...]`` (each
+  participant sees ``x[i]``), every participant's outputs, ``T[p, ...]``, as NumPy."""
   mesh = submesh((p,), ("r",))
   f = jax.jit(
     jax.shard_map(
@@ -45,7 +45,12 @@ def _run(body, x, p=NP, check_vma=True):
       check_vma=check_vma,
     )
   )
-  return jax.tree.map(np.asarray, f(jax.device_put(x, NamedSharding(mesh, P("r")))))
+  return lambda x: jax.tree.map(np.asarray, f(jax.device_put(x, NamedSharding(mesh, P("r")))))
+
+
+def _run(body, x, p=NP, check_vma=True):
+  """:func:`_runner` of ``body`` called once, on ``x``."""
+  return _runner(body, p, check_vma)(x)
 
 
 def _same_bits(a):
@@ -60,25 +65,16 @@ def test_narrow_floats_over_a_lossy_wire_give_identical_replicas(algorithm):
   # decoded values (up to 23 significant bits) did not fit bfloat16, so forwarding
   # re-encoded them differently. Now: float32 inside, one rounding at the end.
   x32 = np.random.default_rng(0).standard_normal((NP, 1000)).astype(np.float32)
-  cases = [(dtype, wire) for dtype in (jnp.bfloat16, jnp.float16) for wire in LOSSY]
-
-  def body(b):  # b: f32[1000]
-    out = {}
-    for dtype, wire in cases:
+  for wire in LOSSY:  # one program per wire and dtype
+    run = _runner(lambda b, wire=wire: all_reduce(b, "r", algorithm=algorithm, wire=wire))
+    for dtype in (jnp.bfloat16, jnp.float16):
       key = f"{jnp.dtype(dtype).name}/{wire}"
-      out[key] = all_reduce(b.astype(dtype), "r", algorithm=algorithm, wire=wire)
-      out[key + "/f32"] = all_reduce(b.astype(dtype).astype(jnp.float32), "r",
-                                     algorithm=algorithm, wire=wire)  # fmt: skip
-    return out
-
-  got = _run(body, x32)
-  for dtype, wire in cases:
-    key = f"{jnp.dtype(dtype).name}/{wire}"
-    assert got[key].dtype == dtype
-    assert _same_bits(got[key]), key
-    # Exactly the float32 reduction of the same values, rounded once.
-    want = got[key + "/f32"].astype(dtype)
-    assert (got[key].view(np.uint16) == want.view(np.uint16)).all(), key
+      got = run(x32.astype(dtype))
+      assert got.dtype == dtype
+      assert _same_bits(got), key
+      # Exactly the float32 reduction of the same values, rounded once.
+      want = run(x32.astype(dtype).astype(np.float32)).astype(dtype)
+      assert (got.view(np.uint16) == want.view(np.uint16)).all(), key
 
 
 @pytest.mark.parametrize("check_vma", [True, False])
@@ -158,32 +154,31 @@ def _special_cases(dtype, n=300):
 @pytest.mark.parametrize("algorithm", HAND_WRITTEN)
 def test_what_a_lossy_wire_cannot_carry_is_non_finite_on_every_participant(algorithm):
   # Each element: within the bound of the exact sum, or not finite; not finite where
-  # the exact sum is not; the same bits everywhere. Never a wrong finite value.
+  # the exact sum is not; the same bits everywhere. Never a wrong finite value. One
+  # program per wire and dtype, each case its own call of it.
   dtypes = (jnp.float32, jnp.bfloat16, jnp.float16)
   inputs = {(jnp.dtype(d).name, name): x for d in dtypes for name, x in _special_cases(d).items()}
+  for wire in LOSSY:
+    run = _runner(lambda b, wire=wire: all_reduce(b, "r", algorithm=algorithm, wire=wire))
+    for (dtype, name), x in inputs.items():
+      _check_special(algorithm, wire, dtype, name, x, run(x))
 
-  def body(blocks):
-    return {
-      (*key, wire): all_reduce(b, "r", algorithm=algorithm, wire=wire)
-      for key, b in blocks.items()
-      for wire in LOSSY
-    }
 
-  for (dtype, name, wire), y in _run(body, inputs).items():
-    x = inputs[dtype, name]
-    assert _same_bits(y), (dtype, name, wire)
-    y = y[0].astype(np.float64)
-    wide = x.astype(np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-      exact = wide.sum(0)
-      rounded = exact.astype(dtype).astype(np.float64)  # the exact sum in x's dtype
-    assert not np.isfinite(y[~np.isfinite(rounded)]).any(), (dtype, name, wire)
-    finite = np.where(np.isfinite(wide), wide, 0.0).astype(dtype)
-    tol = verify.lossy_tolerance(algorithm, finite, "sum", wire, NP)
-    tol = tol + float(jnp.finfo(dtype).eps) * np.abs(exact)
-    ok = np.isfinite(y)
-    bad = np.abs(y[ok] - exact[ok]) > np.broadcast_to(tol, exact.shape)[ok]
-    assert not bad.any(), (dtype, name, wire, np.flatnonzero(ok)[bad][:5])
+def _check_special(algorithm, wire, dtype, name, x, y):
+  """``y``: every participant's all-reduce of ``x`` (a case of :func:`_special_cases`)."""
+  assert _same_bits(y), (dtype, name, wire)
+  y = y[0].astype(np.float64)
+  wide = x.astype(np.float64)
+  with np.errstate(invalid="ignore", over="ignore"):
+    exact = wide.sum(0)
+    rounded = exact.astype(dtype).astype(np.float64)  # the exact sum in x's dtype
+  assert not np.isfinite(y[~np.isfinite(rounded)]).any(), (dtype, name, wire)
+  finite = np.where(np.isfinite(wide), wide, 0.0).astype(dtype)
+  tol = verify.lossy_tolerance(algorithm, finite, "sum", wire, NP)
+  tol = tol + float(jnp.finfo(dtype).eps) * np.abs(exact)
+  ok = np.isfinite(y)
+  bad = np.abs(y[ok] - exact[ok]) > np.broadcast_to(tol, exact.shape)[ok]
+  assert not bad.any(), (dtype, name, wire, np.flatnonzero(ok)[bad][:5])
 
 
 def test_integers_never_travel_lossy():
