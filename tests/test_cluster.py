@@ -374,17 +374,27 @@ def test_a_host_killed_mid_run_is_named_within_10_s(privileged, tmp_path):
   assert netns.leftovers(f"arj-{proc.pid}") == []
 
 
-@pytest.mark.timeout(60)
-def test_sigkill_of_the_command_leaves_nothing_behind(privileged, tmp_path):
-  logs = tmp_path / "logs"
-  proc = subprocess.Popen(
-    [*CLUSTER, "--hosts", "2", "--topology", "torus:2", "--log-dir", str(logs),
+def _sleeping(logs: Path, *options: str) -> subprocess.Popen:
+  """``cluster --hosts 2 --topology torus:2 [options]`` of a command that sleeps, started."""
+  return subprocess.Popen(
+    [*CLUSTER, "--hosts", "2", "--topology", "torus:2", *options, "--log-dir", str(logs),
      "--", "sh", "-c", "echo ready; sleep 60"],
     cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
   )  # fmt: skip
+
+
+def _hosts_ready(logs: Path) -> list[int]:
+  """The host processes' pids, once host 1 has said it is ready."""
+  _wait_for(logs / "process-1.log", "ready", 30)
+  return list(json.loads((logs / "pids.json").read_text()).values())
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_of_the_command_leaves_nothing_behind(privileged, tmp_path):
+  logs = tmp_path / "logs"
+  proc = _sleeping(logs)
   try:
-    _wait_for(logs / "process-1.log", "ready", 30)
-    pids = json.loads((logs / "pids.json").read_text()).values()
+    pids = _hosts_ready(logs)
     assert netns.leftovers(f"arj-{proc.pid}")
     proc.kill()
     proc.wait()
@@ -405,15 +415,10 @@ def test_sigkill_of_the_command_leaves_nothing_behind(privileged, tmp_path):
 @pytest.mark.timeout(60)
 def test_sigkill_of_a_rootless_command_leaves_nothing_behind(rootless, tmp_path):
   logs = tmp_path / "logs"
-  proc = subprocess.Popen(
-    [*CLUSTER, "--hosts", "2", "--topology", "torus:2", "--rootless", "--log-dir", str(logs),
-     "--", "sh", "-c", "echo ready; sleep 60"],
-    cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-  )  # fmt: skip
+  proc = _sleeping(logs, "--rootless")
   try:
-    _wait_for(logs / "process-1.log", "ready", 30)
-    pids = json.loads((logs / "pids.json").read_text()).values()
-    user_ns = os.readlink(f"/proc/{next(iter(pids))}/ns/user")
+    pids = _hosts_ready(logs)
+    user_ns = os.readlink(f"/proc/{pids[0]}/ns/user")
     assert user_ns != os.readlink("/proc/self/ns/user")
     assert len(netns.processes_in(user_ns)) >= 3  # the holder and the two hosts
     proc.kill()
