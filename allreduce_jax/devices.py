@@ -145,6 +145,19 @@ def fetch(x: jax.Array) -> np.ndarray:
   return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
+def gather_float64(a) -> np.ndarray:
+  """``a`` (float64) from every process, ``f64[processes, *a.shape]``, bit for bit: the
+  values travel as int32 pairs, since JAX without x64 would narrow them to float32.
+
+  Example:
+    >>> gather_float64([0.1, 1.5e9 + 1e-6]).tolist()  # one process here; float32: 1.5e9
+    [[0.1, 1500000000.000001]]
+  """
+  a = np.ascontiguousarray(a, np.float64)
+  every = np.asarray(multihost_utils.process_allgather(a.view(np.int32)))
+  return every.view(np.float64).reshape(-1, *a.shape)
+
+
 def mesh_for(algorithm: str, p: int) -> tuple[Mesh, str | tuple[str, ...]]:
   """The mesh and axis name to run ``algorithm`` on ``p`` devices: the one place that
   turns a registry record's ``axes`` into a mesh.

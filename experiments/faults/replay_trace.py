@@ -47,6 +47,7 @@ from jax.sharding import PartitionSpec as P
 from allreduce_jax import (
   cluster_rows,
   cost_model,
+  devices,
   distributed,
   gloo_model,
   results,
@@ -109,10 +110,8 @@ def stamps(tr: Trace, calls, tag: str):
       t0 = time.time()
       jax.block_until_ready(fn(x))
       out.append((t0, time.time()))
-  # float64 seconds travel as int32 pairs: JAX would narrow them to float32
-  bits = np.asarray(out, np.float64).view(np.int32)
-  every = np.asarray(multihost_utils.process_allgather(bits)).view(np.float64)
-  return every.reshape(jax.process_count(), tr.reps, len(calls), 2)  # one host a process
+  every = devices.gather_float64(out)  # one host a process
+  return every.reshape(jax.process_count(), tr.reps, len(calls), 2)
 
 
 def step(tr: Trace, pair: tuple[int, int]):

@@ -38,7 +38,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from allreduce_jax import distributed, results
+from allreduce_jax import devices, distributed, results
 from allreduce_jax.tools.bench import programs, verifiable_input
 from allreduce_jax.units import parse_size
 
@@ -247,12 +247,10 @@ def local(y) -> np.ndarray:
 
 
 def gathered(ctx: Context, stamps: list[tuple]) -> np.ndarray:
-  """Every process's stamps, ``f64[p, calls, 3]`` in seconds (gathered as int32 s and
-  us: no x64)."""
+  """Every process's stamps, ``f64[p, calls, 3]`` in seconds, to the microsecond."""
   us = np.asarray(stamps, np.int64) // 1000
-  parts = (us // 10**6, us % 10**6)
-  s_, u_ = (np.asarray(multihost_utils.process_allgather(a.astype(np.int32))) for a in parts)
-  return (s_.astype(np.float64) + u_ * 1e-6).reshape(ctx.p, len(stamps), 3)
+  seconds = (us // 10**6).astype(np.float64) + (us % 10**6) * 1e-6
+  return devices.gather_float64(seconds).reshape(ctx.p, len(stamps), 3)
 
 
 def trace(ctx: Context, algorithm: str, n: int) -> list[dict]:
