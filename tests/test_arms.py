@@ -115,7 +115,9 @@ def _small_setup(**kw):
   return arms.Setup(**{**base, **kw})
 
 
-@pytest.mark.parametrize("name", ["sync", "sync_b1", "sync_balanced", "sync_isolate", "async"])
+@pytest.mark.parametrize(
+  "name", ["sync", "sync_b1", "sync_ov", "sync_b1_ov", "sync_balanced", "sync_isolate", "async"]
+)
 def test_every_arm_schedule_is_consistent(name):
   arm = arms.get_arm(name)
   setup = _small_setup(speeds=(1.0, 1.0, 1.0, 0.25))
@@ -251,3 +253,48 @@ def test_table_b_arms_reproduce_its_schedules_from_the_simulator():
       "exponential", n, steps, 2000 + seed, backups=b, allreduce_time=ar
     )
     assert np.array_equal(tl.step_time, want.step_time) and np.array_equal(tl.plan, want.mask)
+
+
+def _overlap_reference(setup, compute, buckets, b, h):
+  """The overlapped step's exposed communication in closed form: K equal stages of the
+  backward ``b·c``, K buckets of ``a`` each; the schedule hides
+  ``min((K − 1)·a, (K − 1)·b·c / K)``, of which ``h`` does."""
+  a = cost_model.predict_seconds(
+    setup.algorithm, setup.workers, 4.0 * -(-setup.model_params // buckets), arms.link(setup)
+  )
+  hideable = np.minimum((buckets - 1) * a, (buckets - 1) * b * compute / buckets)
+  return buckets * a - h * hideable, a
+
+
+@pytest.mark.parametrize("backups", [0, 1])
+def test_overlapped_sync_is_sync_with_only_the_exposed_communication(backups):
+  setup = _small_setup(model_params=100_000_000, speeds=(1.0, 1.0, 1.0, 0.25))
+  sync = families.sync_timeline(setup, 0, backups)
+  ov = arms.get_arm("sync_ov" if backups == 0 else f"sync_b{backups}_ov").make_schedule(setup, 0)
+  assert np.array_equal(ov.plan, sync.plan)  # the same gradients kept: the same training
+  k = ov.info["buckets"]
+  assert k == 16  # 400 MB in 25 MiB buckets
+  compute = sync.step_time - cost_model.predict_seconds("ring", 4, 4e8, arms.link(setup))
+  b, h = families.OVERLAP_BACKWARD, families.OVERLAP_HIDDEN
+  exposed, a = _overlap_reference(setup, compute, k, b, h)
+  np.testing.assert_allclose(ov.step_time, compute + exposed, rtol=1e-9)
+  floor = compute * (1 - b) + np.maximum(b * compute + a, b * compute / k + k * a)
+  assert (ov.step_time >= floor - 1e-12).all() and (ov.step_time > floor).any()
+  assert (ov.step_time <= sync.step_time).all() and ov.time[-1] < sync.time[-1]
+  np.testing.assert_allclose(np.cumsum(ov.step_time), ov.time)
+  # One bucket (the model's real size) hides nothing: sync's clock exactly.
+  small = _small_setup(model_params=10_000, speeds=(1.0, 1.0, 1.0, 0.25))
+  one = arms.get_arm("sync_ov").make_schedule(small, 0)
+  assert one.info["buckets"] == 1
+  np.testing.assert_allclose(one.time, families.sync_timeline(small, 0).time, rtol=1e-12)
+
+
+def test_overlapped_sync_trains_as_sync():
+  wl = arms.get_workload("digits_mlp", smoke=True)
+  setup = _small_setup(gradients=80, eval_every=5, model_params=100_000_000)
+  rows = {a: arms.run_arm(arms.get_arm(a), setup, wl, 0) for a in ("sync_b1", "sync_b1_ov")}
+  sync, ov = rows["sync_b1"], rows["sync_b1_ov"]
+  assert ov["test_metric"] == sync["test_metric"] and ov["final_loss"] == sync["final_loss"]
+  assert ov["eval_updates"] == sync["eval_updates"]
+  assert all(t_ov <= t for t_ov, t in zip(ov["eval_time"], sync["eval_time"], strict=True))
+  assert ov["eval_time"][-1] < sync["eval_time"][-1]

@@ -40,6 +40,8 @@ for _arm in (
   families.sync_arm(0),
   families.sync_arm(1),
   families.sync_arm(2),
+  families.overlapped_sync_arm(0),
+  families.overlapped_sync_arm(1),
   families.balanced_arm(),
   families.isolate_arm(),
   families.ps_arm("async"),

@@ -301,6 +301,8 @@ def _check_setup(cfg) -> None:
 TABLE_C_ARMS = (
   "sync",
   "sync_b1",
+  "sync_ov",
+  "sync_b1_ov",
   "sync_balanced",
   "sync_isolate",
   "async",

@@ -2,7 +2,8 @@
 
 ``sync`` (equal batches), ``sync_b{b}`` (backup workers: the slowest b gradients
 dropped), ``sync_balanced`` (batch ∝ speed), ``sync_isolate`` (slow-node isolation),
-and ``async``, ``async_eta_tau``, ``dcasgd`` and ``ssp{s}`` on a parameter server: each
+``sync_ov`` / ``sync_b1_ov`` (the same training, each step's all-reduce overlapped
+with its backward pass: :func:`overlapped_sync_arm`), and ``async``, ``async_eta_tau``, ``dcasgd`` and ``ssp{s}`` on a parameter server: each
 constructor returns one record; :mod:`.catalogue` registers them. Local SGD / DiLoCo
 (:mod:`.local`) and gossip (:mod:`.gossip`) are the other families.
 """
@@ -10,11 +11,12 @@ constructor returns one record; :mod:`.catalogue` registers them. Local SGD / Di
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import numpy as np
 
-from allreduce_jax import devices
+from allreduce_jax import devices, overlap
 from allreduce_jax.training import async_sim, models, sync
 from allreduce_jax.training import data as data_mod
 from allreduce_jax.training.arms import (
@@ -74,6 +76,77 @@ def sync_timeline(
     plan=s.mask,
     info={"dropped": backups * S, "allreduce_s": ar},
     step_time=s.step_time,
+  )
+
+
+#: The overlapped sync arms' schedule (:func:`overlapped_sync_arm`): DDP's default bucket
+#: (``overlap.DEFAULT_BUCKET_BYTES``, 25 MiB), and two shares measured on the emulated cluster
+#: (``experiments/overlap``, a 6-layer MLP, a bucket per layer): the backward pass is 0.69 of
+#: a gradient computation (1 − forward/compute: 0.70 on 2 hosts, 0.69 on 4), and 0.67 of the
+#: communication the two-stream schedule can hide did hide (4 hosts; 0.83 on 2).
+OVERLAP_BUCKET_BYTES = overlap.DEFAULT_BUCKET_BYTES
+OVERLAP_BACKWARD = 0.69
+OVERLAP_HIDDEN = 0.67
+
+
+def overlap_buckets(setup: Setup, bucket_bytes: int = OVERLAP_BUCKET_BYTES) -> int:
+  """Buckets of ``bucket_bytes`` the gradient is cut into: ``ceil(model bytes / bucket)``."""
+  return max(1, math.ceil(model_bytes(setup) / bucket_bytes))
+
+
+def bucket_allreduce(setup: Setup, buckets: int) -> float:
+  """Seconds of one bucket's all-reduce: the setup's network model
+  (:func:`~.arms.allreduce_seconds`) for ``1/buckets`` of the parameters."""
+  return allreduce_seconds(
+    dataclasses.replace(setup, model_params=math.ceil(setup.model_params / buckets))
+  )
+
+
+def exposed_seconds(
+  setup: Setup,
+  compute: np.ndarray,
+  buckets: int,
+  backward: float = OVERLAP_BACKWARD,
+  hidden: float = OVERLAP_HIDDEN,
+) -> np.ndarray:
+  """f64[S] the communication left after the backward pass of steps whose slowest kept
+  worker computes for ``compute`` (f64[S]) seconds.
+
+  Each step is :func:`allreduce_jax.overlap.even_schedule`: the forward pass, then the
+  backward (``backward`` of the compute) in ``buckets`` equal stages, each bucket's
+  all-reduce (:func:`bucket_allreduce`) on a second stream as soon as its stage has ended
+  on every kept worker (a worker's stages scale with its compute time, so the slowest
+  kept worker's end last). Of what that schedule hides, ``hidden`` hides: the exposed
+  time is ``T_comm − hidden × (T_comm − schedule.exposed_s)`` (``hidden = 1``: the
+  schedule itself; 0: the buckets' all-reduces one after the backward).
+  """
+  a = bucket_allreduce(setup, buckets)
+  comm = buckets * a
+  sched = (overlap.even_schedule(float(c), comm, buckets, backward) for c in compute)
+  return np.array([comm - hidden * (comm - s.exposed_s) for s in sched], np.float64)
+
+
+def overlapped_sync_timeline(setup: Setup, seed: int, backups: int = 0) -> Timeline:
+  """:func:`sync_timeline`'s steps (the same compute times, hence the same mask and
+  training) with each step's all-reduce replaced by :func:`exposed_seconds`.
+
+  The bucket count is fixed for the run: :func:`overlap_buckets`, or one bucket (sync's
+  step, nothing hidden) where one all-reduce of the parameters is faster than that many
+  buckets at the run's mean step, as a tuned ``bucket_bytes`` would be."""
+  tl = sync_timeline(setup, seed, backups)
+  compute = tl.step_time - tl.info["allreduce_s"]  # f64[S]: the slowest kept worker
+  k = overlap_buckets(setup)
+  mean = np.array([compute.mean()])
+  if k > 1 and exposed_seconds(setup, mean, k)[0] >= tl.info["allreduce_s"]:
+    k = 1
+  exposed = exposed_seconds(setup, compute, k)
+  step = compute + exposed
+  return dataclasses.replace(
+    tl,
+    time=np.cumsum(step),
+    comm_s=float(exposed.sum()),
+    info={**tl.info, "buckets": k, "exposed_s": float(exposed.mean())},
+    step_time=step,
   )
 
 
@@ -292,6 +365,26 @@ def sync_arm(backups: int = 0, time_unit_us: float = 0.0) -> Arm:
     lambda setup: _sync_bytes(setup, backups),
     run_sync_curve,
     "all-reduce SGD" + (f", {backups} backup worker(s)" if backups else ", equal batches"),
+  )
+
+
+def overlapped_sync_arm(backups: int = 0) -> Arm:
+  """:func:`sync_arm` with each step's gradient all-reduce overlapped with its backward
+  pass, bucket by bucket (:func:`allreduce_jax.overlap.value_and_grad`): the same updates
+  bit for bit (the same mask and run), priced by :func:`overlapped_sync_timeline`; the
+  bytes are sync's (the buckets carry the same gradient)."""
+  base = sync_arm(backups)
+
+  def comm(setup: Setup) -> float:  # the exposed part of a step of one mean gradient
+    exposed = exposed_seconds(setup, np.array([setup.compute_s]), overlap_buckets(setup))[0]
+    return min(float(exposed), allreduce_seconds(setup))
+
+  return dataclasses.replace(
+    base,
+    name=f"{base.name}_ov",
+    make_schedule=lambda setup, seed: overlapped_sync_timeline(setup, seed, backups),
+    comm_seconds=comm,
+    summary=base.summary + ", all-reduce overlapped with the backward pass",
   )
 
 
