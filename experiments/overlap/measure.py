@@ -1,7 +1,7 @@
 """One cell of the overlap study, measured on every host of an emulated cluster.
 
     allreduce-jax cluster --hosts 2 --topology switch --link 200Mbit -- \\
-        python experiments/overlap/measure.py --algorithm ring --bucket-layers 1,2 --run 0
+        python experiments/overlap/measure.py --algorithm ring,psum,two_shot:int8 --run 0
 
 Every host (one process, one CPU device) trains the same MLP on its own batch and times,
 round robin over trials, each way of computing the all-reduced gradient
@@ -14,7 +14,10 @@ gradient, then every bucket), and the overlapped step of
 result is ready; its time is the slowest host's. For the programs of the split variants
 every host records when each was dispatched and when its result was ready (a thread per
 program waits for it), on the machine's monotonic clock, which every emulated host
-shares: the timeline. Process 0 appends one row per variant to ``--out``.
+shares: the timeline. Process 0 appends one row per variant to ``--out``. Several
+all-reduces (``--algorithm``, a comma list of ``algorithm[:wire]``) are measured one after
+the other in one cluster, each at every bucket size, so a campaign starts one cluster per
+host count, not one per cell.
 """
 
 from __future__ import annotations
@@ -185,8 +188,8 @@ def measure(fns: dict, trials: int, warmup: int, barrier) -> tuple[np.ndarray, d
 def parser() -> argparse.ArgumentParser:
   """The command line of one cell."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("--algorithm", default="ring")
-  parser.add_argument("--wire", default=None)
+  parser.add_argument("--algorithm", default="ring", help="comma list of algorithm[:wire]")
+  parser.add_argument("--wire", default=None, help="the wire of the algorithms naming none")
   parser.add_argument("--bucket-layers", default="1", help="bucket sizes in layers (comma list)")
   parser.add_argument("--layers", type=int, default=6)
   parser.add_argument("--width", type=int, default=768)
@@ -194,28 +197,37 @@ def parser() -> argparse.ArgumentParser:
   parser.add_argument("--trials", type=int, default=5)
   parser.add_argument("--warmup", type=int, default=1)
   parser.add_argument("--variants", default=",".join(VARIANTS))
+  parser.add_argument(
+    "--every-variant", default="", help="algorithms (comma list) timed with all of VARIANTS"
+  )
   parser.add_argument("--run", type=int, default=0, help="which repetition this is (row key)")
   parser.add_argument("--out", default="experiments/overlap/rows/cells.jsonl")
   return parser
 
 
 def measure_cell(args: argparse.Namespace) -> None:
-  """Every bucket size of ``--bucket-layers``: the variants timed, one row each (process 0)."""
+  """Every algorithm of ``--algorithm`` at every bucket size of ``--bucket-layers``: the
+  variants timed, one row each (process 0)."""
   initialize_from_env()
-  names = tuple(args.variants.split(","))
   mesh, params, x = setup(args.layers, args.width, args.batch)
   barrier = jax.jit(
     jax.shard_map(lambda: jax.lax.psum(jnp.ones(()), "data"), mesh=mesh, in_specs=(), out_specs=P())
   )
   store = RowStore(args.out, "overlap")
-  for k in (float(v) for v in args.bucket_layers.split(",")):
+  layers = [float(v) for v in args.bucket_layers.split(",")]
+  for spec, k in itertools.product(args.algorithm.split(","), layers):
+    algorithm, _, wire = spec.partition(":")
+    wire = wire or args.wire
+    every = algorithm in args.every_variant.split(",")
+    names = VARIANTS if every else tuple(args.variants.split(","))
     bucket_bytes = int(k * layer_bytes(args.width))
-    options = dict(algorithm=args.algorithm, wire=args.wire, bucket_bytes=bucket_bytes)
+    options = dict(algorithm=algorithm, wire=wire, bucket_bytes=bucket_bytes)
     cell = dict(
-      algorithm=args.algorithm, wire=args.wire, bucket_layers=k, layers=args.layers,
+      algorithm=algorithm, wire=wire, bucket_layers=k, layers=args.layers,
       width=args.width, batch=args.batch, run=args.run,
     )  # fmt: skip
-    if all(store.key(cell, variant=n) in store.done() for n in names):
+    names = tuple(n for n in names if store.key(cell, variant=n) not in store.done())
+    if not names:  # every row of this cell and run is there
       continue
     fns, programs = variants(mesh, params, x, options, names)
     times, events = measure(fns, args.trials, args.warmup, barrier)
