@@ -41,7 +41,7 @@ def cells(args) -> list[list[str]]:
   """The grid: every algorithm of ``--algorithms`` at the bucket sizes of ``--bucket-layers``,
   one cluster per (run, hosts)."""
   out = []
-  for run in range(args.runs):
+  for run in range(args.first_run, args.runs):
     for hosts in (int(h) for h in args.hosts.split(",")):
       measure = ["--algorithm", args.algorithms, "--bucket-layers", args.bucket_layers]
       measure += ["--variants", NEEDED, "--trials", str(args.trials), "--run", str(run)]
@@ -54,7 +54,7 @@ def cells(args) -> list[list[str]]:
 def sweep(args) -> list[list[str]]:
   """The bucket sizes, one bucket per leaf to one for everything, with the ring."""
   out = []
-  for run in range(args.runs):
+  for run in range(args.first_run, args.runs):
     for hosts in (int(h) for h in args.hosts.split(",")):
       measure = ["--algorithm", "ring", "--bucket-layers", args.bucket_layers]
       measure += ["--variants", "compute,forward,comm,stages,after,streams"]
@@ -78,6 +78,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithms", default=ALGORITHMS)
     p.add_argument("--bucket-layers", default=layers, help="bucket sizes in layers (comma list)")
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--first-run", type=int, default=0, help="skip the runs below this one")
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--out", default=str(HERE / "rows" / rows))
     p.add_argument("--dry-run", action="store_true", help="print the commands only")
