@@ -15,6 +15,9 @@ then shown as the median [min–max] over the runs:
 - the floor ``T_forward + max(T_backward + T_last, T_first_stage + T_comm)`` and the
   hideable communication ``min(T_comm − T_last, T_backward − T_first_stage)``;
 - the exposed communication: from the last stage's end to the last all-reduce's (timeline);
+- what each stream lost to the other in the overlapped step: its all-reduce stream's busy
+  time over ``T_comm`` (``wire ×``), its backward's end over the staged backward's alone
+  (``backward ×``);
 - the model: :class:`allreduce_jax.overlap.Schedule` of the measured forward and stages
   (the staged programs' timeline) against each bucket's all-reduce priced by the replay
   of the emulated network (:func:`allreduce_jax.gloo_model.emulated_seconds`, α fitted
@@ -85,6 +88,17 @@ def exposed(row: dict) -> float:
   return _per_trial(row, lambda ev: max(_ready(ev, "reduce")) - max(_ready(ev, "stage")))
 
 
+def wire_busy(events) -> float:
+  """The seconds the overlapped step's all-reduce stream was busy: each bucket's all-reduce
+  from when it could start (sent, its stage ready, the previous one done) to its result."""
+  stage = dict(zip(range(len(_ready(events, "stage"))), _ready(events, "stage")))
+  busy = end = 0.0
+  for _, i, sent, ready, _ in sorted((e for e in events if e[0] == "reduce"), key=lambda e: e[1]):
+    start = max(sent, end, stage.get(i, 0.0))
+    busy, end = busy + max(ready - start, 0.0), ready
+  return busy
+
+
 def replay(row: dict, n_bytes: float, alpha: float) -> float:
   """One bucket's all-reduce on the cell's emulated network, by the replay."""
   rate = row["network"]["link_Bps"]
@@ -136,6 +150,9 @@ def derived(v: dict[str, dict], alpha: float) -> dict[str, float]:
     "floor": step / floor, "ideal": step / max(compute, comm), "exposed": exposed(v["streams"]),
     "model": model / step, "parts": parts / step, "staged": staged_forward + sum(stages),
     "buckets": len(buckets),
+    "wire_x": _per_trial(v["streams"], wire_busy) / comm,
+    "backward_x": _per_trial(v["streams"], lambda ev: max(_ready(ev, "stage")))
+    / _per_trial(v["stages"], lambda ev: max(_ready(ev, "stage"))),
   }  # fmt: skip
   for m in ("thread", "one_program"):
     if m in v:
@@ -192,17 +209,19 @@ def cells_table(rows: list[dict]) -> str:
     " from each run's medians, median [min–max] over the runs. comm/compute: `T_comm / T_compute`;"
     " fraction: the overlap fraction; hidden: the hidden communication over the hideable;"
     " /floor and /ideal: `T_step` over the schedule's floor and over `max(T_compute, T_comm)`;"
-    " model: the replay-priced schedule over `T_step`.",
+    " model: the replay-priced schedule over `T_step`; wire ×: the overlapped step's all-reduce"
+    " stream busy over `T_comm`; backward ×: its backward's end over the staged backward alone.",
     "",
-    "| hosts | link | algorithm | bucket (layers) | runs | comm/compute | T_compute | T_comm | after | T_step | fraction | hidden | /floor | /ideal | exposed | model |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "| hosts | link | algorithm | bucket (layers) | runs | comm/compute | T_compute | T_comm | after | T_step | fraction | hidden | /floor | /ideal | exposed | model | wire × | backward × |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
   ]
   for cell in sorted(best(table).values()):
     f = table[cell]
     lines.append(
       f"| {_label(cell)} | {len(f['step'])} | {_fmt(f['ratio'])} | {_fmt(f['compute_trials'])}"
       f" | {_fmt(f['comm_trials'])} | {_fmt(f['after_trials'])} | {_fmt(f['streams_trials'])} | {_fmt(f['fraction'])} | {_fmt(f['hidden'])}"
-      f" | {_fmt(f['floor'])} | {_fmt(f['ideal'])} | {_fmt(f['exposed'])} | {_fmt(f['model'])} |"
+      f" | {_fmt(f['floor'])} | {_fmt(f['ideal'])} | {_fmt(f['exposed'])} | {_fmt(f['model'])}"
+      f" | {_fmt(f['wire_x'])} | {_fmt(f['backward_x'])} |"
     )
   return "\n".join(lines) + "\n"
 
@@ -225,10 +244,18 @@ def mechanisms_table(rows: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
-def sweep_table(rows: list[dict]) -> str:
-  table = summary(rows)
+def sweep_table(rows: list[dict], grid: list[dict]) -> str:
+  """The swept bucket sizes, with the grid's ring at the same hosts and link beside them."""
+  swept = {(r["hosts"], r["network"]["link_Bps"]) for r in rows}
+  same = [
+    r for r in grid
+    if r["algorithm"] == "ring" and r["wire"] is None
+    and (r["hosts"], r["network"]["link_Bps"]) in swept
+  ]  # fmt: skip
+  table = summary(rows + same)
   lines = [
-    "## Bucket sizes (the ring; seconds, median [min–max] over every trial; ratios from the medians)",
+    "## Bucket sizes (the ring; seconds, median [min–max] over every trial; ratios: median"
+    " [min–max] over the runs; one layer per bucket: the grid's cell)",
     "",
     "| hosts | link | algorithm | bucket (layers) | T_step | after | T_comm | exposed | /floor | model |",
     "|---|---|---|---|---|---|---|---|---|---|",
@@ -286,7 +313,7 @@ def tables(root: Path = HERE / "rows") -> dict[str, str]:
   cells = read_rows(root / "cells.jsonl", "overlap")
   sweep = read_rows(root / "sweep.jsonl", "overlap")
   text = "# Hiding the wire (tables from the committed rows)\n\n"
-  text += cells_table(cells) + "\n" + mechanisms_table(cells) + "\n" + sweep_table(sweep)
+  text += cells_table(cells) + "\n" + mechanisms_table(cells) + "\n" + sweep_table(sweep, cells)
   text += "\n" + boundary_table(cells)
   return {"tables.md": text}
 
