@@ -3,8 +3,9 @@
 Schedules are Poisson processes drawn from a seed (checked against the exponential's
 mean and the uniform draws); a run's timeline is read from log folders written here in
 the launcher's and the processes' formats (kept chunks, goodput, each recovery's parts,
-by hand); and a real restart under ``launch --restarts`` takes its spares, hits the
-compilation cache in every process, and resumes bitwise.
+by hand); a spare waits at idle priority and every one of its threads is raised back to
+the launcher's when it is taken; and a real restart under ``launch --restarts`` takes its
+spares, hits the compilation cache in every process, and resumes bitwise.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 from launched import signal_when
 
 from allreduce_jax import goodput
-from allreduce_jax.tools import launch
+from allreduce_jax.tools import launch, spares
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "allreduce_jax"]
@@ -124,6 +125,45 @@ def test_replaced_processes_come_back_after_their_delay(capsys):
 
 
 # ------------------------------------------------------------------ a real restart
+
+
+#: A spare with a second thread: ready, then (taken) each thread's policy and nice.
+_SPARE = """
+import os, sys, threading, types
+from allreduce_jax.tools import spares
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+print("ready", flush=True)
+spares.wait_if_spare(types.SimpleNamespace(), None)
+for tid in sorted(os.listdir("/proc/self/task")):
+  print(os.sched_getscheduler(int(tid)), os.getpriority(os.PRIO_PROCESS, int(tid)), flush=True)
+"""
+
+
+def _sched(pid: int) -> list[tuple[int, int]]:
+  return [(os.sched_getscheduler(int(t)), os.getpriority(os.PRIO_PROCESS, int(t)))
+          for t in sorted(os.listdir(f"/proc/{pid}/task"))]  # fmt: skip
+
+
+@pytest.mark.skipif(not spares.can_raise_priority(), reason="needs CAP_SYS_NICE (root)")
+def test_a_spare_waits_at_idle_priority_and_is_raised_to_the_launchers_when_taken(tmp_path):
+  pool = spares.Spares([sys.executable, "-c", _SPARE], dict(os.environ), [0], tmp_path)
+  try:
+    pool.refill()
+    pid, log = pool.ready[0].pid, tmp_path / "spare-0.log"
+    deadline = time.monotonic() + 30
+    while "ready" not in (log.read_text() if log.exists() else ""):
+      assert time.monotonic() < deadline and pool.ready[0].poll() is None, log.read_text()
+      time.sleep(0.05)
+    waiting = _sched(pid)  # every thread (ours and any the imports started)
+    assert len(waiting) >= 2 and set(waiting) == {(os.SCHED_IDLE, spares.IDLE_NICE)}
+    taken = pool.take(0, {}, tmp_path / "taken.log")
+    assert taken.wait(30) == 0
+  finally:
+    pool.close()
+  mine = (os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0))
+  lines = (tmp_path / "taken.log").read_text().split("\n")
+  taken = [tuple(map(int, x.split())) for x in lines if x]
+  assert len(taken) == len(waiting) and set(taken) == {mine}
 
 
 @pytest.mark.timeout(400)

@@ -11,15 +11,24 @@ and log file in one line (:meth:`Spares.take`); the spare sets them and goes on 
 had just started, into ``jax.distributed.initialize``. The launcher starts new spares once
 the restarted job has made its first step (:meth:`Spares.refill`), so that their start
 does not slow the restart's own.
+
+Where cores are shared, a spare's start (Python, JAX, the data: seconds of CPU) would slow
+the running job's steps. So a spare starts at idle priority (``SCHED_IDLE``, nice 19: it
+runs only on a core that nothing else wants) and, when taken, raises every one of its
+threads back to the launcher's priority (:func:`wait_if_spare`). Raising needs
+``CAP_SYS_NICE`` (root); where the launcher cannot raise a thread's priority, spares start
+at its own priority instead (:func:`can_raise_priority`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +37,55 @@ from allreduce_jax.tools._proc import die_with_parent
 
 ENV_SPARE = "ALLREDUCE_JAX_SPARE"
 
+#: The nice value a spare waits at (with ``SCHED_IDLE``).
+IDLE_NICE = 19
+
+#: Execs ``argv`` at idle priority: ``SCHED_IDLE`` and nice 19 (inherited by its threads).
+_AT_IDLE = """
+import os, sys
+os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[1]))
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def at_idle(argv: list[str]) -> list[str]:
+  """``argv`` run at idle priority (``SCHED_IDLE``, nice :data:`IDLE_NICE`)."""
+  return [sys.executable, "-S", "-c", _AT_IDLE, str(IDLE_NICE), *argv]
+
+
+@functools.cache
+def can_raise_priority() -> bool:
+  """Whether this process may take a thread out of ``SCHED_IDLE`` and nice 19 back to its
+  own priority (root, ``CAP_SYS_NICE``): tried on a thread of its own that then ends."""
+  if not hasattr(os, "SCHED_IDLE"):
+    return False
+  policy, nice, ok = os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0), []
+
+  def probe():
+    tid = threading.get_native_id()
+    try:
+      os.setpriority(os.PRIO_PROCESS, tid, IDLE_NICE)
+      os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+      os.sched_setscheduler(tid, policy, os.sched_param(0))
+      os.setpriority(os.PRIO_PROCESS, tid, nice)
+      ok.append(True)
+    except OSError:
+      pass
+
+  thread = threading.Thread(target=probe)
+  thread.start(), thread.join()
+  return bool(ok)
+
+
+def raise_priority(policy: int, nice: int) -> None:
+  """Every thread of this process to scheduling ``policy`` and ``nice`` (a taken spare:
+  the launcher's own)."""
+  for tid in os.listdir("/proc/self/task"):
+    with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+      os.sched_setscheduler(int(tid), policy, os.sched_param(0))
+      os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+
 
 class Spares:
   """One spare process per host, for the next attempt of a restarting job.
@@ -35,7 +93,8 @@ class Spares:
   ``argv``: the command; ``env``: the environment every spare starts with (what the
   job's processes share: ``JAX_PLATFORMS``, the compilation cache...);
   ``host_argv(host)``: the prefix that runs a process on that host (None: here);
-  ``logs``: where each spare writes until it is taken (``spare-H.log``).
+  ``logs``: where each spare writes until it is taken (``spare-H.log``). Spares wait at
+  idle priority where the launcher can raise them back (:func:`can_raise_priority`).
   """
 
   def __init__(
@@ -50,6 +109,7 @@ class Spares:
     self.host_argv = host_argv
     self.ready: dict[int, subprocess.Popen] = {}
     self.started = 0
+    self.idle = can_raise_priority()
 
   def refill(self, hosts: list[int] | None = None) -> None:
     """Starts a spare on every host of ``hosts`` (default: all) that has none."""
@@ -59,9 +119,10 @@ class Spares:
       if spare is not None and spare.poll() is None:
         continue
       prefix = self.host_argv(host) if self.host_argv else []
+      argv = at_idle(self.argv) if self.idle else self.argv
       with open(self.logs / f"spare-{host}.log", "ab") as log:
         self.ready[host] = subprocess.Popen(
-          die_with_parent([*prefix, *self.argv]),
+          die_with_parent([*prefix, *argv]),
           env={**self.env, ENV_SPARE: "1"},
           stdin=subprocess.PIPE,
           stdout=log,
@@ -76,7 +137,10 @@ class Spares:
     spare = self.ready.pop(host, None)
     if spare is None or spare.poll() is not None:
       return None
-    go = json.dumps({"env": env, "log": str(log)}) + "\n"
+    go = {"env": env, "log": str(log)}
+    if self.idle:  # back to the launcher's priority
+      go["priority"] = [os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)]
+    go = json.dumps(go) + "\n"
     try:
       spare.stdin.write(go.encode())
       spare.stdin.close()
@@ -98,7 +162,8 @@ class Spares:
 def wait_if_spare(module, args) -> None:
   """In a spare (``$ALLREDUCE_JAX_SPARE``): runs ``module.prepare(args)`` if the
   subcommand has one, then waits for the launcher's line (the environment and log file of
-  the process it becomes), applies it and returns. Elsewhere: returns at once."""
+  the process it becomes and, where it waited at idle priority, the priority to raise its
+  threads to), applies it and returns. Elsewhere: returns at once."""
   if os.environ.get(ENV_SPARE, "") in ("", "0"):
     return
   prepare = getattr(module, "prepare", None)
@@ -108,6 +173,8 @@ def wait_if_spare(module, args) -> None:
   if not line:  # the launcher went away without taking this spare
     os._exit(0)
   go = json.loads(line)
+  if "priority" in go:
+    raise_priority(*go["priority"])
   for key in [k for k in os.environ if k.startswith("ALLREDUCE_JAX_") and k not in go["env"]]:
     del os.environ[key]
   os.environ.update(go["env"])
