@@ -208,14 +208,24 @@ def _train_run(hosts: int, options: list[str], steps: int, seed: int, kill_in_sa
 # ------------------------------------------------------------------ goodput
 
 
+#: The arms of ``goodput``: ``restarts`` (the failed host replaced at once, spares
+#: waiting at idle priority), ``elastic`` (on the survivors, a replacement back at the next
+#: restart), ``no-spares`` (``restarts`` without spares) and ``idle-spares`` (``--restarts``
+#: and no failure: what waiting spares and the compilation cache cost by themselves).
+ARMS = ("restarts", "elastic", "no-spares", "idle-spares")
+
+
 def goodput_runs(args) -> None:
-  """Uninterrupted runs (a seed each), then each schedule (MTBF × seed) under each arm:
-  ``restarts`` (the failed host replaced at once) and ``elastic`` (on the survivors, a
-  replacement back at the next restart)."""
+  """Uninterrupted runs (a seed each), then each schedule (MTBF × seed) under each arm of
+  :data:`ARMS` (``idle-spares``: without a schedule)."""
+  if bad := [a for a in args.arms if a not in ARMS]:
+    raise SystemExit(f"goodput --arms: {bad} not among {list(ARMS)}")
   store = _store("goodput", "goodput-run")
   steps = GOODPUT_STEPS[args.hosts]
   cases = [("uninterrupted", None, s) for s in args.seeds]
-  cases += [(arm, m, s) for m in args.mtbf for s in args.seeds for arm in args.arms]
+  cases += [("idle-spares", None, s) for s in args.seeds if "idle-spares" in args.arms]
+  cases += [(arm, m, s) for m in args.mtbf for s in args.seeds for arm in args.arms
+            if arm != "idle-spares"]  # fmt: skip
   for arm, mtbf, seed in cases:
     key = store.key(hosts=args.hosts, arm=arm, mtbf_s=mtbf, seed=seed, steps=steps)
     if key in store.done():
@@ -228,6 +238,8 @@ def goodput_runs(args) -> None:
       options += ["--restarts", "1000"]
     if arm == "elastic":
       options += ["--elastic", "--replace-after", "0"]
+    if arm == "no-spares":
+      options += ["--no-spares"]
     row = _train_run(args.hosts, options, steps, seed)
     store.append({"arm": arm, "mtbf_s": mtbf, "schedule": [f.spec for f in schedule], **row}, key)
     print(
@@ -242,17 +254,24 @@ def goodput_runs(args) -> None:
 
 #: Steps of torchft's runs, per host count (about as long as ours uninterrupted).
 TORCHFT_STEPS = {4: 3000}
+#: What a torchft run's logs are searched for, counted: Gloo's set-up waiting on its store
+#: past the timeout, a step on a process group whose set-up failed, Python errors.
+TORCHFT_ERRORS = {"gloo_store_timeouts": "DistStoreError", "pg_not_initialized":
+                  "process group not initialized", "tracebacks": "Traceback (most recent"}  # fmt: skip
 
 
 def torchft(args) -> None:
   """torchft (its Manager, DDP wrapper, Optimizer and lighthouse over Gloo, the extra
   ``torchft``) on the same emulated hosts under the same schedules: one replica group per
   host, the lighthouse on one more host (:mod:`torchft_dp`)."""
+  sys.path.insert(0, str(HERE))
+  import torchft_dp
+
   store = _store("torchft", "goodput-torchft")
-  steps = TORCHFT_STEPS[args.hosts]
+  steps, gloo_s = TORCHFT_STEPS[args.hosts], torchft_dp.GLOO_TIMEOUT_S
   cases = [(None, s) for s in args.seeds] + [(m, s) for m in args.mtbf for s in args.seeds]
   for mtbf, seed in cases:
-    key = store.key(hosts=args.hosts, mtbf_s=mtbf, seed=seed, steps=steps)
+    key = store.key(hosts=args.hosts, mtbf_s=mtbf, seed=seed, steps=steps, gloo_timeout_s=gloo_s)
     if key in store.done():
       continue
     schedule = (
@@ -263,9 +282,13 @@ def torchft(args) -> None:
       command = [sys.executable, str(HERE / "torchft_dp.py"), "host", "--steps", str(steps),
                  "--out", str(out), "--schedule", json.dumps([f.spec for f in schedule]),
                  "--seed", str(seed)]  # fmt: skip
-      res = _cluster(args.hosts + 1, ["--watchdog", "0"], command, logs, 3600)
-      events = [line for p in sorted(logs.glob("process-*.log"))
-                for line in p.read_text(errors="replace").splitlines() if line.startswith("supervisor ")]  # fmt: skip
+      res = _cluster(args.hosts + 1, ["--watchdog", "0"], command, logs, args.timeout)
+      text = "\n".join(p.read_text(errors="replace") for p in sorted(logs.glob("process-*.log")))
+      events = [line for line in text.splitlines() if line.startswith("supervisor ")]
+      reports = "\n".join(p.read_text() for p in out.glob("progress-*"))
+      errors = {name: text.count(pattern) for name, pattern in TORCHFT_ERRORS.items()}
+      errors["replaced_no_progress"] = sum(" replaced no-progress" in e for e in events)
+      errors["unreduced"] = reports.count("unreduced")
       clocks = [float(e.split()[3]) for e in events if e.split()[2] == "clock"]
       t0 = min(clocks) if clocks else 0.0
       got = goodput.committed(sorted(out.glob("progress-*")), t0)
@@ -280,10 +303,13 @@ def torchft(args) -> None:
            "kept_steps": kept[-1][1] if kept else 0, "wall_s": wall,
            "goodput": None, "committed": got["committed"],
            "dropped": got["dropped"], "final_test_acc": max(accs) if accs else None,
-           "kept": kept, "supervisor": events,
+           "kept": kept, "supervisor": events, "gloo_timeout_s": gloo_s,
+           "floor_s": torchft_dp.FLOOR_S, **errors,
            "faults": [{"fault": f.spec, "event": f.kind, "host": f.host, "at": f.at} for f in schedule
                       if wall is not None and start is not None and f.at < start + wall],
            "stderr_tail": res.stderr.strip().splitlines()[-3:] if res.returncode else []}  # fmt: skip
+    if res.returncode == 124:  # the cap: stopped before its last step
+      row["stopped_after_s"] = args.timeout
     store.append(row, key)
     print(
       f"torchft {args.hosts} hosts MTBF {mtbf} seed {seed}: {row['kept_steps']} steps in"
@@ -361,6 +387,8 @@ def parser() -> argparse.ArgumentParser:
   t.add_argument("--hosts", type=int, default=4, choices=sorted(TORCHFT_STEPS))
   t.add_argument("--mtbf", type=_csv(float), default=[60.0, 15.0])
   t.add_argument("--seeds", type=_csv(int), default=[0, 1, 2])
+  t.add_argument("--timeout", type=float, default=3600.0,
+                 help="seconds after which a run is stopped (its row kept, marked stopped)")  # fmt: skip
   t.set_defaults(run=torchft)
   s = sub.add_parser("simulate", help="the parameter server against sync, simulated")
   s.add_argument("--hosts", type=int, default=4)

@@ -149,7 +149,7 @@ def goodput_table() -> str:
   """Per host count, arm and MTBF: failures, goodput, steps against the uninterrupted runs
   in the same wall time, the ideal, seconds lost per failure, accuracy, nothing lost."""
   rows = _rows("goodput", "goodput-run") + [
-    r for r in _rows("torchft", "goodput-torchft") if "stopped_by_hand_after_s" not in r
+    r for r in _rows("torchft", "goodput-torchft") if not _stopped(r)
   ]
   if not rows:
     return "(not measured)"
@@ -162,7 +162,9 @@ def goodput_table() -> str:
     for system in ("ours", "torchft"):
       sys_rows = [r for r in mine if (r["arm"] == "torchft" or r.get("system") == "torchft")
                   == (system == "torchft")]  # fmt: skip
-      plain = [r for r in sys_rows if r["mtbf_s"] is None]
+      plain = [
+        r for r in sys_rows if r["mtbf_s"] is None and r["arm"] in ("uninterrupted", "torchft")
+      ]
       rate, accs = _rate(plain), [r["final_test_acc"] for r in plain if r["final_test_acc"]]
       for arm in dict.fromkeys(r["arm"] for r in sys_rows):
         for mtbf in sorted(
@@ -196,19 +198,27 @@ def _goodput_line(hosts, arm, mtbf, rs, rate, accs) -> str:
   )
 
 
+def _stopped(row: dict) -> float | None:
+  """Seconds after which a torchft run was stopped before its end (by hand or its cap)."""
+  return row.get("stopped_after_s", row.get("stopped_by_hand_after_s"))
+
+
 def torchft_attempts() -> str:
   """torchft runs stopped before their end: what they committed and why they did not go on."""
-  rows = [r for r in _rows("torchft", "goodput-torchft") if "stopped_by_hand_after_s" in r]
+  rows = [r for r in _rows("torchft", "goodput-torchft") if _stopped(r)]
   if not rows:
     return "(none)"
-  lines = ["| hosts | MTBF (s) | stopped after (s) | highest step | of | step reports committed |"
-           " dropped | replicas replaced (no step for 10 s) | Gloo store timeouts (5 s) |",
-           "|---" * 9 + "|"]  # fmt: skip
+  lines = ["| hosts | MTBF (s) | Gloo timeout (s) | stopped after (s) | highest step | of |"
+           " step reports committed | dropped | replicas replaced (no step for) |"
+           " Gloo store timeouts | steps on an uninitialised group |",
+           "|---" * 11 + "|"]  # fmt: skip
   for r in rows:
     lines.append(
       f"| {r['hosts']} | {'–' if r['mtbf_s'] is None else format(r['mtbf_s'], 'g')} |"
-      f" {r['stopped_by_hand_after_s']:.0f} | {r['kept_steps']} | {r['steps']} | {r['committed']} |"
-      f" {r['dropped']} | {r['replaced_no_progress']} | {r['gloo_store_timeouts']} |"
+      f" {r.get('gloo_timeout_s', 5):g} | {_stopped(r):.0f} | {r['kept_steps']} | {r['steps']} |"
+      f" {r['committed']} | {r['dropped']} |"
+      f" {r['replaced_no_progress']} ({r.get('floor_s', 10):g} s) | {r['gloo_store_timeouts']} |"
+      f" {r['pg_not_initialized']} |"
     )
   return "\n".join(lines)
 

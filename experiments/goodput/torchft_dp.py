@@ -15,9 +15,12 @@ committed steps stopped for :data:`FLOOR_S` (counted from its first step: counte
 start, a replica still importing torch or waiting for its first quorum was replaced, and
 each replacement asked for a new quorum), by a new one (the link up again: a
 replacement host) that joins the quorum and takes the weights from a peer. torchft runs
-with its own example's settings (Gloo's timeout 5 s, the lighthouse's heartbeat timeout
-5 s, quorum ticks of 100 ms); on these 2 shared cores a quorum's process group takes more
-than 2 s to configure at times, so the supervisor's bound is 10 s. Every
+with its own example's settings (the lighthouse's heartbeat timeout 5 s, quorum ticks of
+100 ms) but Gloo's and the manager's timeout 30 s, not its example's 5 s: with four groups
+on two shared cores, a new quorum's Gloo set-up takes more than 5 s at times and failed
+(``DistStoreError: wait timeout after 5000ms``), each failure asking for a new quorum. The
+supervisor's bound is 10 s more than that timeout, so that a survivor waiting out a dead
+peer's collective is not replaced. Every
 committed step is reported with :mod:`allreduce_jax.progress`'s line format to
 ``DIR/progress-H-K`` (host H, K-th process), for :func:`rows` to count.
 
@@ -40,10 +43,11 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+#: Gloo's and the manager's timeout (torchft's example: 5 s).
+GLOO_TIMEOUT_S = 30.0
 #: Seconds without a committed step after which the supervisor replaces its process.
-FLOOR_S = 10.0
-#: torchft's own example's settings: Gloo's timeout, the lighthouse's heartbeat timeout.
-GLOO_TIMEOUT_S = 5.0
+FLOOR_S = GLOO_TIMEOUT_S + 10.0
+#: torchft's own example's setting: the lighthouse's heartbeat timeout.
 HEARTBEAT_TIMEOUT_MS = 5000
 LIGHTHOUSE_PORT = 29510
 MANAGER_PORT = 29520
@@ -180,7 +184,7 @@ def replica(args) -> int:
   manager = torchft.Manager(
     pg=pg, min_replica_size=1, load_state_dict=load_state_dict, state_dict=state_dict,
     replica_id=f"host{rank}", lighthouse_addr=os.environ["TORCHFT_LIGHTHOUSE"],
-    port=MANAGER_PORT, hostname=f"host{rank}", timeout=timedelta(seconds=10),
+    port=MANAGER_PORT, hostname=f"host{rank}", timeout=timedelta(seconds=GLOO_TIMEOUT_S),
     quorum_timeout=timedelta(seconds=30), rank=0, world_size=1,
     store_addr="127.0.0.1", store_port=STORE_PORT,
   )  # fmt: skip
