@@ -292,7 +292,8 @@ class Timeline:
 
   def summary(self) -> dict:
     """The run in a row: its goodput, wall time, steps kept and redone, each attempt's
-    span and each recovery (seconds relative to the first chunk's start), and the kept
+    span (``launched``: when the launcher started it) and each recovery (seconds relative to
+    the first chunk's start: the wall time counts from it), and the kept
     steps over time (``kept``: ``[seconds, step]`` at each kept chunk's end)."""
     t0 = self.start or 0.0
     rel = lambda t: None if t is None else round(t - t0, 3)  # noqa: E731
@@ -308,6 +309,7 @@ class Timeline:
       "attempts": [
         {
           "hosts": a.hosts,
+          "launched": rel(a.events.get("started", {}).get("unix")),
           "restored": a.restored,
           "reached": a.reached,
           "start": rel(a.chunks[0].start if a.chunks else None),
