@@ -579,7 +579,9 @@ def launch_restarting(
         spares=kit.spares_for(alive),
       )
       rc = result.code
-      first_step_s = result.first_step_s or first_step_s
+      # an attempt that made no step (its bound passed while starting: no spare was ready)
+      # leaves the next unbounded while starting, as the first, not held to a faster start's
+      first_step_s = result.first_step_s
       if rc == 0 or attempt == o.restarts or result.interrupted:
         return rc
       failed = result.failed_rank

@@ -11,7 +11,7 @@ A process whose last report is a ``step`` gets a bound: the larger of ``floor`` 
 ``factor`` × the longest of its last :data:`WINDOW` intervals between steps (the step
 time measured in this run, saves and evaluations included). In a ``phase`` (starting,
 compiling, finishing) the bound is ``phase_s`` (a restart: ``factor`` × the previous
-attempt's time to its first step), or none. A process in the kernel's stopped state
+attempt's time to its first step, if it made one), or none. A process in the kernel's stopped state
 (``T``) for ``floor`` seconds, or whose place says it cannot progress (a cluster: its
 link is down) for as long, trips the watchdog whatever it last reported; the first step
 after a phase is bounded by ``factor`` × the phase's length. When one
