@@ -147,16 +147,18 @@ def _rate(rows: list[dict]) -> float | None:
 
 def goodput_table() -> str:
   """Per host count, arm and MTBF: failures, goodput, steps against the uninterrupted runs
-  in the same wall time, the ideal, seconds lost per failure, accuracy, nothing lost."""
+  in the same wall time, the ideal, seconds lost per failure, accuracy, bitwise, nothing lost."""
   rows = _rows("goodput", "goodput-run") + [
     r for r in _rows("torchft", "goodput-torchft") if not _stopped(r)
   ]
   if not rows:
     return "(not measured)"
   lines = ["| hosts | arm | MTBF (s) | runs | failures | goodput | steps vs uninterrupted,"
-           " same wall time | ideal | steps committed of those tried | lost per failure (s) |"
-           " final test acc | within the uninterrupted spread | nothing lost |",
-           "|---" * 13 + "|"]  # fmt: skip
+           " same wall time | ideal | steps committed of those tried |"
+           " failure to the first new step (s) | wall time lost per failure (s) |"
+           " final test acc | within the uninterrupted spread |"
+           " parameters bitwise its seed's uninterrupted run's | nothing lost |",
+           "|---" * 15 + "|"]  # fmt: skip
   for hosts in sorted({r["hosts"] for r in rows}):
     mine = [r for r in rows if r["hosts"] == hosts]
     for system in ("ours", "torchft"):
@@ -166,35 +168,42 @@ def goodput_table() -> str:
         r for r in sys_rows if r["mtbf_s"] is None and r["arm"] in ("uninterrupted", "torchft")
       ]
       rate, accs = _rate(plain), [r["final_test_acc"] for r in plain if r["final_test_acc"]]
+      digests = {r["seed"]: r.get("params_sha256") for r in plain}
       for arm in dict.fromkeys(r["arm"] for r in sys_rows):
         for mtbf in sorted(
           {r["mtbf_s"] for r in sys_rows if r["arm"] == arm}, key=lambda m: m or 1e9
         ):
           rs = [r for r in sys_rows if r["arm"] == arm and r["mtbf_s"] == mtbf]
-          lines.append(_goodput_line(hosts, arm, mtbf, rs, rate, accs))
+          lines.append(_goodput_line(hosts, arm, mtbf, rs, rate, accs, digests))
   lines += ["", "torchft's published figures: " + "; ".join(
     f"one failure every {m:g} s: {t}" for m, t in TORCHFT_PUBLISHED.items())]  # fmt: skip
   return "\n".join(lines)
 
 
-def _goodput_line(hosts, arm, mtbf, rs, rate, accs) -> str:
-  fails = [len([f for f in r["faults"] if f["event"] in FAULTS]) for r in rs]  # applied ones
+def _goodput_line(hosts, arm, mtbf, rs, rate, accs, digests) -> str:
+  fails = [len([f for f in r["faults"] if f["event"] in FAULTS and f["at"] >= 0]) for r in rs]
+  early = sum(f["event"] in FAULTS and f["at"] < 0 for r in rs for f in r["faults"])
   ratio = [r["kept_steps"] / (rate * r["wall_s"]) for r in rs if rate and r["wall_s"]]
+  per_fail = [(r["wall_s"] - r["kept_steps"] / rate) / n for r, n in zip(rs, fails) if rate and n]
   lost = [x["total"] for r in rs for x in r.get("recoveries", []) if x["total"] == x["total"]]
   within = [lo <= r["final_test_acc"] <= hi for r in rs if r["final_test_acc"]
             for lo, hi in [(min(accs), max(accs))] if accs]  # fmt: skip
   ok = [not (r["lost"]["rows"] or r["lost"]["steps"] or r["lost"]["torn_folders_left"])
         for r in rs if "lost" in r]  # fmt: skip
+  same = [r["params_sha256"] == digests.get(r["seed"]) for r in rs if r.get("params_sha256")]
   ideal = "100 %" if mtbf is not None else "–"
   share = [r["committed"] / (r["committed"] + r["dropped"]) for r in rs
            if r.get("committed") is not None and r["committed"] + r["dropped"]]  # fmt: skip
   pct = lambda xs: spread([100 * x for x in xs], ".1f", unit=" %", alone=True) if xs else "–"  # noqa: E731
   return (
-    f"| {hosts} | {arm} | {'–' if mtbf is None else f'{mtbf:g}'} | {len(rs)} | {_cell(fails, '.0f')} |"
+    f"| {hosts} | {arm} | {'–' if mtbf is None else f'{mtbf:g}'} | {len(rs)} |"
+    f" {_cell(fails, '.0f')}{f' (+{early} before)' if early else ''} |"
     f" {pct([r['goodput'] for r in rs if r['goodput'] is not None])} | {pct(ratio)} | {ideal} |"
     f" {pct(share)} | {_cell(lost, '.1f') if lost else '–'} |"
+    f" {_cell(per_fail, '.1f') if per_fail else '–'} |"
     f" {_cell([r['final_test_acc'] for r in rs if r['final_test_acc']], '.4f')} |"
-    f" {sum(within)}/{len(within)} | {f'{sum(ok)}/{len(ok)}' if ok else '–'} |"
+    f" {sum(within)}/{len(within)} | {f'{sum(same)}/{len(same)}' if same else '–'} |"
+    f" {f'{sum(ok)}/{len(ok)}' if ok else '–'} |"
   )
 
 
@@ -282,9 +291,13 @@ def tables() -> dict[str, str]:
     " background).", "", recovery_table(), "",
     "## Bitwise resume (4 hosts, 2000 steps)", "", bitwise_table(), "",
     "## Goodput under Poisson failure schedules", "",
-    "Goodput: the share of the wall time spent computing steps that were kept. Steps vs"
+    "Goodput: the share of the wall time (from the first committed step to the last) spent"
+    " computing steps that were kept; failures: those applied within it (+ those before the"
+    " first step, outside it, over all runs of the cell). Steps vs"
     " uninterrupted: the steps kept over what the same system's uninterrupted runs do in the"
-    " same wall time. Ideal: what a recovery of no cost keeps.", "", goodput_table(), "",
+    " same wall time. Ideal: what a recovery of no cost keeps. Wall time lost per failure:"
+    " the wall time over what the uninterrupted runs take for the same steps, per failure.",
+    "", goodput_table(), "",
     "torchft's runs that did not finish (no failure injected; stopped by hand): each replica"
     " group's process was replaced by its supervisor whenever no step came for 10 s from its"
     " start, and each replacement asked the others for a new quorum, whose Gloo set-up waited"
