@@ -145,6 +145,20 @@ def _rate(rows: list[dict]) -> float | None:
   return statistics.median(rates) if rates else None
 
 
+def _attempt_rates(row: dict, settle_s: float = 2.0) -> list[float]:
+  """Steps a second of each attempt of a run that made steps (after its first
+  ``settle_s``: the start and compile left out), the first attempt first."""
+  out = []
+  for a in row["attempts"]:
+    if a["start"] is None:
+      continue
+    t0 = a["start"] + settle_s
+    pts = [(t, n) for t, n in row["kept"] if t0 <= t <= a["end"] + 1e-3]
+    if len(pts) > 1 and pts[-1][0] > pts[0][0]:
+      out.append((pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0]))
+  return out
+
+
 def goodput_table() -> str:
   """Per host count, arm and MTBF: failures, goodput, steps against the uninterrupted runs
   in the same wall time, the ideal, seconds lost per failure, accuracy, bitwise, nothing lost."""
@@ -156,9 +170,10 @@ def goodput_table() -> str:
   lines = ["| hosts | arm | MTBF (s) | runs | failures | goodput | steps vs uninterrupted,"
            " same wall time | ideal | steps committed of those tried |"
            " failure to the first new step (s) | wall time lost per failure (s) |"
+           " steps/s after a restart (uninterrupted: the run's) |"
            " final test acc | within the uninterrupted spread |"
            " parameters bitwise its seed's uninterrupted run's | nothing lost |",
-           "|---" * 15 + "|"]  # fmt: skip
+           "|---" * 16 + "|"]  # fmt: skip
   for hosts in sorted({r["hosts"] for r in rows}):
     mine = [r for r in rows if r["hosts"] == hosts]
     for system in ("ours", "torchft"):
@@ -185,6 +200,7 @@ def _goodput_line(hosts, arm, mtbf, rs, rate, accs, digests) -> str:
   early = sum(f["event"] in FAULTS and f["at"] < 0 for r in rs for f in r["faults"])
   ratio = [r["kept_steps"] / (rate * r["wall_s"]) for r in rs if rate and r["wall_s"]]
   per_fail = [(r["wall_s"] - r["kept_steps"] / rate) / n for r, n in zip(rs, fails) if rate and n]
+  speeds = [x for r in rs if "attempts" in r for x in _attempt_rates(r)[mtbf is not None :]]
   lost = [x["total"] for r in rs for x in r.get("recoveries", []) if x["total"] == x["total"]]
   within = [lo <= r["final_test_acc"] <= hi for r in rs if r["final_test_acc"]
             for lo, hi in [(min(accs), max(accs))] if accs]  # fmt: skip
@@ -201,6 +217,7 @@ def _goodput_line(hosts, arm, mtbf, rs, rate, accs, digests) -> str:
     f" {pct([r['goodput'] for r in rs if r['goodput'] is not None])} | {pct(ratio)} | {ideal} |"
     f" {pct(share)} | {_cell(lost, '.1f') if lost else '–'} |"
     f" {_cell(per_fail, '.1f') if per_fail else '–'} |"
+    f" {_cell(speeds, '.0f') if speeds else '–'} |"
     f" {_cell([r['final_test_acc'] for r in rs if r['final_test_acc']], '.4f')} |"
     f" {sum(within)}/{len(within)} | {f'{sum(same)}/{len(same)}' if same else '–'} |"
     f" {f'{sum(ok)}/{len(ok)}' if ok else '–'} |"
@@ -298,10 +315,10 @@ def tables() -> dict[str, str]:
     " same wall time. Ideal: what a recovery of no cost keeps. Wall time lost per failure:"
     " the wall time over what the uninterrupted runs take for the same steps, per failure.",
     "", goodput_table(), "",
-    "torchft's runs that did not finish (no failure injected; stopped by hand): each replica"
-    " group's process was replaced by its supervisor whenever no step came for 10 s from its"
-    " start, and each replacement asked the others for a new quorum, whose Gloo set-up waited"
-    " on its store past torchft's 5 s:", "", torchft_attempts(), "",
+    "torchft's runs that did not finish (no failure injected; stopped by hand or at their"
+    " cap): a replica group's process was replaced by its supervisor when no step came for"
+    " the bound in parentheses, and each replacement asked the others for a new quorum, whose"
+    " Gloo set-up could wait on its store past Gloo's timeout:", "", torchft_attempts(), "",
     "One run's failures (4 hosts, `--restarts`, one failure a minute, seed 0):", "",
     timeline_table(), "",
     "## Synchronous all-reduce against the asynchronous parameter server, workers dying", "",
