@@ -11,6 +11,7 @@ spares, hits the compilation cache in every process, and resumes bitwise.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
