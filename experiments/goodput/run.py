@@ -254,6 +254,8 @@ def goodput_runs(args) -> None:
 
 #: Steps of torchft's runs, per host count (about as long as ours uninterrupted).
 TORCHFT_STEPS = {4: 3000}
+#: torchft's Gloo and manager timeout here (its example's 5 s failed its Gloo set-up).
+TORCHFT_GLOO_TIMEOUT_S = 30.0
 #: What a torchft run's logs are searched for, counted: Gloo's set-up waiting on its store
 #: past the timeout, a step on a process group whose set-up failed, Python errors.
 TORCHFT_ERRORS = {"gloo_store_timeouts": "DistStoreError", "pg_not_initialized":
@@ -264,11 +266,8 @@ def torchft(args) -> None:
   """torchft (its Manager, DDP wrapper, Optimizer and lighthouse over Gloo, the extra
   ``torchft``) on the same emulated hosts under the same schedules: one replica group per
   host, the lighthouse on one more host (:mod:`torchft_dp`)."""
-  sys.path.insert(0, str(HERE))
-  import torchft_dp
-
   store = _store("torchft", "goodput-torchft")
-  steps, gloo_s = TORCHFT_STEPS[args.hosts], torchft_dp.GLOO_TIMEOUT_S
+  steps, gloo_s = TORCHFT_STEPS[args.hosts], TORCHFT_GLOO_TIMEOUT_S
   cases = [(None, s) for s in args.seeds] + [(m, s) for m in args.mtbf for s in args.seeds]
   for mtbf, seed in cases:
     key = store.key(hosts=args.hosts, mtbf_s=mtbf, seed=seed, steps=steps, gloo_timeout_s=gloo_s)
@@ -281,7 +280,7 @@ def torchft(args) -> None:
       out, logs = Path(tmp, "out"), Path(tmp, "logs")
       command = [sys.executable, str(HERE / "torchft_dp.py"), "host", "--steps", str(steps),
                  "--out", str(out), "--schedule", json.dumps([f.spec for f in schedule]),
-                 "--seed", str(seed)]  # fmt: skip
+                 "--seed", str(seed), "--gloo-timeout", str(gloo_s)]  # fmt: skip
       res = _cluster(args.hosts + 1, ["--watchdog", "0"], command, logs, args.timeout)
       text = "\n".join(p.read_text(errors="replace") for p in sorted(logs.glob("process-*.log")))
       events = [line for line in text.splitlines() if line.startswith("supervisor ")]
@@ -304,7 +303,8 @@ def torchft(args) -> None:
            "goodput": None, "committed": got["committed"],
            "dropped": got["dropped"], "final_test_acc": max(accs) if accs else None,
            "kept": kept, "supervisor": events, "gloo_timeout_s": gloo_s,
-           "floor_s": torchft_dp.FLOOR_S, **errors,
+           "floor_s": next((float(w[8:]) for e in events for w in e.split()
+                            if w.startswith("floor_s=")), None), **errors,
            "faults": [{"fault": f.spec, "event": f.kind, "host": f.host, "at": f.at} for f in schedule
                       if wall is not None and start is not None and f.at < start + wall],
            "stderr_tail": res.stderr.strip().splitlines()[-3:] if res.returncode else []}  # fmt: skip

@@ -11,7 +11,7 @@ on its host (:func:`host`): the schedule's failures for that host are applied to
 ``t0`` + their time (``kill``: SIGKILL; ``stop``: SIGSTOP; ``down``: the host's link down
 for good; the times count from the host's first committed step, as ``cluster --fault``
 counts from the hosts joining), and the supervisor replaces a process that died, or whose
-committed steps stopped for :data:`FLOOR_S` (counted from its first step: counted from its
+committed steps stopped for ``--gloo-timeout`` + :data:`FLOOR_MARGIN_S` (counted from its first step: counted from its
 start, a replica still importing torch or waiting for its first quorum was replaced, and
 each replacement asked for a new quorum), by a new one (the link up again: a
 replacement host) that joins the quorum and takes the weights from a peer. torchft runs
@@ -43,10 +43,11 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-#: Gloo's and the manager's timeout (torchft's example: 5 s).
+#: Gloo's and the manager's timeout by default (torchft's example: 5 s).
 GLOO_TIMEOUT_S = 30.0
-#: Seconds without a committed step after which the supervisor replaces its process.
-FLOOR_S = GLOO_TIMEOUT_S + 10.0
+#: Seconds past Gloo's timeout without a committed step after which the supervisor
+#: replaces its process.
+FLOOR_MARGIN_S = 10.0
 #: torchft's own example's setting: the lighthouse's heartbeat timeout.
 HEARTBEAT_TIMEOUT_MS = 5000
 LIGHTHOUSE_PORT = 29510
@@ -77,6 +78,7 @@ def host(args) -> int:
   def note(event: str, what: str = "") -> None:  # read back by events()
     print(f"supervisor {rank} {event} {time.time():.4f} {what}".rstrip(), flush=True)
 
+  floor_s = args.gloo_timeout + FLOOR_MARGIN_S
   k, down, t0 = 0, False, None  # t0: the schedule's zero, this host's first committed step
   while True:
     progress = out / f"progress-{rank}-{k}"
@@ -84,8 +86,9 @@ def host(args) -> int:
            f"http://host{n}:{LIGHTHOUSE_PORT}"}  # fmt: skip
     child = subprocess.Popen([sys.executable, __file__, "replica", "--steps", str(args.steps),
                               "--seed", str(args.seed), "--groups", str(n), "--incarnation",
-                              str(k), *(["--stock-ddp"] if args.stock_ddp else [])], env=env)  # fmt: skip
-    note("started", f"pid={child.pid}")
+                              str(k), "--gloo-timeout", str(args.gloo_timeout),
+                              *(["--stock-ddp"] if args.stock_ddp else [])], env=env)  # fmt: skip
+    note("started", f"pid={child.pid} floor_s={floor_s:g}")
     last, seen, done, stepped = time.time(), 0, False, False
     while child.poll() is None:
       now = time.time()
@@ -112,7 +115,7 @@ def host(args) -> int:
         child.wait()
         note("ended", "run-over")
         return 0
-      if now - last > FLOOR_S and stepped and not done:  # its steps stopped for the floor
+      if now - last > floor_s and stepped and not done:  # its steps stopped for the floor
         child.kill()
         child.wait()
         note("replaced", "no-progress")
@@ -180,11 +183,11 @@ def replica(args) -> int:
   store = torch.distributed.TCPStore(
     "127.0.0.1", STORE_PORT, is_master=True, wait_for_workers=False
   )
-  pg = torchft.ProcessGroupGloo(timeout=timedelta(seconds=GLOO_TIMEOUT_S))
+  pg = torchft.ProcessGroupGloo(timeout=timedelta(seconds=args.gloo_timeout))
   manager = torchft.Manager(
     pg=pg, min_replica_size=1, load_state_dict=load_state_dict, state_dict=state_dict,
     replica_id=f"host{rank}", lighthouse_addr=os.environ["TORCHFT_LIGHTHOUSE"],
-    port=MANAGER_PORT, hostname=f"host{rank}", timeout=timedelta(seconds=GLOO_TIMEOUT_S),
+    port=MANAGER_PORT, hostname=f"host{rank}", timeout=timedelta(seconds=args.gloo_timeout),
     quorum_timeout=timedelta(seconds=30), rank=0, world_size=1,
     store_addr="127.0.0.1", store_port=STORE_PORT,
   )  # fmt: skip
@@ -261,6 +264,7 @@ def parser() -> argparse.ArgumentParser:
   h.add_argument("--schedule", default="[]")
   h.add_argument("--seed", type=int, default=0)
   h.add_argument("--stock-ddp", action="store_true", help="torchft's own DDP wrapper")
+  h.add_argument("--gloo-timeout", type=float, default=GLOO_TIMEOUT_S)
   r = sub.add_parser("replica")
   r.set_defaults(run=replica)
   r.add_argument("--steps", type=int, required=True)
@@ -268,6 +272,7 @@ def parser() -> argparse.ArgumentParser:
   r.add_argument("--groups", type=int, required=True)
   r.add_argument("--incarnation", type=int, default=0)
   r.add_argument("--stock-ddp", action="store_true")
+  r.add_argument("--gloo-timeout", type=float, default=GLOO_TIMEOUT_S)
   return p
 
 
