@@ -83,7 +83,8 @@ def sync_timeline(
 #: (``overlap.DEFAULT_BUCKET_BYTES``, 25 MiB), and two shares measured on the emulated cluster
 #: (``experiments/overlap``, a 6-layer MLP, a bucket per layer): the backward pass is 0.69 of
 #: a gradient computation (1 − forward/compute: 0.70 on 2 hosts, 0.69 on 4), and 0.67 of the
-#: communication the two-stream schedule can hide did hide (4 hosts; 0.83 on 2).
+#: communication the two-stream schedule can hide did hide (the lowest of the ring's three runs
+#: on 4 hosts, median 0.72; 0.75 on 2 hosts).
 OVERLAP_BUCKET_BYTES = overlap.DEFAULT_BUCKET_BYTES
 OVERLAP_BACKWARD = 0.69
 OVERLAP_HIDDEN = 0.67
