@@ -725,19 +725,21 @@ def scenario_of(row: dict[str, Any], phase: bool = False) -> SimpleNamespace:
   return cfg
 
 
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+  """The rows of a JSON-lines file this module writes whole (``table_c.jsonl``,
+  ``phase_cells.jsonl``), each with renamed fields upgraded (:func:`results.upgrade`)."""
+  return [results.upgrade(json.loads(x)) for x in Path(path).read_text().splitlines() if x.strip()]
+
+
 def tables_from_rows(root: str | Path) -> dict[str, str]:
   """``{path relative to root: text}``: every ``table_c.md`` and ``phase.md`` under
   ``root`` regenerated from the rows beside it (``table_c.jsonl``; ``phase_cells.jsonl``
   with the scenario from the ``phase_runs.jsonl`` beside it, else from a sibling
   ``phase_all/``'s, of which a ``phase/`` folder is a subset). No training runs."""
   root = Path(root)
-
-  def read(path: Path) -> list[dict[str, Any]]:
-    return [results.upgrade(json.loads(x)) for x in path.read_text().splitlines() if x.strip()]
-
   out = {}
   for path in sorted(root.rglob("table_c.jsonl")):
-    rows = read(path)
+    rows = read_jsonl(path)
     out[str(path.with_suffix(".md").relative_to(root))] = table_c_markdown(
       rows, scenario_of(rows[0])
     )
@@ -748,6 +750,6 @@ def tables_from_rows(root: str | Path) -> dict[str, str]:
     with runs.open() as f:
       first = results.upgrade(json.loads(f.readline()))
     out[str(path.parent.relative_to(root) / "phase.md")] = phase_markdown(
-      read(path), scenario_of(first, phase=True)
+      read_jsonl(path), scenario_of(first, phase=True)
     )
   return out

@@ -11,11 +11,10 @@ overlapped sync arms. The rows are measured by ``allreduce-jax train table-c`` a
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from allreduce_jax import results
-from allreduce_jax.training.experiments import tables_from_rows
+from allreduce_jax.training.experiments import read_jsonl, tables_from_rows
 
 HERE = Path(__file__).resolve().parent
 
@@ -73,8 +72,7 @@ def tables(root: Path = HERE / "rows") -> dict[str, str]:
   """``{path relative to the study folder: text}`` of every table of this study."""
   rel = root.relative_to(HERE) if root.is_relative_to(HERE) else root
   out = {str(rel / name): text for name, text in tables_from_rows(root).items()}
-  cells_path = root / "phase_all" / "phase_cells.jsonl"
-  cells = [json.loads(x) for x in cells_path.read_text().splitlines() if x.strip()]
+  cells = read_jsonl(root / "phase_all" / "phase_cells.jsonl")
   if any(c["arm"].endswith("_ov") for c in cells):
     out[str(rel.parent / "boundary.md")] = boundary_table(cells)
   return out
