@@ -3,9 +3,10 @@
 ``sync`` (equal batches), ``sync_b{b}`` (backup workers: the slowest b gradients
 dropped), ``sync_balanced`` (batch ∝ speed), ``sync_isolate`` (slow-node isolation),
 ``sync_ov`` / ``sync_b1_ov`` (the same training, each step's all-reduce overlapped
-with its backward pass: :func:`overlapped_sync_arm`), and ``async``, ``async_eta_tau``, ``dcasgd`` and ``ssp{s}`` on a parameter server: each
-constructor returns one record; :mod:`.catalogue` registers them. Local SGD / DiLoCo
-(:mod:`.local`) and gossip (:mod:`.gossip`) are the other families.
+with its backward pass: :func:`overlapped_sync_arm`), and ``async``, ``async_eta_tau``,
+``dcasgd`` and ``ssp{s}`` on a parameter server: each constructor returns one record;
+:mod:`.catalogue` registers them. Local SGD / DiLoCo (:mod:`.local`) and gossip
+(:mod:`.gossip`) are the other families.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ def sweep(args) -> list[list[str]]:
   for run in range(args.first_run, args.runs):
     for hosts in (int(h) for h in args.hosts.split(",")):
       measure = ["--algorithm", "ring", "--bucket-layers", args.bucket_layers]
-      measure += ["--variants", "compute,forward,comm,stages,after,streams"]
+      measure += ["--variants", NEEDED]
       measure += ["--trials", str(args.trials), "--run", str(run), "--out", args.out]
       out.append(cluster(hosts, args.link, measure))
   return out
