@@ -3,8 +3,12 @@
 - experiments/ holds only study folders and the index, which names each study once;
 - every study's README opens with the question, the answer and the command, and its file
   table names every file of the study (a path or a glob, relative to the study);
-- every script imports without doing work (no output, no file, no JAX backend started)
-  and imports no other script;
+- a study's Python files are scripts (run as ``python experiments/STUDY/NAME.py``: an
+  ``if __name__ == "__main__":`` block) or modules (no such block: imported, never run);
+  every file imports without doing work (no output, no file, no JAX backend started),
+  the library's public names only, and of the studies' files only a module of its own
+  study, by its bare name (``import rounds``), as Python finds it beside the script it
+  runs; a module's name is its study's alone and shadows no importable module;
 - no script has a ``main`` of its own or writes rows by hand: a study's tables are written
   by ``results.write_tables`` (``tables.py``), its commands parsed by argparse subcommands
   (``run.py``), its rows appended through the row store (``results.RowStore``);
@@ -14,6 +18,7 @@
 
 import ast
 import fnmatch
+import importlib.util
 import re
 import subprocess
 import sys
@@ -25,7 +30,21 @@ import study_script
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ROOT / "experiments"
 STUDIES = sorted(p.name for p in EXPERIMENTS.iterdir() if p.is_dir() and p.name != "__pycache__")
-SCRIPTS = sorted(p for s in STUDIES for p in (EXPERIMENTS / s).glob("*.py"))
+SCRIPTS = sorted(p for s in STUDIES for p in (EXPERIMENTS / s).glob("*.py"))  # and modules
+
+
+_MAIN_TESTS = ("__name__ == '__main__'", '__name__ == "__main__"')
+
+
+def _runs_as_main(source: str) -> bool:
+  """Whether the file has a top-level ``if __name__ == "__main__":`` block (a script)."""
+  return any(
+    isinstance(node, ast.If) and ast.unparse(node.test) in _MAIN_TESTS
+    for node in ast.parse(source).body
+  )
+
+
+MODULES = [p for p in SCRIPTS if not _runs_as_main(p.read_text())]
 
 
 def _study_files(study: str) -> list[str]:
@@ -75,45 +94,106 @@ def test_readme_opens_with_question_answer_command_and_lists_every_file(study):
   assert missing == [], f"{study}/README.md's file table names files that do not exist: {missing}"
 
 
-def test_scripts_import_no_other_script_and_no_private_name():
-  """A script imports the library's public names only: no other script, no private module,
-  no ``_name`` from a module, no ``module._name`` of a library module it imported."""
-  stems = {p.stem for p in SCRIPTS}
-
-  def private(name):
-    return name.startswith("_") and not name.startswith("__")
-
-  for path in SCRIPTS:
-    where = path.relative_to(ROOT)
-    library_aliases = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.Import):
-        for a in node.names:
-          assert a.name.split(".")[0] not in stems, f"{where} imports the script {a.name}"
-          assert not any(private(part) for part in a.name.split(".")), f"{where}: {a.name}"
-          if a.name.startswith("allreduce_jax"):
-            library_aliases.add(a.asname or a.name.split(".")[0])
-      elif isinstance(node, ast.ImportFrom) and node.module:
-        assert node.module.split(".")[0] not in stems, f"{where} imports the script {node.module}"
-        assert not any(private(part) for part in node.module.split(".")), f"{where}: {node.module}"
-        for a in node.names:
-          assert not private(a.name), f"{where} imports the private {node.module}.{a.name}"
-          if node.module.startswith("allreduce_jax"):
-            library_aliases.add(a.asname or a.name)
-    for node in ast.walk(ast.parse(path.read_text())):
-      if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-        if node.value.id in library_aliases:
-          assert not private(node.attr), f"{where} uses the private {node.value.id}.{node.attr}"
+def _private(name: str) -> bool:
+  return name.startswith("_") and not name.startswith("__")
 
 
-def test_every_script_imports_without_doing_work(tmp_path):
+def _import_problems(source: str, own: set[str], others: dict[str, str]) -> list[str]:
+  """What a study's file imports beyond what it may: ``own``, the names of its study's
+  modules, it may import; ``others``, every other study file's name (the study's scripts,
+  other studies' scripts and modules) to what it is, it may not. No relative import (a
+  study folder is no package), no private module or ``_name`` (from the library or an own
+  module), no ``alias._name`` of either."""
+  found, aliases = [], set()
+  tree = ast.parse(source)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.level:
+      found.append(f"line {node.lineno}: a relative import (a study folder is no package)")
+      continue
+    if isinstance(node, ast.Import):
+      modules = [(a.name, a.asname or a.name.split(".")[0]) for a in node.names]
+      names = []
+    elif isinstance(node, ast.ImportFrom):
+      modules = [(node.module, None)]
+      names = node.names
+    else:
+      continue
+    for module, alias in modules:
+      top = module.split(".")[0]
+      if top in others:
+        found.append(f"line {node.lineno}: imports {top}, {others[top]}")
+      if any(_private(part) for part in module.split(".")):
+        found.append(f"line {node.lineno}: imports the private {module}")
+      mine = top == "allreduce_jax" or top in own
+      if mine and alias:
+        aliases.add(alias)
+      for a in names:
+        if _private(a.name):
+          found.append(f"line {node.lineno}: imports the private {module}.{a.name}")
+        elif mine:
+          aliases.add(a.asname or a.name)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+      if node.value.id in aliases and _private(node.attr):
+        found.append(f"line {node.lineno}: uses the private {node.value.id}.{node.attr}")
+  return sorted(found, key=lambda f: int(f.split(":")[0].split()[1]))
+
+
+def _what_else(path: Path) -> dict[str, str]:
+  """Every study file's name but ``path``'s study's modules, to what it is to ``path``."""
+  out = {}
+  for p in SCRIPTS:
+    if p.parent != path.parent:
+      out[p.stem] = f"a {'module' if p in MODULES else 'script'} of {p.parent.name}"
+    elif p not in MODULES:
+      out[p.stem] = "a script"
+  return out
+
+
+def test_the_import_finder_finds_them():
+  src = (
+    "import rounds\nfrom rounds import trace\n"
+    "import steps\nfrom tables import cells\nimport wire_bytes\n"
+    "from . import rounds\nfrom allreduce_jax._ring import x\n"
+    "from allreduce_jax import _api, results\nfrom rounds import _hidden\n"
+    "results._store\nrounds._stamp\n"
+  )
+  others = {"steps": "a script", "tables": "a script", "wire_bytes": "a script of faults"}
+  assert [p.split(":")[0] for p in _import_problems(src, {"rounds"}, others)] == [
+    "line 3", "line 4", "line 5", "line 6", "line 7", "line 8", "line 9", "line 10", "line 11",
+  ]  # fmt: skip
+  ok = "import jax\nimport rounds\nfrom rounds import trace\nfrom allreduce_jax import results\n"
+  assert _import_problems(ok, {"rounds"}, others) == []
+
+
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_files_import_public_names_and_only_their_own_study_s_modules(path):
+  own = {p.stem for p in MODULES if p.parent == path.parent}
+  problems = _import_problems(path.read_text(), own, _what_else(path))
+  assert problems == [], f"{path.relative_to(ROOT)}: {problems}"
+
+
+def test_a_study_module_s_name_is_its_own():
+  """Python finds a study's module by its bare name: another study's module of that name, or
+  an importable module (the standard library's, an installed package's), would be taken
+  for it."""
+  names = [p.stem for p in MODULES]
+  twice = sorted({n for n in names if names.count(n) > 1})
+  assert twice == [], f"study modules of the same name in two studies: {twice}"
+  taken = [p.relative_to(ROOT) for p in MODULES
+           if p.stem in sys.stdlib_module_names or importlib.util.find_spec(p.stem)]  # fmt: skip
+  assert taken == [], f"study modules named as an importable module: {taken}"
+
+
+def test_every_study_file_imports_without_doing_work(tmp_path):
   """In a fresh interpreter, in an empty folder: no output, no file, no JAX backend."""
   code = (
-    "import importlib.util, sys\n"
-    f"for i, p in enumerate({[str(p) for p in SCRIPTS]!r}):\n"
-    "  spec = importlib.util.spec_from_file_location(f'm{i}', p)\n"
-    "  sys.modules[spec.name] = importlib.util.module_from_spec(spec)\n"
-    "  spec.loader.exec_module(sys.modules[spec.name])\n"
+    "import sys\n"
+    "from pathlib import Path\n"
+    f"sys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+    "import study_script\n"
+    f"for p in {[str(p) for p in SCRIPTS]!r}:\n"
+    "  study_script.load(Path(p))\n"
     "from jax._src import xla_bridge\n"
     "sys.stderr.write('backends started: %s' % xla_bridge.backends_are_initialized())\n"
   )
@@ -139,7 +219,7 @@ def _entry_problems(source: str) -> list[str]:
     if (
       isinstance(node, ast.If)
       and isinstance(node.test, ast.Compare)
-      and ast.unparse(node.test) in ("__name__ == '__main__'", '__name__ == "__main__"')
+      and ast.unparse(node.test) in _MAIN_TESTS
       and len(node.body) > 2
     ):
       found.append(f"line {node.lineno}: {len(node.body)} statements under __main__")

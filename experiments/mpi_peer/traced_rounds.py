@@ -16,12 +16,12 @@ import statistics
 from pathlib import Path
 
 import numpy as np
+from trace_steps import MODES
 
 from allreduce_jax import cluster_rows, results
 from allreduce_jax.units import format_bytes, spread
 
 HERE = Path(__file__).resolve().parent
-MODES = ("whole", "split", "barriered", "paired", "whole_paired")  # steps.py's
 #: The whole all-reduce's full-duplex bound at p = 4, in units of n/B.
 BOUND = {"halving_doubling": 2 * 3 / 4, "recursive_doubling": 2.0, "ring": 2 * 3 / 4}
 
