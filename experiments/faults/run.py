@@ -20,7 +20,6 @@ sampled (:func:`sample_tcp`, one ``slow_link_tcp`` row a run).
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import re
 import subprocess
@@ -30,6 +29,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import subcommands
 
 from allreduce_jax import netns, registry, results
 
@@ -276,13 +277,6 @@ def slow_cases(args) -> None:
 # ------------------------------------------------------------------ the command line
 
 
-class Parser(argparse.ArgumentParser):
-  """Bad input is one line naming the argument (no usage lines)."""
-
-  def error(self, message):
-    raise SystemExit(f"{self.prog}: {message}.")
-
-
 def runs(text: str) -> int:
   if not text.isdigit() or int(text) < 1:
     raise argparse.ArgumentTypeError(f"expects a positive whole number, got {text!r}")
@@ -315,20 +309,9 @@ def algorithms(text: str) -> str:
   return ",".join(names)
 
 
-def _subcommand(sub, name: str, run, *arguments: tuple[list[str], dict]) -> None:
-  """Subcommand ``name`` running ``run(args)``, with ``arguments`` (names, options)."""
-  usage = next(x for x in __doc__.splitlines() if f"run.py {name} " in x)
-  s = sub.add_parser(name, help=usage.split("# ")[-1])
-  for names, options in arguments:
-    s.add_argument(*names, **options)
-  s.set_defaults(run=run)
-
-
-def parser() -> Parser:
+def parser() -> subcommands.Parser:
   """``run.py``'s subcommands; each parsed command's ``run(args)`` measures."""
-  p = Parser(prog="run.py", description=__doc__.split("\n\n")[0])
-  sub = p.add_subparsers(dest="command", required=True)
-  add = functools.partial(_subcommand, sub)
+  p, add = subcommands.parser("run.py", __doc__)
   count = lambda default: (["runs"], {"nargs": "?", "type": runs, "default": default})  # noqa: E731
   cc = (["cc"], {"nargs": "?", "default": None})
   slow = (["--slow"], {"type": slowdowns, "default": None, "metavar": "K[,K...]"})

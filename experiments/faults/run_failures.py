@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import subcommands
+
 from allreduce_jax import registry, results
 from allreduce_jax.tools import saver
 
@@ -302,13 +304,6 @@ def torn(args) -> None:
 # ------------------------------------------------------------------ the command line
 
 
-class Parser(argparse.ArgumentParser):
-  """Bad input is one line naming the argument (no usage lines)."""
-
-  def error(self, message):
-    raise SystemExit(f"{self.prog}: {message}.")
-
-
 def numbers(text: str) -> list[float]:
   try:
     return [float(x) for x in text.split(",") if x]
@@ -330,20 +325,9 @@ def choice(table: dict, name: str) -> str:
   return name
 
 
-def _subcommand(sub, name: str, run, *arguments: tuple[list[str], dict]) -> None:
-  """Subcommand ``name`` running ``run(args)``, with ``arguments`` (names, options)."""
-  usage = next(x for x in __doc__.splitlines() if f"run_failures.py {name}" in x)
-  s = sub.add_parser(name, help=usage.split("# ")[-1] if "# " in usage else None)
-  for names, options in arguments:
-    s.add_argument(*names, **options)
-  s.set_defaults(run=run)
-
-
-def parser() -> Parser:
+def parser() -> subcommands.Parser:
   """``run_failures.py``'s subcommands; each parsed command's ``run(args)`` measures."""
-  p = Parser(prog="run_failures.py", description=__doc__.split("\n\n")[0])
-  sub = p.add_subparsers(dest="command", required=True)
-  add = functools.partial(_subcommand, sub)
+  p, add = subcommands.parser("run_failures.py", __doc__)
   algs = (["algorithms"], {"nargs": "?", "type": algorithms, "default": []})
   concurrent = (["--concurrent"], {"action": "store_const", "const": ["--concurrent"],
                                    "default": []})  # fmt: skip
