@@ -163,18 +163,14 @@ def check_coordinator_port(bind_address: str, what: str = "coordinator") -> None
     infos = socket.getaddrinfo(host or None, int(port), family, socket.SOCK_STREAM)
   except OSError as e:
     raise CoordinatorError(f"{what} {bind_address}: cannot resolve {host!r} ({e}).") from None
-  e = bind_error(family, infos[0][4])
-  if e is not None and e.errno == errno.EADDRINUSE:
-    raise CoordinatorError(
-      f"{what} {bind_address}: port {port} is already in use on this machine;"
-      " pick another port (another run may still be using it)."
-    )
-  if e is not None:
-    raise CoordinatorError(
-      f"{what} {bind_address}: cannot listen there ({e.strerror}); process 0 runs the"
-      f" coordinator, so the address must be one of its own (set {ENV_COORDINATOR_BIND}"
-      " to e.g. 0.0.0.0:PORT to listen on every interface)."
-    )
+  problem = listen_problem(
+    f"{what} {bind_address}", family, infos[0][4],
+    in_use="pick another port (another run may still be using it).",
+    elsewhere=f"process 0 runs the coordinator, so the address must be one of its own (set"
+    f" {ENV_COORDINATOR_BIND} to e.g. 0.0.0.0:PORT to listen on every interface).",
+  )  # fmt: skip
+  if problem is not None:
+    raise CoordinatorError(problem)
 
 
 class AddressError(CoordinatorError):
@@ -277,6 +273,32 @@ def bind_error(family: socket.AddressFamily, address: tuple) -> OSError | None:
     except OSError as e:
       return e
   return None
+
+
+def listen_problem(
+  what: str, family: socket.AddressFamily, address: tuple, *, in_use: str, elsewhere: str
+) -> str | None:
+  """Why a coordinator could not listen on ``address`` right now (:func:`bind_error`), in
+  one line that starts with ``what`` and ends with the caller's fix: ``in_use`` where the
+  port is taken, ``elsewhere`` where the address is not this machine's; ``None`` if it could.
+
+  Example:
+    >>> import socket
+    >>> with socket.socket() as s:
+    ...   s.bind(("127.0.0.1", 0))
+    ...   s.listen()
+    ...   port = s.getsockname()[1]
+    ...   problem = listen_problem("here", socket.AF_INET, ("127.0.0.1", port),
+    ...                            in_use="pick another.", elsewhere="use this host's.")
+    >>> problem == f"here: port {port} is already in use on this machine; pick another."
+    True
+  """
+  e = bind_error(family, address)
+  if e is None:
+    return None
+  if e.errno == errno.EADDRINUSE:
+    return f"{what}: port {address[1]} is already in use on this machine; {in_use}"
+  return f"{what}: cannot listen there ({e.strerror}); {elsewhere}"
 
 
 def _is_loopback(address: str) -> bool:

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import errno
 import json
 import os
 import re
@@ -92,17 +91,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def check_port(host: str, port: int) -> None:
   """Raises ``LaunchError`` if the coordinator could not listen on ``host:port``."""
-  e = distributed.bind_error(socket.AF_INET6 if ":" in host else socket.AF_INET, (host, port))
-  if e is not None and e.errno == errno.EADDRINUSE:
-    raise LaunchError(
-      f"--coordinator {host}:{port}: port {port} is already in use on this machine;"
-      " pick another port or omit --coordinator to get a free one."
-    )
-  if e is not None:
-    raise LaunchError(
-      f"--coordinator {host}:{port}: cannot listen there ({e.strerror}); the local"
-      " launcher runs the coordinator on this machine, e.g. 127.0.0.1."
-    )
+  problem = distributed.listen_problem(
+    f"--coordinator {host}:{port}", socket.AF_INET6 if ":" in host else socket.AF_INET,
+    (host, port), in_use="pick another port or omit --coordinator to get a free one.",
+    elsewhere="the local launcher runs the coordinator on this machine, e.g. 127.0.0.1.",
+  )  # fmt: skip
+  if problem is not None:
+    raise LaunchError(problem)
 
 
 def _status(rc: int) -> str:
