@@ -76,6 +76,14 @@ def add_devices(parser: argparse.ArgumentParser) -> None:
   )
 
 
+def add_rows_out(parser: argparse.ArgumentParser, default: str) -> None:
+  """A sweep's rows and figure: ``--out`` (JSON Lines, ``default``; appended, so a rerun
+  resumes), ``--fresh`` (empty it first) and ``--plot`` (the figure, beside ``--out``)."""
+  parser.add_argument("--out", default=default, help="JSON Lines file (appended; a rerun resumes)")
+  parser.add_argument("--fresh", action="store_true", help="empty --out first instead of resuming")
+  parser.add_argument("--plot", default=None, help="figure (default: --out with .png)")
+
+
 def add_renamed(parser: argparse.ArgumentParser, old: str, new: str, example: str) -> None:
   """A removed option ``old``, hidden from ``--help``: using it is a usage error that
   names its replacement (``old`` was renamed ``new``, e.g. ``example``)."""

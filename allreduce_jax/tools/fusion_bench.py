@@ -34,6 +34,7 @@ from allreduce_jax.results import fingerprint, run_context
 from allreduce_jax.tools import compare, plot
 from allreduce_jax.tools._args import (
   add_devices,
+  add_rows_out,
   choice_list,
   figure_path,
   nonnegative_int,
@@ -250,11 +251,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
   for action in parser._actions:  # the defaults in --help, where --smoke changes them
     if action.dest in DEFAULTS:
       action.help += f" (default {DEFAULTS[action.dest]}; --smoke: {SMOKE[action.dest]})"
-  parser.add_argument(
-    "--out", default="results/fusion.jsonl", help="JSON Lines file (appended; a rerun resumes)"
-  )
-  parser.add_argument("--fresh", action="store_true", help="overwrite --out instead of resuming")
-  parser.add_argument("--plot", default=None, help="figure (default: --out with .png)")
+  add_rows_out(parser, "results/fusion.jsonl")
   parser.add_argument(
     "--smoke", action="store_true", help="tiny models, few iterations (explicit options win)"
   )

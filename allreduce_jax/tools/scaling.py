@@ -30,6 +30,7 @@ from allreduce_jax.cost_model import params_to_dict
 from allreduce_jax.results import fingerprint
 from allreduce_jax.tools import plot
 from allreduce_jax.tools._args import (
+  add_rows_out,
   figure_path,
   nonempty,
   nonnegative_float,
@@ -203,11 +204,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     "--sizes", type=nonempty(size_list), default="1MiB,100MiB,1GiB", help="bytes per device"
   )
   parser.add_argument("--params", default=None, help="local fit file (default: auto's)")
-  parser.add_argument(
-    "--out", default="results/scaling.jsonl", help="JSON Lines file (appended; a rerun resumes)"
-  )
-  parser.add_argument("--fresh", action="store_true", help="empty --out first")
-  parser.add_argument("--plot", default=None, help="figure (default: --out with .png)")
+  add_rows_out(parser, "results/scaling.jsonl")
   parser.add_argument(
     "--smoke", action="store_true", help="p up to 64 only (or up to --max-p where that is lower)"
   )
