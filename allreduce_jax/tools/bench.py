@@ -258,6 +258,28 @@ def wire_bytes(fn, reps: int) -> np.ndarray:
   return np.subtract(netns.interface_bytes(), before).astype(np.float64)
 
 
+def wire_per_call(fn, reps: int, idle: np.ndarray) -> np.ndarray:
+  """``f64[processes, 2]``: every process's bytes sent and received per call of ``fn``
+  over ``reps`` calls (:func:`wire_bytes`), less ``idle`` (``wire_bytes(lambda: None,
+  reps)``, the barriers' own, so only ``fn``'s calls count), gathered from every process."""
+  per_call = (wire_bytes(fn, reps) - idle) / reps
+  return np.asarray(multihost_utils.process_allgather(per_call)).reshape(-1, 2)
+
+
+def wire_parser(description: str, reps: int, algorithms: str | None, algorithms_help: str):
+  """The command line of a script that counts each algorithm's bytes on the wire on every
+  host of a cluster (:func:`wire_per_call`): ``--bytes`` per participant, ``--reps``
+  calls counted, ``--algorithms``, ``--network`` (the cluster's topology, for the rows)
+  and ``--out`` (the rows' file, appended)."""
+  ap = argparse.ArgumentParser(description=description)
+  ap.add_argument("--bytes", default="4MiB", help="bytes per participant")
+  ap.add_argument("--reps", type=int, default=reps, help="calls counted per algorithm")
+  ap.add_argument("--algorithms", default=algorithms, help=algorithms_help)
+  ap.add_argument("--network", default="switch", help="the cluster's --topology (for the rows)")
+  ap.add_argument("--out", required=True, help="the rows' file (.jsonl, appended)")
+  return ap
+
+
 def measure_size(
   algorithms: Sequence[str],
   p: int,

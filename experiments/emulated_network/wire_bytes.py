@@ -8,7 +8,7 @@ Runs on every host of an emulated cluster (one process per host, one device each
 For each algorithm: compile and run it once, wait for every host (a barrier), read
 this host's ``tx_bytes`` (``/sys/class/net/DEV/statistics``, the namespace's own
 interfaces: ``ip netns exec`` mounts its /sys), run it ``--reps`` times, barrier, read
-again (:func:`allreduce_jax.tools.bench.wire_bytes`). The same interval with nothing run
+again (:func:`allreduce_jax.tools.bench.wire_per_call`). The same interval with nothing run
 (barriers only) is subtracted. Host 0 appends one row per (algorithm, host) with the
 schedule's bytes for that host next to it (:func:`allreduce_jax.gloo_model.schedule_bytes`),
 through the row store (kind ``wire``); the algorithms already in ``--out`` at this size
@@ -21,21 +21,25 @@ import argparse
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 
 from allreduce_jax import ALGORITHMS, devices, distributed, gloo_model, results
-from allreduce_jax.tools.bench import programs, verifiable_input, wire_bytes
+from allreduce_jax.tools.bench import (
+  programs,
+  verifiable_input,
+  wire_bytes,
+  wire_parser,
+  wire_per_call,
+)
 from allreduce_jax.units import parse_size
 
 
-def sent_per_call(algorithm: str, p: int, count: int, reps: int, idle: float) -> np.ndarray:
+def sent_per_call(algorithm: str, p: int, count: int, reps: int, idle: np.ndarray) -> np.ndarray:
   """Every host's bytes sent per call of ``algorithm`` (``f64[p]``), the idle interval's
-  subtracted."""
+  (``idle``, sent and received) subtracted."""
   mesh, spec, timed, _ = programs(algorithm, p, "sum")
   x = verifiable_input(mesh, spec, p, count)
   timed(x).block_until_ready()  # compile, connect
-  sent = (wire_bytes(lambda: timed(x).block_until_ready(), reps)[0] - idle) / reps
-  return np.asarray(multihost_utils.process_allgather(np.array([sent], np.float64))).reshape(-1)
+  return wire_per_call(lambda: timed(x).block_until_ready(), reps, idle)[:, 0]
 
 
 def measure(args: argparse.Namespace) -> None:
@@ -48,7 +52,7 @@ def measure(args: argparse.Namespace) -> None:
   done = {
     (r["network"], r["p"], r["bytes"], r["algorithm"]) for r in results.read_rows(args.out, "wire")
   }
-  idle = wire_bytes(lambda: None, args.reps)[0]
+  idle = wire_bytes(lambda: None, args.reps)
   rows = []
   for alg in [a for a in names if (args.network, p, n, a) not in done]:
     every = sent_per_call(alg, p, n // 4, args.reps, idle)
@@ -68,15 +72,10 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--bytes", default="4MiB", help="bytes per participant")
-  ap.add_argument("--reps", type=int, default=2, help="calls counted per algorithm")
-  ap.add_argument(
-    "--algorithms", default=None, help="comma list (default: every one with a schedule)"
-  )
-  ap.add_argument("--network", default="switch", help="the cluster's --topology (for the rows)")
-  ap.add_argument("--out", required=True, help="the rows' file (.jsonl, appended)")
-  return ap
+  return wire_parser(
+    __doc__.splitlines()[0], reps=2, algorithms=None,
+    algorithms_help="comma list (default: every one with a schedule)",
+  )  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ device per host), one Open MPI algorithm forced per launch (``run.py wire`` runs
 For each algorithm: compile and run it once (connections made), wait for every host (a
 barrier), read this host's interface counters (``/sys/class/net/DEV/statistics``: the
 namespace's own interfaces), call it ``--reps`` times, barrier, read again
-(:func:`allreduce_jax.tools.bench.wire_bytes`); the same
+(:func:`allreduce_jax.tools.bench.wire_per_call`); the same
 interval with nothing run (barriers only) is subtracted, so only that algorithm's calls
 are counted. Host 0 appends one row per (algorithm, host) with the bytes sent and
 received per call and the schedule's (:func:`schedule_bytes`), through the row store (kind
@@ -28,7 +28,13 @@ from jax.experimental import multihost_utils
 
 from allreduce_jax import distributed, gloo_model, results
 from allreduce_jax.tools import mpi_peer
-from allreduce_jax.tools.bench import programs, verifiable_input, wire_bytes
+from allreduce_jax.tools.bench import (
+  programs,
+  verifiable_input,
+  wire_bytes,
+  wire_parser,
+  wire_per_call,
+)
 from allreduce_jax.units import parse_size
 
 
@@ -95,13 +101,13 @@ def measure(args: argparse.Namespace) -> None:
   rows = []
   for alg in args.algorithms.split(","):
     name, call, wrong = program(alg, p, n // 4)
-    per_call = (wire_bytes(call, args.reps) - idle) / args.reps
-    every = np.asarray(multihost_utils.process_allgather(np.append(per_call, wrong))).reshape(p, 3)
+    every = wire_per_call(call, args.reps, idle)
+    wrongs = np.asarray(multihost_utils.process_allgather(np.array([wrong]))).reshape(p)
     try:
       schedule = schedule_bytes(name, p, n)
     except ValueError:
       schedule = None
-    for host, (sent, received, bad) in enumerate(every):
+    for host, ((sent, received), bad) in enumerate(zip(every, wrongs)):
       rows.append({
         "network": args.network, "p": p, "bytes": n, "algorithm": name, "host": host,
         "reps": args.reps, "sent": float(sent), "received": float(received),
@@ -116,13 +122,10 @@ def measure(args: argparse.Namespace) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--bytes", default="4MiB", help="bytes per participant")
-  ap.add_argument("--reps", type=int, default=4, help="calls counted per algorithm")
-  ap.add_argument("--algorithms", default="mpi", help="comma list: bench's names, psum, mpi")
-  ap.add_argument("--network", default="switch", help="the cluster's --topology (for the rows)")
-  ap.add_argument("--out", required=True, help="the rows' file (.jsonl, appended)")
-  return ap
+  return wire_parser(
+    __doc__.splitlines()[0], reps=4, algorithms="mpi",
+    algorithms_help="comma list: bench's names, psum, mpi",
+  )  # fmt: skip
 
 
 if __name__ == "__main__":
