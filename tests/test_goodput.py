@@ -223,3 +223,26 @@ def test_the_sync_clock_rolls_back_to_the_checkpoint_and_waits_out_the_recovery(
   twice = failures.sync_clock(4, [f(3.5, "kill", 0), f(4.5, "stop", 1)], 1.0, 2.0, 2)
   assert twice.tolist() == [1.0, 2.0, 7.5, 8.5]
   assert failures.ps_outages([f(3.5, "kill", 5)], 4, 2.0) == [(1, 3.5, 5.5)]
+
+
+# ------------------------------------------------------------------ torchft's rows
+
+
+def test_a_torchft_failure_is_timed_to_the_pause_it_caused_and_to_its_hosts_return(tmp_path):
+  import importlib.util
+
+  root = Path(__file__).resolve().parents[1]
+  spec = importlib.util.spec_from_file_location("goodput_run", root / "experiments/goodput/run.py")
+  run = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(run)
+  # steps every 10 ms from t = 0 to 1, a pause to 4.5 (a kill on host 1 at 0.995), then on
+  kept = [[round(0.01 * i, 3), i] for i in range(1, 101)]
+  kept += [[round(4.5 + 0.01 * i, 3), 100 + i] for i in range(1, 101)]
+  (tmp_path / "progress-1-0").write_text("step 1 100.5\nstep 99 100.99\n")
+  (tmp_path / "progress-1-1").write_text("step 150 106.0\n")  # its replacement, 5.005 s on
+  events = ["supervisor 1 fault 100.995 kill", "supervisor 1 started 101.0 pid=7",
+            "supervisor 2 fault 105.0 stop"]  # fmt: skip
+  got = run._torchft_recoveries(events, kept, 100.0, tmp_path)
+  assert got[0] == {"fault": "kill", "host": 1, "at": 0.995, "total": 3.515, "rejoined": 5.005}
+  # a stop among steady steps: no pause, and its host has no later process
+  assert got[1] == {"fault": "stop", "host": 2, "at": 5.0, "total": 0.0, "rejoined": None}

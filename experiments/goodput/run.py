@@ -16,6 +16,7 @@ campaign stopped midway resumes where it stopped (``--runs``, ``--seeds``: how m
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -253,13 +254,42 @@ def goodput_runs(args) -> None:
 
 
 #: Steps of torchft's runs, per host count (about as long as ours uninterrupted).
-TORCHFT_STEPS = {4: 3000}
-#: torchft's Gloo and manager timeout here (its example's 5 s failed its Gloo set-up).
-TORCHFT_GLOO_TIMEOUT_S = 30.0
+TORCHFT_STEPS = {4: 7500}
+#: torchft's Gloo and manager timeout here (its example's).
+TORCHFT_GLOO_TIMEOUT_S = 5.0
 #: What a torchft run's logs are searched for, counted: Gloo's set-up waiting on its store
 #: past the timeout, a step on a process group whose set-up failed, Python errors.
 TORCHFT_ERRORS = {"gloo_store_timeouts": "DistStoreError", "pg_not_initialized":
                   "process group not initialized", "tracebacks": "Traceback (most recent"}  # fmt: skip
+
+
+#: A pause in torchft's committed steps this long (its steps take ~15 ms) is a failure's.
+TORCHFT_STALL_S = 0.25
+
+
+def _torchft_recoveries(events: list[str], kept: list, t0: float, out: Path) -> list[dict]:
+  """Per fault the supervisors applied: seconds from it to the first step the quorum committed
+  after the pause it caused (``total``; 0 when the steps did not pause) and to the first step
+  the failed host's next process committed (``rejoined``)."""
+  firsts = {}  # (host, process) -> its first committed step's time
+  for path in out.glob("progress-*"):
+    steps = [ln.split() for ln in path.read_text().splitlines() if ln.startswith("step ")]
+    if steps:
+      firsts[tuple(int(x) for x in path.name.split("-")[1:])] = float(steps[0][2]) - t0
+  rows = []
+  for e in events:
+    _, host, what, unix, kind = [*e.split(" ", 4), ""][:5]
+    if what != "fault":
+      continue
+    at = float(unix) - t0
+    gaps = [b[0] for a, b in itertools.pairwise(kept)
+            if b[0] > at and a[0] <= at + 10 and b[0] - a[0] > TORCHFT_STALL_S]  # fmt: skip
+    after = [t for t, _ in kept if t > at]
+    back = sorted(t for (h, _), t in firsts.items() if h == int(host) and t > at)
+    rows.append({"fault": kind, "host": int(host), "at": round(at, 3),
+                 "total": round(gaps[0] - at, 3) if gaps else (0.0 if after else None),
+                 "rejoined": round(back[0] - at, 3) if back else None})  # fmt: skip
+  return rows
 
 
 def torchft(args) -> None:
@@ -286,11 +316,12 @@ def torchft(args) -> None:
       events = [line for line in text.splitlines() if line.startswith("supervisor ")]
       reports = "\n".join(p.read_text() for p in out.glob("progress-*"))
       errors = {name: text.count(pattern) for name, pattern in TORCHFT_ERRORS.items()}
-      errors["replaced_no_progress"] = sum(" replaced no-progress" in e for e in events)
+      errors["replaced_no_progress"] = sum(e.split()[2] == "replaced" for e in events)
       errors["unreduced"] = reports.count("unreduced")
       clocks = [float(e.split()[3]) for e in events if e.split()[2] == "clock"]
       t0 = min(clocks) if clocks else 0.0
       got = goodput.committed(sorted(out.glob("progress-*")), t0)
+      recoveries = _torchft_recoveries(events, got["kept"], t0, out)
       accs = [float(w.split(":")[1]) for p in out.glob("progress-*")
               for line in p.read_text().splitlines() for w in line.split(" ")[1:2]
               if w.startswith("accuracy:")]  # fmt: skip
@@ -302,7 +333,7 @@ def torchft(args) -> None:
            "kept_steps": kept[-1][1] if kept else 0, "wall_s": wall,
            "goodput": None, "committed": got["committed"],
            "dropped": got["dropped"], "final_test_acc": max(accs) if accs else None,
-           "kept": kept, "supervisor": events, "gloo_timeout_s": gloo_s,
+           "kept": kept, "supervisor": events, "recoveries": recoveries, "gloo_timeout_s": gloo_s,
            "floor_s": next((float(w[8:]) for e in events for w in e.split()
                             if w.startswith("floor_s=")), None), **errors,
            "faults": [{"fault": f.spec, "event": f.kind, "host": f.host, "at": f.at} for f in schedule

@@ -3,26 +3,24 @@
     allreduce-jax cluster --hosts 5 -- python torchft_dp.py host --steps S --out DIR \\
         --schedule '["kill:1@40.8", ...]'
 
-Host N (the last) runs torchft's lighthouse; hosts 0..N-1 are one replica group each,
-with one process: the digits MLP (64-128-10, as ``train sync``'s), 16 examples a step,
-SGD with momentum 0.9 and learning rate 0.05, wrapped in torchft's ``Manager``, its
-``DistributedDataParallel`` and ``Optimizer``, over Gloo. A group's process is supervised
-on its host (:func:`host`): the schedule's failures for that host are applied to it at
-``t0`` + their time (``kill``: SIGKILL; ``stop``: SIGSTOP; ``down``: the host's link down
-for good; the times count from the host's first committed step, as ``cluster --fault``
-counts from the hosts joining), and the supervisor replaces a process that died, or whose
-committed steps stopped for ``--gloo-timeout`` + :data:`FLOOR_MARGIN_S` (counted from its first step: counted from its
-start, a replica still importing torch or waiting for its first quorum was replaced, and
-each replacement asked for a new quorum), by a new one (the link up again: a
-replacement host) that joins the quorum and takes the weights from a peer. torchft runs
-with its own example's settings (the lighthouse's heartbeat timeout 5 s, quorum ticks of
-100 ms) but Gloo's and the manager's timeout 30 s, not its example's 5 s: with four groups
-on two shared cores, a new quorum's Gloo set-up takes more than 5 s at times and failed
-(``DistStoreError: wait timeout after 5000ms``), each failure asking for a new quorum. The
-supervisor's bound is 10 s more than that timeout, so that a survivor waiting out a dead
-peer's collective is not replaced. Every
-committed step is reported with :mod:`allreduce_jax.progress`'s line format to
-``DIR/progress-H-K`` (host H, K-th process), for :func:`rows` to count.
+Host N (the last) runs torchft's lighthouse until a group has finished; hosts 0..N-1 are
+one replica group each, with one process: the digits MLP (64-128-10, as ``train sync``'s),
+16 examples a step, SGD with momentum 0.9 and learning rate 0.05, wrapped in torchft's
+``Manager``, its ``DistributedDataParallel`` and ``Optimizer``, over Gloo, with its own
+example's settings (Gloo's and the manager's timeout 5 s, the lighthouse's heartbeat timeout
+5 s, quorum ticks of 100 ms). Each group hosts its own TCP store under the host's name: the
+quorum hands every group the store address of the group it sets Gloo up with, so the address
+must be one the other hosts reach (``127.0.0.1`` would send each host to its own store, where
+no peer ever writes). A group's process is supervised on its host (:func:`host`): the
+schedule's failures for that host are applied to it at ``t0`` + their time (``kill``:
+SIGKILL; ``stop``: SIGSTOP; ``down``: the host's link down for good; the times count from
+the host's first committed step, as ``cluster --fault`` counts from the hosts joining), and
+the supervisor replaces a process that died, or whose committed steps stopped for
+``--gloo-timeout`` + :data:`FLOOR_MARGIN_S` (counted from its first step, so that a replica
+still importing torch is not replaced), by a new one (the link up again: a replacement
+host) that joins the quorum and takes the weights from a peer. Every committed step is
+reported with :mod:`allreduce_jax.progress`'s line format to ``DIR/progress-H-K`` (host H,
+K-th process), for ``run.py torchft`` to count.
 
 torchft's ``DistributedDataParallel`` fails an assertion when its all-reduce failed (a
 peer died mid-step): its comm hook asserts that the managed future has an inner future,
@@ -37,14 +35,15 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
-#: Gloo's and the manager's timeout by default (torchft's example: 5 s).
-GLOO_TIMEOUT_S = 30.0
+#: Gloo's and the manager's timeout by default (torchft's example's).
+GLOO_TIMEOUT_S = 5.0
 #: Seconds past Gloo's timeout without a committed step after which the supervisor
 #: replaces its process.
 FLOOR_MARGIN_S = 10.0
@@ -62,14 +61,18 @@ def _env(name: str) -> int:
 def host(args) -> int:
   """This host's role: the lighthouse (the last host) or a replica group's supervisor."""
   rank, n = _env("ALLREDUCE_JAX_PROCESS_ID"), _env("ALLREDUCE_JAX_NUM_PROCESSES") - 1
-  if rank == n:
-    lighthouse = str(Path(sys.executable).with_name("torchft_lighthouse"))  # beside python
-    os.execv(lighthouse, [lighthouse, "--min_replicas", "1",
-              "--quorum_tick_ms", "100", "--join_timeout_ms", "1000",
-              "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS),
-              "--bind", f"[::]:{LIGHTHOUSE_PORT}"])  # fmt: skip
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
+  if rank == n:  # the lighthouse, until a group has finished
+    lighthouse = subprocess.Popen([Path(sys.executable).with_name("torchft_lighthouse"),
+                                   "--min_replicas", "1", "--quorum_tick_ms", "100",
+                                   "--join_timeout_ms", "1000",
+                                   "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS),
+                                   "--bind", f"[::]:{LIGHTHOUSE_PORT}"])  # fmt: skip
+    while lighthouse.poll() is None and not (out / "done").exists():
+      time.sleep(0.2)
+    lighthouse.kill()
+    return lighthouse.wait() if not (out / "done").exists() else 0
   faults = sorted(
     (f for f in (_parse(s) for s in json.loads(args.schedule)) if f[2] % n == rank),
     key=lambda f: f[1],
@@ -178,18 +181,17 @@ def replica(args) -> int:
     model.load_state_dict(state["model"])
     inner.load_state_dict(state["optim"])
 
-  os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-  os.environ["MASTER_PORT"] = str(STORE_PORT)
-  store = torch.distributed.TCPStore(
-    "127.0.0.1", STORE_PORT, is_master=True, wait_for_workers=False
-  )
+  # The quorum hands every group the primary group's store address for Gloo's set-up:
+  # it must be a name the other hosts reach (127.0.0.1 sends each to its own store).
+  name, store_port = socket.gethostname(), STORE_PORT + rank  # ports apart on one host
+  store = torch.distributed.TCPStore(name, store_port, is_master=True, wait_for_workers=False)
   pg = torchft.ProcessGroupGloo(timeout=timedelta(seconds=args.gloo_timeout))
   manager = torchft.Manager(
     pg=pg, min_replica_size=1, load_state_dict=load_state_dict, state_dict=state_dict,
     replica_id=f"host{rank}", lighthouse_addr=os.environ["TORCHFT_LIGHTHOUSE"],
-    port=MANAGER_PORT, hostname=f"host{rank}", timeout=timedelta(seconds=args.gloo_timeout),
+    port=MANAGER_PORT + rank, hostname=name, timeout=timedelta(seconds=args.gloo_timeout),
     quorum_timeout=timedelta(seconds=30), rank=0, world_size=1,
-    store_addr="127.0.0.1", store_port=STORE_PORT,
+    store_addr=name, store_port=store_port,
   )  # fmt: skip
   ddp = (
     torchft.DistributedDataParallel(manager, model) if args.stock_ddp else _safe_ddp(manager, model)
