@@ -162,9 +162,7 @@ def _attempt_rates(row: dict, settle_s: float = 2.0) -> list[float]:
 def goodput_table() -> str:
   """Per host count, arm and MTBF: failures, goodput, steps against the uninterrupted runs
   in the same wall time, the ideal, seconds lost per failure, accuracy, bitwise, nothing lost."""
-  rows = _rows("goodput", "goodput-run") + [
-    r for r in _rows("torchft", "goodput-torchft") if not _stopped(r)
-  ]
+  rows = _rows("goodput", "goodput-run") + _rows("torchft", "goodput-torchft")
   if not rows:
     return "(not measured)"
   lines = ["| hosts | arm | MTBF (s) | runs | failures | goodput | steps vs uninterrupted,"
@@ -208,8 +206,9 @@ def _goodput_line(hosts, arm, mtbf, rs, rate, accs, digests) -> str:
         for r in rs if "lost" in r]  # fmt: skip
   same = [r["params_sha256"] == digests.get(r["seed"]) for r in rs if r.get("params_sha256")]
   ideal = "100 %" if mtbf is not None else "–"
-  share = [r["committed"] / (r["committed"] + r["dropped"]) for r in rs
-           if r.get("committed") is not None and r["committed"] + r["dropped"]]  # fmt: skip
+  # torchft's: the share of the steps each group took part in
+  share = [r["committed"] / (r["hosts"] * r["kept_steps"]) for r in rs
+           if r.get("committed") is not None and r["kept_steps"]]  # fmt: skip
   pct = lambda xs: spread([100 * x for x in xs], ".1f", unit=" %", alone=True) if xs else "–"  # noqa: E731
   return (
     f"| {hosts} | {arm} | {'–' if mtbf is None else f'{mtbf:g}'} | {len(rs)} |"
@@ -224,28 +223,49 @@ def _goodput_line(hosts, arm, mtbf, rs, rate, accs, digests) -> str:
   )
 
 
-def _stopped(row: dict) -> float | None:
-  """Seconds after which a torchft run was stopped before its end (by hand or its cap)."""
-  return row.get("stopped_after_s", row.get("stopped_by_hand_after_s"))
-
-
-def torchft_attempts() -> str:
-  """torchft runs stopped before their end: what they committed and why they did not go on."""
-  rows = [r for r in _rows("torchft", "goodput-torchft") if _stopped(r)]
+def torchft_table() -> str:
+  """torchft per MTBF: steps against its uninterrupted runs in the same wall time, and the
+  share of the steps each group took part in (torchft's "steps committed")."""
+  rows = _rows("torchft", "goodput-torchft")
   if not rows:
-    return "(none)"
-  lines = ["| hosts | MTBF (s) | Gloo timeout (s) | stopped after (s) | highest step | of |"
-           " step reports committed | dropped | replicas replaced (no step for) |"
-           " Gloo store timeouts | steps on an uninitialised group |",
-           "|---" * 11 + "|"]  # fmt: skip
-  for r in rows:
-    lines.append(
-      f"| {r['hosts']} | {'–' if r['mtbf_s'] is None else format(r['mtbf_s'], 'g')} |"
-      f" {r.get('gloo_timeout_s', 5):g} | {_stopped(r):.0f} | {r['kept_steps']} | {r['steps']} |"
-      f" {r['committed']} | {r['dropped']} |"
-      f" {r['replaced_no_progress']} ({r.get('floor_s', 10):g} s) | {r['gloo_store_timeouts']} |"
-      f" {r['pg_not_initialized']} |"
-    )
+    return "(not measured)"
+  lines = ["| hosts | MTBF (s) | runs | failures | steps/s | steps vs uninterrupted, same wall"
+           " time | group-steps committed of groups × steps | group-steps dropped |"
+           " final test acc |", "|---" * 9 + "|"]  # fmt: skip
+  for hosts in sorted({r["hosts"] for r in rows}):
+    mine = [r for r in rows if r["hosts"] == hosts]
+    rate = _rate([r for r in mine if r["mtbf_s"] is None])
+    for mtbf in sorted({r["mtbf_s"] for r in mine}, key=lambda m: -(m or 1e9)):
+      rs = [r for r in mine if r["mtbf_s"] == mtbf]
+      pct = lambda xs: spread([100 * x for x in xs], ".1f", unit=" %", alone=True)  # noqa: E731
+      lines.append(
+        f"| {hosts} | {'–' if mtbf is None else f'{mtbf:g}'} | {len(rs)} |"
+        f" {_cell([len(r.get('recoveries', [])) for r in rs], '.0f')} |"
+        f" {_cell([r['kept_steps'] / r['wall_s'] for r in rs], '.0f')} |"
+        f" {pct([r['kept_steps'] / (rate * r['wall_s']) for r in rs])} |"
+        f" {pct([r['committed'] / (hosts * r['kept_steps']) for r in rs])} |"
+        f" {_cell([r['dropped'] for r in rs], '.0f')} |"
+        f" {_cell([r['final_test_acc'] for r in rs if r['final_test_acc']], '.4f')} |"
+      )
+  return "\n".join(lines)
+
+
+def torchft_recovery_table() -> str:
+  """torchft's failures per MTBF and kind: seconds from each to the first step the quorum
+  committed after the pause it caused, and to the failed host's next process's first step."""
+  rows = [r for r in _rows("torchft", "goodput-torchft") if "recoveries" in r and r["mtbf_s"]]
+  if not rows:
+    return "(not measured)"
+  lines = ["| hosts | MTBF (s) | failure | failures | to the quorum's first new step (s) |"
+           " to the failed host's first step again (s) |", "|---" * 6 + "|"]  # fmt: skip
+  for hosts, mtbf in sorted({(r["hosts"], r["mtbf_s"]) for r in rows}, key=lambda k: (k[0], -k[1])):
+    xs = [x for r in rows if (r["hosts"], r["mtbf_s"]) == (hosts, mtbf) for x in r["recoveries"]]
+    for kind in [f for f in FAULTS if any(x["fault"] == f for x in xs)]:
+      ys = [x for x in xs if x["fault"] == kind]
+      total = [x["total"] for x in ys if x["total"] is not None]
+      back = [x["rejoined"] for x in ys if x["rejoined"] is not None]
+      lines.append(f"| {hosts} | {mtbf:g} | {kind} | {len(ys)} | {_cell(total) if total else '–'} |"
+                   f" {_cell(back, '.1f') if back else '–'} ({len(back)} of {len(ys)}) |")  # fmt: skip
   return "\n".join(lines)
 
 
@@ -315,10 +335,15 @@ def tables() -> dict[str, str]:
     " same wall time. Ideal: what a recovery of no cost keeps. Wall time lost per failure:"
     " the wall time over what the uninterrupted runs take for the same steps, per failure.",
     "", goodput_table(), "",
-    "torchft's runs that did not finish (no failure injected; stopped by hand or at their"
-    " cap): a replica group's process was replaced by its supervisor when no step came for"
-    " the bound in parentheses, and each replacement asked the others for a new quorum, whose"
-    " Gloo set-up could wait on its store past Gloo's timeout:", "", torchft_attempts(), "",
+    "torchft beside it (4 replica groups, one a host, its lighthouse on a fifth; the same"
+    " schedules, counted from each host's first committed step). A group-step is one group's"
+    " 16 examples in a committed step; a step the quorum commits without a failed group"
+    " trains on fewer examples, and on these shared cores runs faster.", "",
+    torchft_table(), "",
+    "torchft's failures: seconds from each to the first step the quorum committed after the"
+    " pause it caused (0 when there was none), and to the failed host's replacement process's"
+    " first step (a stopped or cut-off process is replaced after 15 s without a step):", "",
+    torchft_recovery_table(), "",
     "One run's failures (4 hosts, `--restarts`, one failure a minute, seed 0):", "",
     timeline_table(), "",
     "## Synchronous all-reduce against the asynchronous parameter server, workers dying", "",
