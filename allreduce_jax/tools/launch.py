@@ -530,8 +530,8 @@ def launch_restarting(
   persistent compilation cache (a folder of the run's own, unless
   ``$JAX_COMPILATION_CACHE_DIR`` names one), so a restart reads what the first attempt
   compiled; with ``options.spares`` and a command that is an ``allreduce-jax`` subcommand,
-  one spare process per host is started ahead and takes a restarted process's place
-  (:mod:`allreduce_jax.tools.spares`).
+  every process starts as a spare (the first attempt's are taken at once), each forks the
+  spare that takes a restarted process's place (:mod:`allreduce_jax.tools.spares`).
 
   ``place``: a :class:`Place`, or ``place(alive, attempt) -> Place`` that puts the
   processes of ``alive`` (the original ranks still in the job) where they belong (a
@@ -654,6 +654,7 @@ def _restart_kit(command, num_processes, restarts, use_spares, where):
     base.update(env)
     spare_logs = tempfile.mkdtemp(prefix="allreduce-jax-spares-")
     pool = spare_pool.Spares(argv, base, hosts, Path(spare_logs), host_argv)
+    pool.refill(idle=False)  # the first attempt's processes: taken at once, each forks its next
   try:
     yield _RestartKit(env, pool)
   finally:

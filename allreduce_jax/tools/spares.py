@@ -16,7 +16,9 @@ A spare's start costs seconds of CPU (Python, JAX, the data), and on hosts whose
 job keeps busy that slows the job's steps while it lasts, at every restart. So a taken
 spare first **forks its successor**: a copy of itself, made before it becomes the job's
 process, that waits for the next line on the same pipe (:func:`wait_if_spare`). A refill
-then costs a fork, not a start; only the first spare of a host is started from nothing.
+then costs a fork, not a start. The first attempt's processes are spares too, started at
+the launcher's priority and taken at once, so no spare starts beside a running job
+(unless a successor died).
 The launcher becomes the successors' parent once the job's processes that forked them
 have gone (it is their subreaper), so it can reap them as its own children.
 
@@ -177,9 +179,10 @@ class Spares:
     self.idle = can_raise_priority()
     self.fork = fork and hasattr(os, "fork") and become_subreaper()
 
-  def refill(self, hosts: list[int] | None = None) -> None:
+  def refill(self, hosts: list[int] | None = None, idle: bool = True) -> None:
     """A spare on every host of ``hosts`` (default: all) that has none: the successor its
-    last taken spare forked, or else one started."""
+    last taken spare forked, or else one started (at idle priority where it can be raised
+    back, unless not ``idle``: spares to be taken at once)."""
     self.logs.mkdir(parents=True, exist_ok=True)
     for host in self.hosts if hosts is None else hosts:
       spare = self.ready.get(host)
@@ -190,7 +193,7 @@ class Spares:
         self.forked += 1
         continue
       prefix = self.host_argv(host) if self.host_argv else []
-      argv = at_idle(self.argv) if self.idle else self.argv
+      argv = at_idle(self.argv) if self.idle and idle else self.argv
       with open(self.logs / f"spare-{host}.log", "ab") as log:
         self.ready[host] = subprocess.Popen(
           die_with_parent([*prefix, *argv]),
