@@ -274,12 +274,9 @@ def test_the_sync_clock_rolls_back_to_the_checkpoint_and_waits_out_the_recovery(
 
 
 def test_a_torchft_failure_is_timed_to_the_pause_it_caused_and_to_its_hosts_return(tmp_path):
-  import importlib.util
+  import study_script
 
-  root = Path(__file__).resolve().parents[1]
-  spec = importlib.util.spec_from_file_location("goodput_run", root / "experiments/goodput/run.py")
-  run = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(run)
+  run = study_script.load(Path(__file__).resolve().parents[1] / "experiments/goodput/run.py")
   # steps every 10 ms from t = 0 to 1, a pause to 4.5 (a kill on host 1 at 0.995), then on
   kept = [[round(0.01 * i, 3), i] for i in range(1, 101)]
   kept += [[round(4.5 + 0.01 * i, 3), 100 + i] for i in range(1, 101)]
