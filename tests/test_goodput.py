@@ -276,7 +276,8 @@ def test_the_sync_clock_rolls_back_to_the_checkpoint_and_waits_out_the_recovery(
 def test_a_torchft_failure_is_timed_to_the_pause_it_caused_and_to_its_hosts_return(tmp_path):
   import study_script
 
-  run = study_script.load(Path(__file__).resolve().parents[1] / "experiments/goodput/run.py")
+  study = Path(__file__).resolve().parents[1] / "experiments/goodput"
+  timeline = study_script.load(study / "torchft_timeline.py")
   # steps every 10 ms from t = 0 to 1, a pause to 4.5 (a kill on host 1 at 0.995), then on
   kept = [[round(0.01 * i, 3), i] for i in range(1, 101)]
   kept += [[round(4.5 + 0.01 * i, 3), 100 + i] for i in range(1, 101)]
@@ -284,7 +285,7 @@ def test_a_torchft_failure_is_timed_to_the_pause_it_caused_and_to_its_hosts_retu
   (tmp_path / "progress-1-1").write_text("step 150 106.0\n")  # its replacement, 5.005 s on
   events = ["supervisor 1 fault 100.995 kill", "supervisor 1 started 101.0 pid=7",
             "supervisor 2 fault 105.0 stop"]  # fmt: skip
-  got = run._torchft_recoveries(events, kept, 100.0, tmp_path)
+  got = timeline.recoveries(events, kept, 100.0, tmp_path)
   assert got[0] == {"fault": "kill", "host": 1, "at": 0.995, "total": 3.515, "rejoined": 5.005}
   # a stop among steady steps: no pause, and its host has no later process
   assert got[1] == {"fault": "stop", "host": 2, "at": 5.0, "total": 0.0, "rejoined": None}

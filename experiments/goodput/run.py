@@ -16,7 +16,6 @@ campaign stopped midway resumes where it stopped (``--runs``, ``--seeds``: how m
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import random
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 import simulated
+import torchft_timeline
 
 from allreduce_jax import goodput, registry, results
 
@@ -263,35 +263,6 @@ TORCHFT_ERRORS = {"gloo_store_timeouts": "DistStoreError", "pg_not_initialized":
                   "process group not initialized", "tracebacks": "Traceback (most recent"}  # fmt: skip
 
 
-#: A pause in torchft's committed steps this long (its steps take ~15 ms) is a failure's.
-TORCHFT_STALL_S = 0.25
-
-
-def _torchft_recoveries(events: list[str], kept: list, t0: float, out: Path) -> list[dict]:
-  """Per fault the supervisors applied: seconds from it to the first step the quorum committed
-  after the pause it caused (``total``; 0 when the steps did not pause) and to the first step
-  the failed host's next process committed (``rejoined``)."""
-  firsts = {}  # (host, process) -> its first committed step's time
-  for path in out.glob("progress-*"):
-    steps = [ln.split() for ln in path.read_text().splitlines() if ln.startswith("step ")]
-    if steps:
-      firsts[tuple(int(x) for x in path.name.split("-")[1:])] = float(steps[0][2]) - t0
-  rows = []
-  for e in events:
-    _, host, what, unix, kind = [*e.split(" ", 4), ""][:5]
-    if what != "fault":
-      continue
-    at = float(unix) - t0
-    gaps = [b[0] for a, b in itertools.pairwise(kept)
-            if b[0] > at and a[0] <= at + 10 and b[0] - a[0] > TORCHFT_STALL_S]  # fmt: skip
-    after = [t for t, _ in kept if t > at]
-    back = sorted(t for (h, _), t in firsts.items() if h == int(host) and t > at)
-    rows.append({"fault": kind, "host": int(host), "at": round(at, 3),
-                 "total": round(gaps[0] - at, 3) if gaps else (0.0 if after else None),
-                 "rejoined": round(back[0] - at, 3) if back else None})  # fmt: skip
-  return rows
-
-
 def torchft(args) -> None:
   """torchft (its Manager, DDP wrapper, Optimizer and lighthouse over Gloo, the extra
   ``torchft``) on the same emulated hosts under the same schedules: one replica group per
@@ -321,7 +292,7 @@ def torchft(args) -> None:
       clocks = [float(e.split()[3]) for e in events if e.split()[2] == "clock"]
       t0 = min(clocks) if clocks else 0.0
       got = goodput.committed(sorted(out.glob("progress-*")), t0)
-      recoveries = _torchft_recoveries(events, got["kept"], t0, out)
+      recoveries = torchft_timeline.recoveries(events, got["kept"], t0, out)
       accs = [float(w.split(":")[1]) for p in out.glob("progress-*")
               for line in p.read_text().splitlines() for w in line.split(" ")[1:2]
               if w.startswith("accuracy:")]  # fmt: skip
