@@ -11,8 +11,9 @@ launcher events (``launcher.jsonl``: started, named, stopped), each process's pr
 reports (``progress-R``, :mod:`allreduce_jax.progress`: phases, compile marks and the
 step reached at the end of every chunk of training steps) and the faults applied
 (``faults.jsonl``). A chunk is **kept** when no later attempt redid it: every chunk of the
-last attempt, and of an earlier attempt those that end at or before the step the next
-attempt resumed from. Then:
+last attempt that trained, and of an earlier attempt those that end at or before the step
+the next attempt that trained resumed from (an attempt that failed before it restored or
+started afresh, or found the run already done, redoes nothing). Then:
 
 - **goodput** = the time spent computing kept chunks / the wall time from the first
   chunk's start to the last chunk's end (a chunk's time runs from the previous report
@@ -115,6 +116,7 @@ class Attempt:
     named_rank: the process the launcher named when it failed (None: none or it ended well).
     reports: per rank, its progress lines as ``(kind, what, unix)``.
     restored: the step it resumed from (None: it started afresh or never got there).
+    trained: whether it got to training (it reported ``restored:S`` or ``fresh``).
     chunks: the chunks of steps it completed (every process had reported them).
     hosts: how many processes it ran.
   """
@@ -124,6 +126,7 @@ class Attempt:
   named_rank: int | None
   reports: list[list[tuple[str, str, float]]]
   restored: int | None = None
+  trained: bool = False
   chunks: list[Chunk] = field(default_factory=list)
   hosts: int = 0
 
@@ -188,6 +191,9 @@ def read_attempt(folder: Path, index: int) -> Attempt:
     w for lines in reports for k, w, _ in lines if k == "phase" and w.startswith("restored:")
   ]
   a.restored = int(restored[0].split(":")[1]) if restored else None
+  a.trained = bool(restored) or any(
+    k == "phase" and w == "fresh" for lines in reports for k, w, _ in lines
+  )
   a.chunks = _chunks(index, reports)
   return a
 
@@ -258,11 +264,17 @@ class Timeline:
   attempts: list[Attempt]
   faults: list[dict]
 
+  def resumed_after(self, k: int) -> int | None:
+    """The step the first attempt after attempt ``k`` that trained resumed from (0:
+    afresh); None when none did, so nothing attempt ``k`` did was redone."""
+    later = [b for b in self.attempts[k + 1 :] if b.trained]
+    return (later[0].restored or 0) if later else None
+
   def kept(self) -> list[Chunk]:
     """The chunks no later attempt redid."""
     out = []
-    for a, nxt in zip(self.attempts, [*self.attempts[1:], None]):
-      limit = None if nxt is None else (nxt.restored or 0)
+    for k, a in enumerate(self.attempts):
+      limit = self.resumed_after(k)
       out += [c for c in a.chunks if limit is None or c.last <= limit]
     return out
 
@@ -298,8 +310,11 @@ class Timeline:
     t0 = self.start or 0.0
     rel = lambda t: None if t is None else round(t - t0, 3)  # noqa: E731
     kept = self.kept()
+    limits = [self.resumed_after(k) for k in range(len(self.attempts))]
     redone = sum(
-      max(0, (a.reached or 0) - (b.restored or 0)) for a, b in zip(self.attempts, self.attempts[1:])
+      max(0, (a.reached or 0) - limit)
+      for a, limit in zip(self.attempts, limits)
+      if limit is not None
     )
     return {
       "goodput": round(self.goodput(), 5),

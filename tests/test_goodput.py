@@ -110,6 +110,23 @@ def test_a_chunk_is_done_when_every_process_reported_it(tmp_path):
   assert [(c.last, c.end) for c in a.chunks] == [(10, 2.5)] and a.reached == 10
 
 
+def test_an_attempt_that_never_trained_redoes_nothing(tmp_path):
+  # attempt 0 trains to step 30; attempt 1 fails before it restores; attempt 2 resumes from
+  # step 20 and finishes at 40; attempt 3 (a fault while the processes were exiting) finds
+  # the run done and never trains: steps 10, 20 of attempt 0 and 30, 40 of attempt 2 are
+  # kept, step 30 of attempt 0 is the only one redone.
+  _attempt(tmp_path, 0.0, [["phase fresh 1.0", "step 10 2.0", "step 20 3.0", "step 30 4.0"]])
+  _attempt(tmp_path / "restart-1", 5.0, [["phase joining 5.5"]])
+  _attempt(tmp_path / "restart-2", 6.0, [["phase restored:20 7.0", "step 30 8.0", "step 40 9.0"]])
+  _attempt(tmp_path / "restart-3", 10.0, [["phase joining 10.5", "phase joined 11.0"]])
+  t = goodput.read_run(tmp_path)
+  assert [a.trained for a in t.attempts] == [True, False, True, False]
+  assert [t.resumed_after(k) for k in range(4)] == [20, 20, None, None]
+  assert [(c.attempt, c.last) for c in t.kept()] == [(0, 10), (0, 20), (2, 30), (2, 40)]
+  assert t.kept_steps() == 40 and t.summary()["redone_steps"] == 10
+  assert t.goodput() == pytest.approx(4 / 8)  # 4 kept chunks of 1 s from t=1 to t=9
+
+
 def test_median_range_leaves_nans_out():
   assert goodput.median_range([3.0, float("nan"), 1.0, 2.0]) == (2.0, 1.0, 3.0)
   assert all(x != x for x in goodput.median_range([float("nan")]))
