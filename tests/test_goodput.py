@@ -218,14 +218,19 @@ def test_a_taken_spare_forks_its_successor_so_a_refill_starts_nothing(tmp_path):
       assert set(_sched(second.pid)) == {(os.SCHED_IDLE, spares.IDLE_NICE)}
     assert pool.take(0, {"WHO": "b"}, tmp_path / "b.log") is second
     assert second.wait(30) == 0  # reaped by us: its parent, the first, had gone
+    # no refill (an attempt that failed before its first step): a take finds the successor
+    third = pool.take(0, {"WHO": "c"}, tmp_path / "c.log")
+    assert isinstance(third, spares.Successor) and third.pid not in (first.pid, second.pid)
+    assert third.wait(30) == 0 and (pool.started, pool.forked) == (1, 2)
     pool.refill()
-    assert (pool.started, pool.forked) == (1, 2)
-    third = pool.ready[0].pid
+    assert (pool.started, pool.forked) == (1, 3)
+    fourth = pool.ready[0].pid
   finally:
     pool.close()
   assert _wait_for(tmp_path / "a.log", "\n").split() == ["a", str(first.pid)]
   assert _wait_for(tmp_path / "b.log", "\n").split() == ["b", str(second.pid)]
-  assert not Path(f"/proc/{third}").exists() or spares._state(third) == "Z"
+  assert _wait_for(tmp_path / "c.log", "\n").split() == ["c", str(third.pid)]
+  assert not Path(f"/proc/{fourth}").exists() or spares._state(fourth) == "Z"
 
 
 @pytest.mark.timeout(400)

@@ -219,10 +219,15 @@ class Spares:
 
   def take(self, host: int, env: dict[str, str], log: Path) -> subprocess.Popen | None:
     """The spare of ``host``, told to go on as a process with ``env`` writing to
-    ``log``; None if it has none (or it died)."""
+    ``log``: the spare ready there, or else the successor its last taken spare forked (no
+    refill adopted it: the attempt failed before its first step); None if it has none (or
+    it died)."""
     spare = self.ready.pop(host, None)
     if spare is None or spare.poll() is not None:
-      return None
+      spare = self._successor(host)
+      if spare is None:
+        return None
+      self.forked += 1
     go = {"env": env, "log": str(log)}
     if self.idle:  # back to the launcher's priority
       go["priority"] = [os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)]
