@@ -311,3 +311,14 @@ def test_a_torchft_failure_is_timed_to_the_pause_it_caused_and_to_its_hosts_retu
   assert got[0] == {"fault": "kill", "host": 1, "at": 0.995, "total": 3.515, "rejoined": 5.005}
   # a stop among steady steps: no pause, and its host has no later process
   assert got[1] == {"fault": "stop", "host": 2, "at": 5.0, "total": 0.0, "rejoined": None}
+
+
+def test_a_step_on_fewer_hosts_counts_its_share_of_the_examples():
+  import study_script
+
+  tables = study_script.load(ROOT / "experiments/goodput/tables.py")
+  row = {"hosts": 4, "kept_steps": 300, "segments": [
+    {"from_step": 0, "to_step": 100, "workers": 4}, {"from_step": 100, "to_step": 200, "workers": 3},
+    {"from_step": 200, "to_step": 300, "workers": 2}]}  # fmt: skip
+  assert tables.full_steps(row) == 100 + 75 + 50
+  assert tables.full_steps({**row, "segments": None}) == 300  # rows from before segments

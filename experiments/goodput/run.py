@@ -198,6 +198,7 @@ def _train_run(hosts: int, options: list[str], steps: int, seed: int, kill_in_sa
       "hosts": hosts, "seed": seed, "options": options, "steps": steps,
       "returncode": res.returncode, "final_test_acc": row.get("final_test_acc"),
       "params_sha256": row.get("params_sha256"), "resumed_from": row.get("restarts"),
+      "segments": row.get("segments"),
       "killed_in_save": (logs / "killed_in_save").exists(),
       "lost": {"rows": len(rows) != 1, "steps": timeline.kept_steps() != steps,
                "torn_folders_left": torn},
@@ -210,10 +211,13 @@ def _train_run(hosts: int, options: list[str], steps: int, seed: int, kill_in_sa
 
 
 #: The arms of ``goodput``: ``restarts`` (the failed host replaced at once, spares
-#: waiting at idle priority), ``elastic`` (on the survivors, a replacement back at the next
-#: restart), ``no-spares`` (``restarts`` without spares) and ``idle-spares`` (``--restarts``
-#: and no failure: what waiting spares and the compilation cache cost by themselves).
+#: waiting at idle priority), ``elastic`` (on the survivors, the failed host's replacement
+#: back at the first restart :data:`REPLACEMENT_S` or more after it failed), ``no-spares``
+#: (``restarts`` without spares) and ``idle-spares`` (``--restarts`` and no failure: what
+#: waiting spares and the compilation cache cost by themselves).
 ARMS = ("restarts", "elastic", "no-spares", "idle-spares")
+#: Seconds before a failed host's replacement is ready (``elastic``'s ``--replace-after``).
+REPLACEMENT_S = 20.0
 
 
 def goodput_runs(args) -> None:
@@ -238,7 +242,7 @@ def goodput_runs(args) -> None:
     if arm != "uninterrupted":
       options += ["--restarts", "1000"]
     if arm == "elastic":
-      options += ["--elastic", "--replace-after", "0"]
+      options += ["--elastic", "--replace-after", f"{REPLACEMENT_S:g}"]
     if arm == "no-spares":
       options += ["--no-spares"]
     row = _train_run(args.hosts, options, steps, seed)

@@ -147,6 +147,15 @@ def _rate(rows: list[dict]) -> float | None:
   return statistics.median(rates) if rates else None
 
 
+def full_steps(row: dict) -> float:
+  """The kept steps, a step trained by fewer workers than the run's hosts (``--elastic``)
+  counted as the share of the examples it took (its ``segments``)."""
+  segments = row.get("segments") or []
+  if not segments:
+    return row["kept_steps"]
+  return sum((g["to_step"] - g["from_step"]) * g["workers"] for g in segments) / row["hosts"]
+
+
 def _attempt_rates(row: dict, settle_s: float = 2.0) -> list[float]:
   """Steps a second of each attempt of a run that made steps (after its first
   ``settle_s``: the start and compile left out), the first attempt first."""
@@ -208,8 +217,8 @@ def goodput_table() -> str:
 def _goodput_line(hosts, arm, mtbf, rs, rate, accs, digests) -> str:
   fails = [len([f for f in r["faults"] if f["event"] in FAULTS and f["at"] >= 0]) for r in rs]
   early = sum(f["event"] in FAULTS and f["at"] < 0 for r in rs for f in r["faults"])
-  ratio = [r["kept_steps"] / (rate * r["wall_s"]) for r in rs if rate and r["wall_s"]]
-  per_fail = [(r["wall_s"] - r["kept_steps"] / rate) / n for r, n in zip(rs, fails) if rate and n]
+  ratio = [full_steps(r) / (rate * r["wall_s"]) for r in rs if rate and r["wall_s"]]
+  per_fail = [(r["wall_s"] - full_steps(r) / rate) / n for r, n in zip(rs, fails) if rate and n]
   speeds = [x for r in rs if "attempts" in r for x in _attempt_rates(r)[mtbf is not None :]]
   lost = [x["total"] for r in rs for x in r.get("recoveries", []) if x["total"] == x["total"]]
   within = [lo <= r["final_test_acc"] <= hi for r in rs if r["final_test_acc"]
@@ -344,7 +353,8 @@ def tables() -> dict[str, str]:
     "## Goodput under Poisson failure schedules", "",
     "Goodput: the steps kept over what the same system's uninterrupted runs make in the"
     " same wall time (from the first committed step to the last; their median steps a"
-    " second). Failures: those applied within the wall time (+ those before the first step,"
+    " second; a step `--elastic` trained on fewer hosts counts as the share of the examples"
+    " it took). Failures: those applied within the wall time (+ those before the first step,"
     " outside it, over all runs of the cell). Share of the wall time on kept steps: the"
     " seconds spent computing steps that were kept, over the wall time (evaluations, saves,"
     " recoveries and redone steps left out; it does not count steps run slower, so it is"
