@@ -51,18 +51,23 @@ def detection_table(defaults: bool = False) -> str:
   faults = [f for f in FAULTS if defaults or any(r["fault"] == f for r in rows)]
   head = "| algorithm | " + " | ".join(faults) + " |"
   lines = [head, "|---" * (len(faults) + 1) + "|"]
+  unmeasured = set()
   for alg in registry.names():
     cells = []
     for f in faults:
       rs = [r for r in rows if r["algorithm"] == alg and r["fault"] == f]
       if not rs:
-        cells.append(f"– ({DEFAULT_BOUND[f]})" if defaults else "–")
+        cells.append("–")
+        unmeasured.add(f)
         continue
       right = sum(r["named_rank"] == 1 for r in rs)
       times = [r["named_after_s"] for r in rs if r["named_after_s"] is not None]
       cells.append(f"{_cell(times)} s, {right}/{len(rs)}")
-    if any(c != "–" and not c.startswith("– (") for c in cells):
+    if any(c != "–" for c in cells):
       lines.append(f"| {alg} | " + " | ".join(cells) + " |")
+  if defaults and unmeasured:
+    bounds = "; ".join(f"{f}, {DEFAULT_BOUND[f]}" for f in FAULTS if f in unmeasured)
+    lines += ["", f"–: not measured; what would end the run: {bounds}."]
   return "\n".join(lines)
 
 
@@ -154,6 +159,38 @@ def full_steps(row: dict) -> float:
   if not segments:
     return row["kept_steps"]
   return sum((g["to_step"] - g["from_step"]) * g["workers"] for g in segments) / row["hosts"]
+
+
+def own_hosts(row: dict, rate: float) -> float | None:
+  """An ``--elastic`` run priced for hosts with cores of their own: each step trained on
+  fewer hosts than the run's takes the uninterrupted runs' step time (``1 / rate``; here
+  the fewer processes share the machine's cores and run faster); its kept examples over
+  what the uninterrupted runs train in that wall time. None: no step on fewer hosts."""
+  short = [g for g in row.get("segments") or [] if g["workers"] < row["hosts"]]
+  if not short:
+    return None
+  extra = 0.0  # seconds the short segments would take more at the uninterrupted step time
+  for g in short:
+    pts = [(t, s) for t, s in row["kept"] if g["from_step"] < s <= g["to_step"]]
+    if len(pts) > 1 and pts[-1][0] > pts[0][0]:
+      measured = (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+      extra += (g["to_step"] - g["from_step"]) * (1 / rate - 1 / measured)
+  return full_steps(row) / (rate * (row["wall_s"] + extra))
+
+
+def elastic_priced() -> str:
+  """Per host count and MTBF: :func:`own_hosts` over the ``elastic`` runs."""
+  rows = _rows("goodput", "goodput-run")
+  out = []
+  for hosts in sorted({r["hosts"] for r in rows}):
+    rate = _rate([r for r in rows if r["hosts"] == hosts and r["arm"] == "uninterrupted"])
+    for mtbf in sorted({r["mtbf_s"] for r in rows if r["arm"] == "elastic"}, reverse=True):
+      rs = [r for r in rows if (r["hosts"], r["arm"], r["mtbf_s"]) == (hosts, "elastic", mtbf)]
+      xs = [x for r in rs if rate and (x := own_hosts(r, rate)) is not None]
+      if xs:
+        cell = spread([100 * x for x in xs], ".1f", unit=" %", alone=True)
+        out.append(f"{hosts} hosts, one failure every {mtbf:g} s: {cell} ({len(xs)} runs)")
+  return "; ".join(out) or "(no elastic run trained on fewer hosts)"
 
 
 def _attempt_rates(row: dict, settle_s: float = 2.0) -> list[float]:
@@ -343,7 +380,7 @@ def tables() -> dict[str, str]:
     " runs named host 1. The project's settings: the watchdog on (floor 2 s).", "",
     detection_table(False), "", detection_summary(), "",
     "JAX's defaults (`--watchdog 0`: a 100 s heartbeat, XLA:CPU's 1,800 s collective"
-    " timeout); a dash gives the bound expected where not measured:", "",
+    " timeout):", "",
     detection_table(True), "",
     "## Recovery: one failure, then `--restarts 1` (4 hosts, the digits MLP)", "",
     "Seconds, median [min–max] over the runs (a fault at a random moment 20-30 s after the"
@@ -362,6 +399,11 @@ def tables() -> dict[str, str]:
     " per failure: the wall time over what the uninterrupted runs take for the same steps,"
     " per failure.",
     "", goodput_table(), "",
+    "`--elastic` trains on the surviving hosts until a replacement is back (20 s after the"
+    " failure, at the next restart); here the fewer processes share the machine's two cores"
+    " and step faster than on hosts of their own. Priced for hosts of their own (each step on"
+    " fewer hosts at the uninterrupted step time, its share of the examples kept), its"
+    f" goodput would be: {elastic_priced()}.", "",
     "torchft beside it (4 replica groups, one a host, its lighthouse on a fifth; the same"
     " schedules, counted from each host's first committed step). A group-step is one group's"
     " 16 examples in a committed step; a step the quorum commits without a failed group"
