@@ -178,21 +178,6 @@ def own_hosts(row: dict, rate: float) -> float | None:
   return full_steps(row) / (rate * (row["wall_s"] + extra))
 
 
-def elastic_priced() -> str:
-  """Per host count and MTBF: :func:`own_hosts` over the ``elastic`` runs."""
-  rows = _rows("goodput", "goodput-run")
-  out = []
-  for hosts in sorted({r["hosts"] for r in rows}):
-    rate = _rate([r for r in rows if r["hosts"] == hosts and r["arm"] == "uninterrupted"])
-    for mtbf in sorted({r["mtbf_s"] for r in rows if r["arm"] == "elastic"}, reverse=True):
-      rs = [r for r in rows if (r["hosts"], r["arm"], r["mtbf_s"]) == (hosts, "elastic", mtbf)]
-      xs = [x for r in rs if rate and (x := own_hosts(r, rate)) is not None]
-      if xs:
-        cell = spread([100 * x for x in xs], ".1f", unit=" %", alone=True)
-        out.append(f"{hosts} hosts, one failure every {mtbf:g} s: {cell} ({len(xs)} runs)")
-  return "; ".join(out) or "(no elastic run trained on fewer hosts)"
-
-
 def _attempt_rates(row: dict, settle_s: float = 2.0) -> list[float]:
   """Steps a second of each attempt of a run that made steps (after its first
   ``settle_s``: the start and compile left out), the first attempt first."""
@@ -269,11 +254,15 @@ def _goodput_line(hosts, arm, mtbf, rs, rate, accs, digests) -> str:
            if r.get("committed") is not None and r["kept_steps"]]  # fmt: skip
   if share:  # its steps without a failed group train on fewer examples, faster: not comparable
     ratio, per_fail = [], []
+  priced = [x for r in rs if rate and (x := own_hosts(r, rate)) is not None]
+  if priced:  # steps on fewer hosts ran faster on the shared cores: priced at the full step time
+    ratio = [x if (x := own_hosts(r, rate)) is not None else y for r, y in zip(rs, ratio)]
+    per_fail = []
   pct = lambda xs: spread([100 * x for x in xs], ".1f", unit=" %", alone=True) if xs else "–"  # noqa: E731
   return (
     f"| {hosts} | {arm} | {'–' if mtbf is None else f'{mtbf:g}'} | {len(rs)} |"
     f" {_cell(fails, '.0f')}{f' (+{early} before)' if early else ''} |"
-    f" {pct(ratio)} | {pct([r['goodput'] for r in rs if r['goodput'] is not None])} | {ideal} |"
+    f" {pct(ratio)}{' (priced)' if priced else ''} | {pct([r['goodput'] for r in rs if r['goodput'] is not None])} | {ideal} |"
     f" {pct(share)} | {_cell(lost, '.1f') if lost else '–'} |"
     f" {_cell(per_fail, '.1f') if per_fail else '–'} |"
     f" {_cell(speeds, '.0f') if speeds else '–'} |"
@@ -400,10 +389,11 @@ def tables() -> dict[str, str]:
     " per failure.",
     "", goodput_table(), "",
     "`--elastic` trains on the surviving hosts until a replacement is back (20 s after the"
-    " failure, at the next restart); here the fewer processes share the machine's two cores"
-    " and step faster than on hosts of their own. Priced for hosts of their own (each step on"
-    " fewer hosts at the uninterrupted step time, its share of the examples kept), its"
-    f" goodput would be: {elastic_priced()}.", "",
+    " failure, at the next restart). Here fewer processes share the machine's two cores and"
+    " step faster than on hosts of their own, so its goodput is priced (each step on fewer"
+    " hosts at the uninterrupted step time, counting its share of the examples), and it is"
+    " optimistic: on hosts of their own the run would last longer and meet more failures.",
+    "",
     "torchft beside it (4 replica groups, one a host, its lighthouse on a fifth; the same"
     " schedules, counted from each host's first committed step). A group-step is one group's"
     " 16 examples in a committed step; a step the quorum commits without a failed group"
