@@ -254,9 +254,10 @@ def _goodput_line(hosts, arm, mtbf, rs, rate, accs, digests) -> str:
            if r.get("committed") is not None and r["kept_steps"]]  # fmt: skip
   if share:  # its steps without a failed group train on fewer examples, faster: not comparable
     ratio, per_fail = [], []
-  priced = [x for r in rs if rate and (x := own_hosts(r, rate)) is not None]
+  own = [own_hosts(r, rate) for r in rs] if rate else []
+  priced = any(x is not None for x in own)
   if priced:  # steps on fewer hosts ran faster on the shared cores: priced at the full step time
-    ratio = [x if (x := own_hosts(r, rate)) is not None else y for r, y in zip(rs, ratio)]
+    ratio = [full_steps(r) / (rate * r["wall_s"]) if x is None else x for r, x in zip(rs, own)]
     per_fail = []
   pct = lambda xs: spread([100 * x for x in xs], ".1f", unit=" %", alone=True) if xs else "–"  # noqa: E731
   return (
