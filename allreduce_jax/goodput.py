@@ -415,6 +415,35 @@ def committed(paths: list[Path], t0: float) -> dict:
   return {"kept": kept, "committed": n_ok, "dropped": n_dropped}
 
 
+def full_steps(row: dict) -> float:
+  """A run's row's kept steps, a step trained by fewer workers than the run's hosts
+  (``--elastic``) counted as the share of the examples it took (the row's ``segments``:
+  ``from_step``, ``to_step``, ``workers``; the kept steps as they are without them)."""
+  segments = row.get("segments") or []
+  if not segments:
+    return row["kept_steps"]
+  return sum((g["to_step"] - g["from_step"]) * g["workers"] for g in segments) / row["hosts"]
+
+
+def priced_on_own_hosts(row: dict, rate: float) -> float | None:
+  """The goodput of an ``--elastic`` run's row (:meth:`Timeline.summary` with its
+  ``segments``) priced for hosts with cores of their own: each step trained on fewer hosts
+  than the run's takes the uninterrupted runs' step time (``1 / rate``, ``rate`` their
+  steps a second; emulated hosts that share cores step faster when fewer), and its
+  :func:`full_steps` are set against what the uninterrupted runs train in that wall time.
+  None: no step on fewer hosts."""
+  short = [g for g in row.get("segments") or [] if g["workers"] < row["hosts"]]
+  if not short:
+    return None
+  extra = 0.0  # seconds the short segments would take more at the uninterrupted step time
+  for g in short:
+    pts = [(t, s) for t, s in row["kept"] if g["from_step"] < s <= g["to_step"]]
+    if len(pts) > 1 and pts[-1][0] > pts[0][0]:
+      measured = (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+      extra += (g["to_step"] - g["from_step"]) * (1 / rate - 1 / measured)
+  return full_steps(row) / (rate * (row["wall_s"] + extra))
+
+
 def median_range(xs: list[float]) -> tuple[float, float, float]:
   """``(median, min, max)`` of the finite values (NaNs left out), all NaN if none."""
   xs = [x for x in xs if x == x]

@@ -314,19 +314,16 @@ def test_a_torchft_failure_is_timed_to_the_pause_it_caused_and_to_its_hosts_retu
 
 
 def test_a_step_on_fewer_hosts_counts_its_share_of_the_examples_and_its_hosts_time():
-  import study_script
-
-  tables = study_script.load(ROOT / "experiments/goodput/tables.py")
   row = {"hosts": 4, "kept_steps": 300, "segments": [
     {"from_step": 0, "to_step": 100, "workers": 4}, {"from_step": 100, "to_step": 200, "workers": 3},
     {"from_step": 200, "to_step": 300, "workers": 2}]}  # fmt: skip
-  assert tables.full_steps(row) == 100 + 75 + 50
-  assert tables.full_steps({**row, "segments": None}) == 300  # rows from before segments
+  assert goodput.full_steps(row) == 100 + 75 + 50
+  assert goodput.full_steps({**row, "segments": None}) == 300  # rows from before segments
   # priced for hosts of their own: steps 100-300 on 2 of 4 hosts ran at 200 steps/s here,
   # 1 s faster than at the uninterrupted 100 steps/s: 200 full steps in 3 + 1 s
   kept = [[0.01 * s, s] for s in range(10, 101, 10)]
   kept += [[2 + (s - 100) / 200, s] for s in range(110, 301, 10)]
   row = {"hosts": 4, "kept_steps": 300, "wall_s": 3.0, "kept": kept, "segments": [
     {"from_step": 0, "to_step": 100, "workers": 4}, {"from_step": 100, "to_step": 300, "workers": 2}]}  # fmt: skip
-  assert tables.own_hosts(row, 100.0) == pytest.approx(200 / (100 * 4.0))
-  assert tables.own_hosts({**row, "segments": row["segments"][:1]}, 100.0) is None
+  assert goodput.priced_on_own_hosts(row, 100.0) == pytest.approx(200 / (100 * 4.0))
+  assert goodput.priced_on_own_hosts({**row, "segments": row["segments"][:1]}, 100.0) is None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from allreduce_jax import registry, results
+from allreduce_jax import goodput, registry, results
 from allreduce_jax.units import spread
 
 HERE = Path(__file__).resolve().parent
@@ -152,32 +152,6 @@ def _rate(rows: list[dict]) -> float | None:
   return statistics.median(rates) if rates else None
 
 
-def full_steps(row: dict) -> float:
-  """The kept steps, a step trained by fewer workers than the run's hosts (``--elastic``)
-  counted as the share of the examples it took (its ``segments``)."""
-  segments = row.get("segments") or []
-  if not segments:
-    return row["kept_steps"]
-  return sum((g["to_step"] - g["from_step"]) * g["workers"] for g in segments) / row["hosts"]
-
-
-def own_hosts(row: dict, rate: float) -> float | None:
-  """An ``--elastic`` run priced for hosts with cores of their own: each step trained on
-  fewer hosts than the run's takes the uninterrupted runs' step time (``1 / rate``; here
-  the fewer processes share the machine's cores and run faster); its kept examples over
-  what the uninterrupted runs train in that wall time. None: no step on fewer hosts."""
-  short = [g for g in row.get("segments") or [] if g["workers"] < row["hosts"]]
-  if not short:
-    return None
-  extra = 0.0  # seconds the short segments would take more at the uninterrupted step time
-  for g in short:
-    pts = [(t, s) for t, s in row["kept"] if g["from_step"] < s <= g["to_step"]]
-    if len(pts) > 1 and pts[-1][0] > pts[0][0]:
-      measured = (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
-      extra += (g["to_step"] - g["from_step"]) * (1 / rate - 1 / measured)
-  return full_steps(row) / (rate * (row["wall_s"] + extra))
-
-
 def _attempt_rates(row: dict, settle_s: float = 2.0) -> list[float]:
   """Steps a second of each attempt of a run that made steps (after its first
   ``settle_s``: the start and compile left out), the first attempt first."""
@@ -239,8 +213,10 @@ def goodput_table() -> str:
 def _goodput_line(hosts, arm, mtbf, rs, rate, accs, digests) -> str:
   fails = [len([f for f in r["faults"] if f["event"] in FAULTS and f["at"] >= 0]) for r in rs]
   early = sum(f["event"] in FAULTS and f["at"] < 0 for r in rs for f in r["faults"])
-  ratio = [full_steps(r) / (rate * r["wall_s"]) for r in rs if rate and r["wall_s"]]
-  per_fail = [(r["wall_s"] - full_steps(r) / rate) / n for r, n in zip(rs, fails) if rate and n]
+  ratio = [goodput.full_steps(r) / (rate * r["wall_s"]) for r in rs if rate and r["wall_s"]]
+  per_fail = [
+    (r["wall_s"] - goodput.full_steps(r) / rate) / n for r, n in zip(rs, fails) if rate and n
+  ]
   speeds = [x for r in rs if "attempts" in r for x in _attempt_rates(r)[mtbf is not None :]]
   lost = [x["total"] for r in rs for x in r.get("recoveries", []) if x["total"] == x["total"]]
   within = [lo <= r["final_test_acc"] <= hi for r in rs if r["final_test_acc"]
@@ -254,10 +230,12 @@ def _goodput_line(hosts, arm, mtbf, rs, rate, accs, digests) -> str:
            if r.get("committed") is not None and r["kept_steps"]]  # fmt: skip
   if share:  # its steps without a failed group train on fewer examples, faster: not comparable
     ratio, per_fail = [], []
-  own = [own_hosts(r, rate) for r in rs] if rate else []
+  own = [goodput.priced_on_own_hosts(r, rate) for r in rs] if rate else []
   priced = any(x is not None for x in own)
   if priced:  # steps on fewer hosts ran faster on the shared cores: priced at the full step time
-    ratio = [full_steps(r) / (rate * r["wall_s"]) if x is None else x for r, x in zip(rs, own)]
+    ratio = [
+      goodput.full_steps(r) / (rate * r["wall_s"]) if x is None else x for r, x in zip(rs, own)
+    ]
     per_fail = []
   pct = lambda xs: spread([100 * x for x in xs], ".1f", unit=" %", alone=True) if xs else "–"  # noqa: E731
   return (
